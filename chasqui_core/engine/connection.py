@@ -1,0 +1,33 @@
+"""Redis connections for the engine.
+
+Workers and producers need binary-safe replies (payloads are msgpack), so the
+clients never decode responses. hiredis, when installed, parses the replies.
+"""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio as aredis
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+def connect(url: str | None = None, **kwargs) -> redis.Redis:
+    return redis.Redis.from_url(url or DEFAULT_URL, decode_responses=False, **kwargs)
+
+
+def aconnect(url: str | None = None, **kwargs) -> aredis.Redis:
+    return aredis.Redis.from_url(url or DEFAULT_URL, decode_responses=False, **kwargs)
+
+
+def url_of(client: redis.Redis | aredis.Redis) -> str:
+    """Rebuild a URL from a client, so a sync client can get an asyncio twin."""
+    kw = client.connection_pool.connection_kwargs
+    if "path" in kw:
+        return f"unix://{kw['path']}?db={kw.get('db', 0)}"
+    auth = ""
+    if kw.get("password"):
+        user = kw.get("username") or ""
+        auth = f"{user}:{kw['password']}@"
+    scheme = "rediss" if kw.get("ssl") or "ssl_context" in kw else "redis"
+    return f"{scheme}://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"

@@ -1,0 +1,176 @@
+"""The job envelope: what travels through Redis for every job.
+
+A compact, versioned msgpack array. Positional fields keep it small and quick
+to pack; the version in front lets a later release read what an earlier one
+wrote. Arguments are limited to JSON types (None, bool, int, float, str, list,
+dict with str keys) so that every job can be shown, filtered and replayed from
+the console and API exactly as the producer meant it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from ulid import ULID
+
+VERSION = 1
+
+
+class DecodeError(ValueError):
+    """A stream entry that is not a job envelope this version can read."""
+
+
+@dataclass(slots=True)
+class Job:
+    id: str
+    task: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 0
+    """Runs already made (0 on the first delivery)."""
+    created_at: int = 0
+    """Milliseconds since the epoch, producer clock."""
+    max_attempts: int | None = None
+    """Per-job budget of runs; None defers to the task's, then the worker's default."""
+    backoff: dict[str, Any] | None = None
+    """Per-job BackoffSpec as a dict (see backoff.BackoffSpec.to_dict)."""
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    """One record per failed run: see errors_record()."""
+    replays: int = 0
+    """How many times an operator sent this job back from the dead-letter queue."""
+    result_ttl: int = 0
+    """Seconds to keep the outcome for get_result(); 0 keeps nothing."""
+    deaths: int = 0
+    """Runs lost because the worker running them died (a poison pill counts these)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Integration details (Django backend alias, priority...) the engine carries untouched."""
+
+    def encode(self) -> bytes:
+        return _packb(
+            [
+                VERSION,
+                self.id,
+                self.task,
+                self.args,
+                self.kwargs,
+                self.attempt,
+                self.created_at,
+                self.max_attempts,
+                self.backoff,
+                self.errors,
+                self.replays,
+                self.result_ttl,
+                self.deaths,
+                self.meta,
+            ]
+        )
+
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def _packb(obj: Any) -> bytes:
+    return _packer.pack(obj)
+
+
+def decode(data: bytes) -> Job:
+    try:
+        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise DecodeError(f"not a msgpack job envelope ({type(exc).__name__}: {exc})") from None
+    if not isinstance(raw, list) or not raw:
+        raise DecodeError("not a job envelope: expected a msgpack array")
+    if raw[0] != VERSION:
+        raise DecodeError(f"unsupported envelope version {raw[0]!r} (this worker reads {VERSION})")
+    if len(raw) != 14:
+        raise DecodeError(f"malformed envelope: {len(raw)} fields, expected 14")
+    (_, job_id, task, args, kwargs, attempt, created, max_attempts, backoff, errors, replays,
+     result_ttl, deaths, meta) = raw
+    if not isinstance(job_id, str) or not isinstance(task, str) or not task:
+        raise DecodeError("malformed envelope: job id and task name must be strings")
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise DecodeError("malformed envelope: args must be a list and kwargs a map")
+    if not isinstance(attempt, int) or attempt < 0 or not isinstance(errors, list):
+        raise DecodeError("malformed envelope: bad attempt count or error history")
+    return Job(job_id, task, args, kwargs, attempt, created, max_attempts, backoff, errors,
+               replays, result_ttl, deaths, meta or {})
+
+
+def new_job_id() -> str:
+    return str(ULID())
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def check_json_types(value: Any, where: str = "args") -> None:
+    """Raise TypeError naming the first value that JSON cannot carry.
+
+    msgpack would happily carry bytes or non-string keys that the console, the
+    API and Django's own TaskResult cannot show, so refuse them at the door.
+    """
+    cls = type(value)
+    if cls in _SCALARS:
+        if cls is float and (value != value or value in (float("inf"), float("-inf"))):
+            raise TypeError(f"Job {where} must be JSON-serializable: {value!r} is not a finite number")
+        return
+    if cls is list or cls is tuple:
+        for i, item in enumerate(value):
+            if type(item) not in _SCALARS or type(item) is float:
+                check_json_types(item, f"{where}[{i}]")
+        return
+    if cls is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise TypeError(
+                    f"Job {where} must be JSON-serializable: dict keys must be strings, "
+                    f"found a key of type {type(key).__name__} ({key!r})"
+                )
+            if type(item) not in _SCALARS or type(item) is float:
+                check_json_types(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(
+        f"Job {where} must be JSON-serializable: found a value of type "
+        f"{cls.__module__ + '.' if cls.__module__ != 'builtins' else ''}{cls.__qualname__}"
+    )
+
+
+TRACEBACK_LIMIT = 8_000
+"""Characters of traceback kept per failed run; the rest is cut in the middle."""
+
+
+def bounded_traceback(text: str, limit: int = TRACEBACK_LIMIT) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - limit} characters cut] ...\n{text[-half:]}"
+
+
+def error_record(
+    *,
+    attempt: int,
+    exc_class: str,
+    message: str,
+    traceback: str,
+    worker: str,
+    started_at: int,
+    finished_at: int,
+) -> dict[str, Any]:
+    """One failed run, as kept in the job's error history."""
+    return {
+        "attempt": attempt,
+        "class": exc_class,
+        "message": message[:2000],
+        "traceback": bounded_traceback(traceback),
+        "worker": worker,
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "duration_ms": max(0, finished_at - started_at),
+    }

@@ -1,0 +1,45 @@
+"""Exceptions a handler raises to steer what happens to its job, and errors the
+engine raises to its callers.
+
+Handlers may raise any exception; these two change the outcome:
+
+* ``UnrecoverableError`` skips the retry budget: the job goes straight to the
+  dead-letter queue with reason ``unrecoverable``. The worker recognises *any*
+  exception whose class, or one of its bases, is named ``UnrecoverableError``,
+  so another library's class of that name works too.
+* ``RetryAfter(seconds)`` asks for the next attempt after a given time (for an
+  HTTP 429, say). The ``retry_after`` backoff strategy honours it.
+"""
+
+from __future__ import annotations
+
+
+class ChasquiError(Exception):
+    """Base class of the errors the engine raises to its callers."""
+
+
+class UnrecoverableError(Exception):
+    """Raise from a handler when retrying cannot help (bad data, gone resource)."""
+
+
+class RetryAfter(Exception):
+    """Raise from a handler to ask for the next attempt ``seconds`` from now."""
+
+    def __init__(self, seconds: float, message: str = "") -> None:
+        if seconds < 0:
+            raise ValueError(f"RetryAfter needs a delay of 0 seconds or more, got {seconds!r}")
+        self.seconds = float(seconds)
+        super().__init__(message or f"retry after {self.seconds:g}s")
+
+
+class JobNotFound(ChasquiError):
+    """The job or entry asked for is not (or no longer) there."""
+
+
+class InvalidQueueName(ChasquiError, ValueError):
+    """A queue name that cannot be used as part of a Redis key."""
+
+
+def is_unrecoverable(exc: BaseException) -> bool:
+    """True when the exception's class or any base class is named UnrecoverableError."""
+    return any(cls.__name__ == "UnrecoverableError" for cls in type(exc).__mro__)

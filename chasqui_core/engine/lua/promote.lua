@@ -1,0 +1,41 @@
+-- Move due jobs from the delayed set to the stream, using the server's clock.
+-- ZRANGEBYSCORE, XADD and ZREM run in one atomic call, so two promoters can
+-- never move the same entry twice.
+--
+-- KEYS[1] delayed   KEYS[2] stream   KEYS[3] events   KEYS[4] promoter lock
+-- ARGV[1] lock holder id; when not "" the call moves nothing unless this
+--         holder owns the lock (a deposed leader stops at once)
+-- ARGV[2] most entries to move in this call
+-- ARGV[3] prefix of the metrics counters ({chasqui:<q>}:m:)
+-- ARGV[4] approximate cap of the events stream
+-- Returns {moved, score of the earliest entry still waiting or -1, server ms, -1 when not the leader}
+
+local delayed, stream, events, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local holder, limit, mprefix, evcap = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if holder ~= '' and redis.call('GET', lock) ~= holder then
+  return {0, -1, now, -1}
+end
+local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, limit)
+local moved = #due
+if moved > 0 then
+  for k = 1, moved do
+    redis.call('XADD', stream, '*', 'j', due[k])
+  end
+  for s = 1, moved, 4000 do
+    redis.call('ZREM', delayed, unpack(due, s, math.min(s + 3999, moved)))
+  end
+  local depth = redis.call('ZCARD', delayed)
+  redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'promoted', 'count', moved, 'depth', depth)
+  local sec = math.floor(now / 1000)
+  local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
+  redis.call('HINCRBY', skey, 'promoted', moved)
+  redis.call('EXPIRE', skey, 3720)
+  redis.call('HINCRBY', mkey, 'promoted', moved)
+  redis.call('EXPIRE', mkey, 90000)
+end
+local nxt = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+local next_due = -1
+if #nxt > 0 then next_due = tonumber(nxt[2]) end
+return {moved, next_due, now, 1}

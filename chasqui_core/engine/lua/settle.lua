@@ -1,0 +1,128 @@
+-- Settle a batch of finished deliveries in one atomic call: acknowledge
+-- successes, re-publish failures through the delayed set, route dead jobs to
+-- the dead-letter queue, and put unstarted jobs back on the stream.
+--
+-- Every item is gated on its XACK: an entry that is no longer pending (the
+-- call was repeated, or it was settled already) is left alone, so a retried
+-- call is harmless and no job is ever both re-published and dead.
+--
+-- KEYS[1] stream   KEYS[2] delayed   KEYS[3] dlq   KEYS[4] events
+-- ARGV[1] consumer group
+-- ARGV[2] prefix of the metrics counters ({chasqui:<q>}:m:)
+-- ARGV[3] approximate cap of the events stream
+-- ARGV[4] completed-event blob (msgpack list of [job id, task, ms]; "" for none)
+-- ARGV[5] number of completed entries C, then C stream ids
+-- then    number of stored results R, then R triples: key, ttl ms, value
+-- then    number of retries N, then per retry: stream id, delay ms, payload,
+--         event field count F, F event field/value items
+-- then    number of dead jobs D, then per job: stream id, payload, reason,
+--         task, job id, error class, error message, counts-as-failure (0/1),
+--         event field count F, F event field/value items
+-- then    number of requeues Q, then Q pairs: stream id, payload
+-- then    number of handler failures (for the failed counter)
+-- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1}
+
+local stream, delayed, dlq, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local i = 5
+
+local function settle(id)
+  if redis.call('XACK', stream, group, id) == 1 then
+    redis.call('XDEL', stream, id)
+    return true
+  end
+  return false
+end
+
+local function emit(count_index)
+  local f = tonumber(ARGV[count_index])
+  if f > 0 then
+    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', unpack(ARGV, count_index + 1, count_index + f))
+  end
+  return count_index + f + 1
+end
+
+-- successes
+local completed = 0
+local c = tonumber(ARGV[i]); i = i + 1
+if c > 0 then
+  local ids = {}
+  for k = i, i + c - 1 do ids[#ids + 1] = ARGV[k] end
+  -- chunk to stay clear of Lua's unpack limit
+  for s = 1, #ids, 4000 do
+    local e = math.min(s + 3999, #ids)
+    completed = completed + redis.call('XACK', stream, group, unpack(ids, s, e))
+    redis.call('XDEL', stream, unpack(ids, s, e))
+  end
+  i = i + c
+  if ARGV[4] ~= '' and completed > 0 then
+    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'completed', 'count', completed, 'jobs', ARGV[4])
+  end
+end
+
+-- results
+local r = tonumber(ARGV[i]); i = i + 1
+for k = 1, r do
+  redis.call('SET', ARGV[i], ARGV[i + 2], 'PX', ARGV[i + 1])
+  i = i + 3
+end
+
+-- retries
+local retried, earliest = 0, -1
+local n = tonumber(ARGV[i]); i = i + 1
+for k = 1, n do
+  local id, delay, payload = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  if settle(id) then
+    local at = now + delay
+    redis.call('ZADD', delayed, at, payload)
+    retried = retried + 1
+    if earliest < 0 or at < earliest then earliest = at end
+    i = emit(i + 3)
+  else
+    i = i + 3 + tonumber(ARGV[i + 3]) + 1
+  end
+end
+
+-- dead jobs
+local dead, failed_dead = 0, 0
+local d = tonumber(ARGV[i]); i = i + 1
+for k = 1, d do
+  local id = ARGV[i]
+  if settle(id) then
+    redis.call('XADD', dlq, '*', 'j', ARGV[i + 1], 'reason', ARGV[i + 2], 'task', ARGV[i + 3],
+      'job_id', ARGV[i + 4], 'source_id', id, 'error_class', ARGV[i + 5], 'error', ARGV[i + 6])
+    dead = dead + 1
+    failed_dead = failed_dead + tonumber(ARGV[i + 7])
+    i = emit(i + 8)
+  else
+    i = i + 8 + tonumber(ARGV[i + 8]) + 1
+  end
+end
+
+-- requeues (fetched but never started, at shutdown)
+local requeued = 0
+local q = tonumber(ARGV[i]); i = i + 1
+for k = 1, q do
+  if settle(ARGV[i]) then
+    redis.call('XADD', stream, '*', 'j', ARGV[i + 1])
+    requeued = requeued + 1
+  end
+  i = i + 2
+end
+
+local failed = retried + failed_dead
+if completed + retried + dead > 0 then
+  local sec = math.floor(now / 1000)
+  local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
+  for _, key in ipairs({skey, mkey}) do
+    if completed > 0 then redis.call('HINCRBY', key, 'completed', completed) end
+    if failed > 0 then redis.call('HINCRBY', key, 'failed', failed) end
+    if retried > 0 then redis.call('HINCRBY', key, 'retried', retried) end
+    if dead > 0 then redis.call('HINCRBY', key, 'dlq', dead) end
+  end
+  redis.call('EXPIRE', skey, 3720)
+  redis.call('EXPIRE', mkey, 90000)
+end
+return {now, completed, retried, dead, requeued, earliest}

@@ -1,0 +1,134 @@
+"""The promoter: moves due jobs from a queue's delayed set into its stream.
+
+Every worker embeds one per queue; a lock elects one leader per queue
+(SET NX PX, renewed and released only by its holder). The leader moves due
+entries with ``promote.lua``, one call per batch, by the server's clock. It
+sleeps until its poll interval or the earliest due entry, whichever is
+sooner, and the local settler wakes it early when it schedules a retry.
+
+The lock only spares Redis the work of several promoters; correctness does not
+depend on it, since each move is one atomic script. That is why a follower may
+also promote once, without the lock, when it has just scheduled a retry due
+sooner than the leader would look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from .events import EVENTS_MAXLEN
+from .keys import QueueKeys
+
+logger = logging.getLogger("chasqui.promoter")
+
+
+class Promoter:
+    def __init__(
+        self,
+        client,
+        scripts,
+        keys: QueueKeys,
+        holder: str,
+        *,
+        poll_interval: float = 0.1,
+        lock_ttl_ms: int = 5000,
+        batch_size: int = 1000,
+    ) -> None:
+        self.client = client
+        self.scripts = scripts
+        self.keys = keys
+        self.holder = holder
+        self.poll_interval = poll_interval
+        self.lock_ttl_ms = lock_ttl_ms
+        self.batch_size = batch_size
+        self.is_leader = False
+        self.moved_total = 0
+        self._renewed_at = 0.0
+        self._wake = asyncio.Event()
+        self._wake_at: float | None = None
+
+    def hint(self, due_ms: int, server_now_ms: int) -> None:
+        """A job was scheduled to be due at ``due_ms`` (server clock): look then."""
+        delay = max(0.0, (due_ms - server_now_ms) / 1000)
+        if self.is_leader:
+            at = time.monotonic() + delay
+            if self._wake_at is None or at < self._wake_at:
+                self._wake_at = at
+                self._wake.set()
+        elif delay < self.poll_interval * 5:
+            asyncio.get_running_loop().call_later(delay, lambda: asyncio.ensure_future(self._promote_once()))
+
+    async def _promote_once(self) -> None:
+        try:
+            await self.promote(locked=False)
+        except Exception:
+            logger.exception("promotion on %s failed", self.keys.queue)
+
+    async def promote(self, locked: bool = True) -> tuple[int, int, int, bool]:
+        moved, next_due, now, ok = await self.scripts.promote(
+            keys=[self.keys.delayed, self.keys.stream, self.keys.events, self.keys.promoter_lock],
+            args=[self.holder if locked else "", self.batch_size, self.keys.metrics, EVENTS_MAXLEN],
+        )
+        self.moved_total += moved
+        return moved, next_due, now, ok == 1
+
+    async def _acquire_or_renew(self) -> None:
+        if self.is_leader:
+            if time.monotonic() - self._renewed_at >= self.lock_ttl_ms / 3000:
+                renewed = await self.scripts.lock(keys=[self.keys.promoter_lock], args=["renew", self.holder, self.lock_ttl_ms])
+                self.is_leader = bool(renewed)
+                self._renewed_at = time.monotonic()
+                if not self.is_leader:
+                    logger.info("promoter for %s lost its lock", self.keys.queue)
+        else:
+            got = await self.client.set(self.keys.promoter_lock, self.holder, nx=True, px=self.lock_ttl_ms)
+            if got:
+                self.is_leader = True
+                self._renewed_at = time.monotonic()
+                logger.debug("promoter for %s is now the leader", self.keys.queue)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            sleep = min(self.lock_ttl_ms / 5000, 1.0)
+            try:
+                await self._acquire_or_renew()
+                if self.is_leader:
+                    moved, next_due, now, ok = await self.promote()
+                    if not ok:
+                        self.is_leader = False
+                        continue
+                    if moved >= self.batch_size:
+                        continue  # more are due: keep going without sleeping
+                    sleep = self.poll_interval
+                    if next_due >= 0:
+                        sleep = min(sleep, max(0.0, (next_due - now) / 1000))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("promoter for %s: %s", self.keys.queue, exc)
+                sleep = 1.0
+            if self._wake_at is not None:
+                sleep = min(sleep, max(0.0, self._wake_at - time.monotonic()))
+            self._wake.clear()
+            self._wake_at = None
+            if sleep > 0:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=sleep)
+                except TimeoutError:
+                    pass
+                if self._wake_at is not None:
+                    delay = self._wake_at - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    self._wake_at = None
+        await self.release()
+
+    async def release(self) -> None:
+        if self.is_leader:
+            try:
+                await self.scripts.lock(keys=[self.keys.promoter_lock], args=["release", self.holder, 0])
+            except Exception:
+                pass
+            self.is_leader = False

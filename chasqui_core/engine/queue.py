@@ -1,0 +1,246 @@
+"""The producer side: put jobs on a queue.
+
+``Queue.add`` is one round trip; ``Queue.add_bulk`` is one round trip per
+chunk, both through ``enqueue.lua`` so that ready and delayed jobs, caller-given
+ids and the enqueued counter are handled in the same atomic call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+
+from .backoff import BackoffSpec, coerce_backoff
+from .connection import aconnect, connect, url_of
+from .envelope import Job, check_json_types, new_job_id, now_ms
+from .keys import QUEUES_REGISTRY, QueueKeys
+from .scripts import Scripts
+
+DEFAULT_UNIQUE_TTL_MS = 24 * 3600 * 1000
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+DEFAULT_CHUNK_SIZE = 1000
+
+
+class PayloadTooLarge(ValueError):
+    """An encoded job is bigger than the queue accepts."""
+
+
+@dataclass(slots=True)
+class JobSpec:
+    """One job for ``add_bulk``; the same options as ``Queue.add``."""
+
+    task: str
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    job_id: str | None = None
+    delay: timedelta | int | float | None = None
+    run_at: datetime | None = None
+    attempts: int | None = None
+    backoff: BackoffSpec | int | dict | str | None = None
+    result_ttl: int = 0
+    meta: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    job_id: str
+    queue: str
+    entry_id: str | None
+    """Stream entry id when the job is ready now; None when delayed or a duplicate."""
+    delayed: bool = False
+    duplicate: bool = False
+    """True when a job with the same caller-given id was added within the idempotency window."""
+
+
+def _when(delay: timedelta | int | float | None, run_at: datetime | None) -> str:
+    if delay is not None and run_at is not None:
+        raise ValueError("Give either delay= or run_at=, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise TypeError(f"run_at must be a datetime, not {type(run_at).__name__}")
+        if run_at.tzinfo is None:
+            raise ValueError("run_at must be a timezone-aware datetime")
+        return "@" + str(int(run_at.timestamp() * 1000))
+    if delay is None:
+        return ""
+    if isinstance(delay, timedelta):
+        ms = delay.total_seconds() * 1000
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        ms = float(delay)
+    else:
+        raise TypeError(f"delay must be a timedelta or a number of milliseconds, not {type(delay).__name__}")
+    if ms != ms or ms < 0:
+        raise ValueError(f"delay must be 0 or more, got {delay!r}")
+    return "+" + str(int(ms)) if ms > 0 else ""
+
+
+class Queue:
+    """A named queue on one Redis server.
+
+    Pass a redis-py client (sync) or a URL; an asyncio twin is created on the
+    first ``a``-prefixed call, because asyncio clients belong to one loop.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        redis_client: redis.Redis | None = None,
+        url: str | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        unique_ttl_ms: int = DEFAULT_UNIQUE_TTL_MS,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+    ) -> None:
+        self.keys = QueueKeys.for_queue(name)
+        self.name = name
+        self.redis = redis_client if redis_client is not None else connect(url)
+        self._url = url
+        self._aredis: aredis.Redis | None = None
+        self._scripts = Scripts(self.redis)
+        self._ascripts: Scripts | None = None
+        self.max_payload_bytes = max_payload_bytes
+        self.unique_ttl_ms = unique_ttl_ms
+        self.chunk_size = chunk_size
+        self._registered = False
+
+    # --- building jobs ------------------------------------------------------
+
+    def build(self, spec: JobSpec) -> tuple[str, str, bytes]:
+        """Validate one job and return (caller job id or "", when, payload)."""
+        if not isinstance(spec.task, str) or not spec.task:
+            raise ValueError("A job needs a task name (a non-empty string)")
+        args = list(spec.args)
+        kwargs = dict(spec.kwargs)
+        check_json_types(args, "args")
+        check_json_types(kwargs, "kwargs")
+        if spec.attempts is not None and (
+            isinstance(spec.attempts, bool) or not isinstance(spec.attempts, int) or spec.attempts < 1
+        ):
+            raise ValueError(f"attempts must be a whole number of 1 or more, got {spec.attempts!r}")
+        backoff = coerce_backoff(spec.backoff)
+        if spec.job_id is not None and (not isinstance(spec.job_id, str) or not spec.job_id or len(spec.job_id) > 200):
+            raise ValueError("job_id must be a non-empty string of at most 200 characters")
+        when = _when(spec.delay, spec.run_at)
+        job = Job(
+            id=spec.job_id or new_job_id(),
+            task=spec.task,
+            args=args,
+            kwargs=kwargs,
+            created_at=now_ms(),
+            max_attempts=spec.attempts,
+            backoff=backoff.to_dict() if backoff is not None else None,
+            result_ttl=int(spec.result_ttl or 0),
+            meta=dict(spec.meta) if spec.meta else {},
+        )
+        payload = job.encode()
+        if len(payload) > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"Job for task {spec.task!r} is {len(payload)} bytes once encoded; "
+                f"the queue accepts at most {self.max_payload_bytes} bytes. "
+                "Pass a reference (a row id, a file path) instead of the data."
+            )
+        return (spec.job_id or "", when, payload, job.id)  # type: ignore[return-value]
+
+    def _argv(self, built: list) -> list:
+        argv: list = [self.keys.unique, self.unique_ttl_ms, self.keys.metrics]
+        for uid, when, payload, _ in built:
+            argv += (uid, when, payload)
+        return argv
+
+    def _results(self, built: list, replies: list) -> list[Enqueued]:
+        out = []
+        for (uid, when, _, job_id), reply in zip(built, replies):
+            if reply == 0:
+                out.append(Enqueued(job_id, self.name, None, duplicate=True))
+            elif reply == b"delayed":
+                out.append(Enqueued(job_id, self.name, None, delayed=True))
+            else:
+                out.append(Enqueued(job_id, self.name, reply.decode()))
+        return out
+
+    def _chunks(self, jobs: Iterable[JobSpec]) -> Iterable[list]:
+        chunk: list = []
+        for spec in jobs:
+            chunk.append(self.build(spec))
+            if len(chunk) >= self.chunk_size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    def _register(self) -> None:
+        if not self._registered:
+            self.redis.sadd(QUEUES_REGISTRY, self.name)
+            self._registered = True
+
+    # --- sync API -------------------------------------------------------------
+
+    def add(
+        self,
+        task: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Enqueued:
+        """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta."""
+        built = [self.build(JobSpec(task, args, kwargs or {}, **options))]
+        self._register()
+        reply = self._scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(built))
+        return self._results(built, reply)[0]
+
+    def add_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
+        """Add many jobs, one round trip per chunk of ``chunk_size``.
+
+        Every job of a chunk is validated before the chunk is sent, so a bad job
+        raises before any job of its chunk reaches Redis.
+        """
+        self._register()
+        out: list[Enqueued] = []
+        for chunk in self._chunks(jobs):
+            reply = self._scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
+            out += self._results(chunk, reply)
+        return out
+
+    # --- asyncio API ------------------------------------------------------------
+
+    def _async(self) -> tuple[aredis.Redis, Scripts]:
+        if self._aredis is None:
+            self._aredis = aconnect(self._url or url_of(self.redis))
+            self._ascripts = Scripts(self._aredis)
+        return self._aredis, self._ascripts  # type: ignore[return-value]
+
+    async def aadd(
+        self,
+        task: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Enqueued:
+        built = [self.build(JobSpec(task, args, kwargs or {}, **options))]
+        client, scripts = self._async()
+        if not self._registered:
+            await client.sadd(QUEUES_REGISTRY, self.name)
+            self._registered = True
+        reply = await scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(built))
+        return self._results(built, reply)[0]
+
+    async def aadd_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
+        client, scripts = self._async()
+        if not self._registered:
+            await client.sadd(QUEUES_REGISTRY, self.name)
+            self._registered = True
+        out: list[Enqueued] = []
+        for chunk in self._chunks(jobs):
+            reply = await scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
+            out += self._results(chunk, reply)
+        return out
+
+    async def aclose(self) -> None:
+        if self._aredis is not None:
+            await self._aredis.aclose()
+            self._aredis = None

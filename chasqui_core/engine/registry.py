@@ -1,0 +1,93 @@
+"""What a worker may run: handlers registered by name.
+
+A worker never imports code named by a payload. It only runs handlers that
+the process registered up front (the Django integration registers the
+project's Django Tasks); any other task name is refused and dead-lettered
+with reason ``unknown_task``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .backoff import BackoffSpec, coerce_backoff
+from .envelope import Job
+
+
+@dataclass(frozen=True, slots=True)
+class JobContext:
+    """Handed to handlers registered with ``takes_context=True``."""
+
+    job: Job
+    queue: str
+    worker_id: str
+    entry_id: str
+    deliveries: int
+    """How many times this stream entry was delivered (more than 1 after a crash)."""
+
+    @property
+    def attempt(self) -> int:
+        """1-based number of this run, counting runs lost to crashes."""
+        return self.job.attempt + self.deliveries
+
+
+@dataclass(frozen=True, slots=True)
+class Handler:
+    name: str
+    fn: Callable[..., Any]
+    is_async: bool
+    takes_context: bool = False
+    max_attempts: int | None = None
+    backoff: BackoffSpec | None = None
+
+
+class HandlerRegistry:
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def register(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        takes_context: bool = False,
+        max_attempts: int | None = None,
+        backoff: BackoffSpec | int | dict | str | None = None,
+        is_async: bool | None = None,
+    ) -> Handler:
+        if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1):
+            raise ValueError(f"max_attempts for {name!r} must be a whole number of 1 or more, got {max_attempts!r}")
+        handler = Handler(
+            name=name,
+            fn=fn,
+            is_async=inspect.iscoroutinefunction(fn) if is_async is None else is_async,
+            takes_context=takes_context,
+            max_attempts=max_attempts,
+            backoff=coerce_backoff(backoff),
+        )
+        self._handlers[name] = handler
+        return handler
+
+    def task(self, name: str | None = None, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator form of ``register`` for plain-Python users of the engine."""
+
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.register(name or f"{fn.__module__}.{fn.__qualname__}", fn, **options)
+            return fn
+
+        return decorate
+
+    def get(self, name: str) -> Handler | None:
+        return self._handlers.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._handlers
+
+    def __iter__(self) -> Iterator[Handler]:
+        return iter(self._handlers.values())
+
+    def __len__(self) -> int:
+        return len(self._handlers)

@@ -1,0 +1,211 @@
+"""Batched settlement of finished deliveries.
+
+Handlers finish one at a time; Redis is told in batches. The settler buffers
+outcomes per queue and flushes each queue's buffer with one ``settle.lua``
+call, off the handlers' path: a handler never waits for its ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from . import events
+from .events import Event
+from .keys import GROUP, QueueKeys
+
+logger = logging.getLogger("chasqui.worker")
+
+
+@dataclass(slots=True)
+class _Batch:
+    done: list[bytes] = field(default_factory=list)
+    completed: list[list[Any]] = field(default_factory=list)
+    results: list[Any] = field(default_factory=list)
+    retries: list[Any] = field(default_factory=list)
+    dead: list[Any] = field(default_factory=list)
+    requeues: list[Any] = field(default_factory=list)
+    n_retries: int = 0
+    n_dead: int = 0
+    n_requeues: int = 0
+    local_events: list[Event] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.done) + self.n_retries + self.n_dead + self.n_requeues
+
+
+def _event_fields(fields: dict[str, Any]) -> list[Any]:
+    flat: list[Any] = [len(fields) * 2]
+    for k, v in fields.items():
+        flat.append(k)
+        flat.append(v)
+    return flat
+
+
+class Settler:
+    def __init__(
+        self,
+        client,
+        scripts,
+        *,
+        flush_size: int = 500,
+        flush_interval: float = 0.002,
+        on_retry_scheduled: Callable[[str, int, int], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.scripts = scripts
+        self.flush_size = flush_size
+        self.flush_interval = flush_interval
+        self.on_retry_scheduled = on_retry_scheduled
+        self._batches: dict[str, _Batch] = {}
+        self._keys: dict[str, QueueKeys] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._pending = 0
+
+    def _batch(self, keys: QueueKeys) -> _Batch:
+        batch = self._batches.get(keys.queue)
+        if batch is None:
+            batch = self._batches[keys.queue] = _Batch()
+            self._keys[keys.queue] = keys
+        return batch
+
+    def _added(self) -> None:
+        self._pending += 1
+        self._idle.clear()
+        if self._pending == 1 or self._pending >= self.flush_size:
+            self._wake.set()
+
+    # --- outcomes -------------------------------------------------------------
+
+    def complete(self, keys: QueueKeys, entry_id: bytes, job_id: str, task: str, duration_ms: int,
+                 result: tuple[str, int, bytes] | None = None) -> None:
+        batch = self._batch(keys)
+        batch.done.append(entry_id)
+        batch.completed.append([job_id, task, duration_ms])
+        if result is not None:
+            batch.results += result
+        self._added()
+
+    def retry(self, keys: QueueKeys, entry_id: bytes, delay_ms: int, payload: bytes, *, job_id: str,
+              task: str, attempt: int, error_class: str, error: str, duration_ms: int,
+              result: tuple[str, int, bytes] | None = None) -> None:
+        batch = self._batch(keys)
+        batch.retries += [entry_id, delay_ms, payload]
+        batch.retries += _event_fields({
+            "type": events.RETRY_SCHEDULED, "job_id": job_id, "task": task, "attempt": attempt,
+            "backoff_ms": delay_ms, "duration_ms": duration_ms, "error_class": error_class, "error": error[:500],
+        })
+        batch.n_retries += 1
+        if result is not None:
+            batch.results += result
+        if events.has_subscribers():
+            batch.local_events.append(Event(events.FAILED, keys.queue, job_id, task, attempt, duration_ms=duration_ms,
+                                            error_class=error_class, error_message=error))
+            batch.local_events.append(Event(events.RETRY_SCHEDULED, keys.queue, job_id, task, attempt, delay_ms,
+                                            error_class=error_class, error_message=error))
+        self._added()
+
+    def dead(self, keys: QueueKeys, entry_id: bytes, payload: bytes, reason: str, *, job_id: str = "",
+             task: str = "", error_class: str = "", error: str = "", handler_failed: bool = False,
+             duration_ms: int = 0, result: tuple[str, int, bytes] | None = None) -> None:
+        batch = self._batch(keys)
+        batch.dead += [entry_id, payload, reason, task, job_id, error_class, error[:2000], 1 if handler_failed else 0]
+        batch.dead += _event_fields({
+            "type": events.DLQ, "job_id": job_id, "task": task, "reason": reason,
+            "error_class": error_class, "error": error[:500], "duration_ms": duration_ms,
+        })
+        batch.n_dead += 1
+        if result is not None:
+            batch.results += result
+        if events.has_subscribers():
+            if handler_failed:
+                batch.local_events.append(Event(events.FAILED, keys.queue, job_id, task, duration_ms=duration_ms,
+                                                error_class=error_class, error_message=error))
+            batch.local_events.append(Event(events.DLQ, keys.queue, job_id, task, reason=reason,
+                                            error_class=error_class, error_message=error))
+        self._added()
+
+    def requeue(self, keys: QueueKeys, entry_id: bytes, payload: bytes) -> None:
+        batch = self._batch(keys)
+        batch.requeues += [entry_id, payload]
+        batch.n_requeues += 1
+        self._added()
+
+    # --- flushing ---------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Flush whenever something is buffered; exits once stopped and drained."""
+        while True:
+            if not self._pending:
+                if stop.is_set():
+                    return
+                self._wake.clear()
+                waiter = asyncio.ensure_future(self._wake.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+                continue
+            if self._pending < self.flush_size and self.flush_interval:
+                await asyncio.sleep(self.flush_interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        batches, self._batches = self._batches, {}
+        self._pending = 0
+        try:
+            for queue, batch in batches.items():
+                if len(batch):
+                    await self._flush_one(self._keys[queue], batch)
+        finally:
+            if not self._pending:
+                self._idle.set()
+
+    async def drained(self) -> None:
+        await self._idle.wait()
+
+    async def _flush_one(self, keys: QueueKeys, b: _Batch) -> None:
+        argv: list[Any] = [GROUP, keys.metrics, events.EVENTS_MAXLEN,
+                           msgpack.packb(b.completed) if b.completed else b""]
+        argv.append(len(b.done))
+        argv += b.done
+        argv.append(len(b.results) // 3)
+        argv += b.results
+        argv.append(b.n_retries)
+        argv += b.retries
+        argv.append(b.n_dead)
+        argv += b.dead
+        argv.append(b.n_requeues)
+        argv += b.requeues
+        kwargs = dict(keys=[keys.stream, keys.delayed, keys.dlq, keys.events], args=argv)
+        for attempt in range(30):
+            try:
+                reply = await self.scripts.settle(**kwargs)
+                break
+            except (ConnectionError, OSError, TimeoutError) as exc:  # Redis restarting: hold on to the outcomes
+                logger.warning("settling %d outcomes on %s failed (%s); retrying", len(b), keys.queue, exc)
+                await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
+            except Exception as exc:
+                if "connection" in type(exc).__name__.lower() or "timeout" in type(exc).__name__.lower():
+                    logger.warning("settling %d outcomes on %s failed (%s); retrying", len(b), keys.queue, exc)
+                    await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
+                    continue
+                raise
+        else:
+            logger.error("gave up settling %d outcomes on %s; they stay pending and will be reclaimed", len(b), keys.queue)
+            return
+        server_ms, _, _, _, _, earliest = reply
+        if earliest >= 0 and self.on_retry_scheduled is not None:
+            self.on_retry_scheduled(keys.queue, earliest, server_ms)
+        if events.has_subscribers():
+            for job_id, task, duration in b.completed:
+                events.publish(Event(events.COMPLETED, keys.queue, job_id, task, duration_ms=duration))
+            for event in b.local_events:
+                events.publish(event)

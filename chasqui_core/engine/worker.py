@@ -1,0 +1,505 @@
+"""The worker: reads jobs from queues and runs their handlers.
+
+One asyncio loop per process. Per queue, a reader pulls batches with
+XREADGROUP (COUNT, BLOCK) into an in-memory inbox; ``concurrency`` slots take
+jobs from the inbox and run them (async handlers on the loop, sync handlers in
+a thread pool); outcomes go to the settler, which tells Redis in batches.
+Beside them run the promoter of each queue and a housekeeping loop
+(heartbeat, pause flag, lease renewal, crash recovery).
+
+Shutdown (SIGTERM/SIGINT or ``request_stop``): stop reading, put fetched but
+unstarted jobs back on the stream, let running jobs finish up to a deadline,
+settle everything, release the promoter lock, exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback as tb
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from redis.exceptions import ResponseError
+
+from .connection import aconnect
+from .envelope import DecodeError, Job, check_json_types, decode, error_record, now_ms
+from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from .promoter import Promoter
+from .queue import DEFAULT_MAX_PAYLOAD_BYTES
+from .recovery import PANIC_AFTER_DEATHS, extend_leases, reclaim
+from .registry import Handler, HandlerRegistry, JobContext
+from .retry import RetryPolicy, decide
+from .scripts import Scripts
+from .settler import Settler
+
+logger = logging.getLogger("chasqui.worker")
+
+
+@dataclass(slots=True)
+class Delivery:
+    keys: QueueKeys
+    entry_id: bytes
+    payload: bytes
+    job: Job
+    handler: Handler
+    deliveries: int = 1
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    processed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    started_at: float = field(default_factory=time.time)
+
+
+def _exc_class(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _result_blob(job: Job, status: str, *, started: int, finished: int, worker: str,
+                 return_value: Any = None, errors: list | None = None) -> bytes:
+    return msgpack.packb({
+        "id": job.id, "task": job.task, "status": status, "args": job.args, "kwargs": job.kwargs,
+        "enqueued_at": job.created_at, "started_at": started, "finished_at": finished,
+        "last_attempted_at": started, "errors": errors if errors is not None else job.errors,
+        "worker": worker, "attempts": job.attempt + 1, "return_value": return_value,
+    })
+
+
+class Worker:
+    def __init__(
+        self,
+        queues: list[str],
+        registry: HandlerRegistry,
+        *,
+        url: str | None = None,
+        concurrency: int = 10,
+        batch_size: int = 100,
+        block_ms: int = 1000,
+        policy: RetryPolicy | None = None,
+        visibility_timeout_ms: int = 30_000,
+        promoter_poll_interval: float = 0.1,
+        promoter_lock_ttl_ms: int = 5000,
+        heartbeat_interval: float = 2.0,
+        shutdown_timeout: float = 25.0,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        flush_interval: float = 0.002,
+        install_signal_handlers: bool = True,
+        worker_id: str | None = None,
+    ) -> None:
+        if not queues:
+            raise ValueError("A worker needs at least one queue")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be 1 or more, got {concurrency}")
+        self.keys = [QueueKeys.for_queue(q) for q in dict.fromkeys(queues)]
+        self.registry = registry
+        self.url = url
+        self.concurrency = concurrency
+        self.batch_size = batch_size
+        self.block_ms = block_ms
+        self.policy = policy or RetryPolicy()
+        self.visibility_timeout_ms = visibility_timeout_ms
+        self.promoter_poll_interval = promoter_poll_interval
+        self.promoter_lock_ttl_ms = promoter_lock_ttl_ms
+        self.heartbeat_interval = heartbeat_interval
+        self.shutdown_timeout = shutdown_timeout
+        self.max_payload_bytes = max_payload_bytes
+        self.flush_interval = flush_interval
+        self.install_signal_handlers = install_signal_handlers
+        self.hostname = socket.gethostname()
+        self.id = worker_id or f"{self.hostname}:{os.getpid()}:{os.urandom(3).hex()}"
+        self.stats = WorkerStats()
+        self.prefetch = max(batch_size, concurrency * 2)
+        self.unfinished_sync_jobs = 0
+        """Sync jobs still running in threads when run() returned (they cannot be cancelled)."""
+        self._stop: asyncio.Event | None = None  # created on the loop in run()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._paused: dict[str, bool] = {k.queue: False for k in self.keys}
+
+    # --- public -------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Ask the worker to stop; safe to call from a signal handler or another thread."""
+        loop, stop = self._loop, self._stop
+        if loop is None or stop is None:
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            stop.set()
+        else:
+            loop.call_soon_threadsafe(stop.set)
+
+    def run_sync(self) -> None:
+        asyncio.run(self.run())
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._reading_done = asyncio.Event()
+        self.client = aconnect(self.url, health_check_interval=30)
+        self.scripts = Scripts(self.client)
+        self.settler = Settler(self.client, self.scripts, flush_size=max(100, self.batch_size),
+                               flush_interval=self.flush_interval, on_retry_scheduled=self._on_retry_scheduled)
+        self.promoters = {
+            k.queue: Promoter(self.client, self.scripts, k, self.id, poll_interval=self.promoter_poll_interval,
+                              lock_ttl_ms=self.promoter_lock_ttl_ms)
+            for k in self.keys
+        }
+        self._inbox: deque[Delivery] = deque()
+        self._inbox_ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._held: dict[bytes, tuple[QueueKeys, float]] = {}
+        self._running = 0
+        self._all_idle = asyncio.Event()
+        self._all_idle.set()
+        self._pool = ThreadPoolExecutor(max_workers=min(self.concurrency, 256), thread_name_prefix="chasqui-sync")
+        self._sync_futures = 0
+
+        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._stop.set)
+
+        await self._setup()
+        logger.info("worker %s started on %s (concurrency %d)", self.id,
+                    ", ".join(k.queue for k in self.keys), self.concurrency)
+        settler_task = asyncio.create_task(self.settler.run(self._stop), name="settler")
+        readers = [asyncio.create_task(self._read_loop(k), name=f"reader:{k.queue}") for k in self.keys]
+        slots = [asyncio.create_task(self._slot(), name=f"slot:{i}") for i in range(self.concurrency)]
+        promoters = [asyncio.create_task(p.run(self._stop), name=f"promoter:{q}") for q, p in self.promoters.items()]
+        housekeeping = asyncio.create_task(self._housekeeping(), name="housekeeping")
+        try:
+            await self._stop.wait()
+        finally:
+            logger.info("worker %s stopping", self.id)
+            await asyncio.gather(*readers, return_exceptions=True)
+            # jobs fetched but never started go back to the stream, as they were
+            while self._inbox:
+                d = self._inbox.popleft()
+                self._held.pop(d.entry_id, None)
+                self.settler.requeue(d.keys, d.entry_id, d.payload)
+            for _ in slots:
+                self._inbox.append(None)  # type: ignore[arg-type]
+            self._inbox_ready.set()
+            if not self._running:
+                self._all_idle.set()
+            try:
+                await asyncio.wait_for(self._all_idle.wait(), timeout=self.shutdown_timeout)
+            except TimeoutError:
+                logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
+                               "reclaimed by another worker", self.id, self._running, self.shutdown_timeout)
+            for task in slots:
+                task.cancel()
+            await asyncio.gather(*slots, return_exceptions=True)
+            self.unfinished_sync_jobs = self._sync_futures
+            housekeeping.cancel()
+            await asyncio.gather(housekeeping, return_exceptions=True)
+            await self.settler.flush()
+            await asyncio.gather(settler_task, *promoters, return_exceptions=True)
+            await self._unregister()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            await self.client.aclose()
+            logger.info("worker %s stopped (%d processed)", self.id, self.stats.processed)
+
+    # --- set-up ---------------------------------------------------------------
+
+    async def _setup(self) -> None:
+        for k in self.keys:
+            try:
+                await self.client.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        await self.client.sadd(QUEUES_REGISTRY, *[k.queue for k in self.keys])
+        await self._heartbeat()
+
+    def _on_retry_scheduled(self, queue: str, due_ms: int, server_ms: int) -> None:
+        promoter = self.promoters.get(queue)
+        if promoter is not None:
+            promoter.hint(due_ms, server_ms)
+
+    # --- reading ----------------------------------------------------------------
+
+    async def _read_loop(self, keys: QueueKeys) -> None:
+        streams = {keys.stream: ">"}
+        while not self._stop.is_set():
+            if self._paused[keys.queue]:
+                await self._sleep_unless_stopped(0.5)
+                continue
+            room = self.prefetch - len(self._inbox)
+            if room < min(self.batch_size, self.prefetch) // 2 + 1:
+                self._room.clear()
+                await self._wait_room()
+                continue
+            try:
+                reply = await self.client.xreadgroup(GROUP, self.id, streams, count=min(self.batch_size, room),
+                                                     block=self.block_ms)
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate it
+                    await self._setup()
+                    continue
+                raise
+            except (ConnectionError, OSError) as exc:
+                logger.warning("reading %s failed (%s); retrying", keys.queue, exc)
+                await self._sleep_unless_stopped(1.0)
+                continue
+            except Exception as exc:
+                if "Connection" in type(exc).__name__ or "Timeout" in type(exc).__name__:
+                    logger.warning("reading %s failed (%s); retrying", keys.queue, exc)
+                    await self._sleep_unless_stopped(1.0)
+                    continue
+                raise
+            if reply:
+                for _stream, entries in reply:
+                    self._accept(keys, entries, 1)
+
+    async def _wait_room(self) -> None:
+        waiter = asyncio.ensure_future(self._room.wait())
+        stopper = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        stopper.cancel()
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    def _accept(self, keys: QueueKeys, entries, deliveries: int) -> None:
+        """Decode fetched entries; refuse the ones no handler may run."""
+        now = time.monotonic()
+        accepted = 0
+        for entry_id, fields in entries:
+            if fields is None:  # deleted while pending
+                continue
+            payload = fields.get(b"j")
+            if payload is None:
+                self.settler.dead(keys, entry_id, msgpack.packb({k.decode(errors="replace"): v for k, v in fields.items()}),
+                                  "decode_failed", error_class="DecodeError",
+                                  error="stream entry has no 'j' field (not written by a Chasqui producer)")
+                continue
+            if len(payload) > self.max_payload_bytes:
+                self.settler.dead(keys, entry_id, payload, "oversize", error_class="PayloadTooLarge",
+                                  error=f"payload is {len(payload)} bytes; this worker accepts at most "
+                                        f"{self.max_payload_bytes}")
+                continue
+            try:
+                job = decode(payload)
+            except DecodeError as exc:
+                self.settler.dead(keys, entry_id, payload, "decode_failed", error_class="DecodeError", error=str(exc))
+                continue
+            if deliveries > 1 and job.deaths + deliveries - 1 >= PANIC_AFTER_DEATHS:
+                self.settler.dead(keys, entry_id, payload, "panic", job_id=job.id, task=job.task,
+                                  error_class="WorkerLost",
+                                  error=f"the job was running when its worker died {job.deaths + deliveries - 1} times")
+                continue
+            handler = self.registry.get(job.task)
+            if handler is None:
+                self.settler.dead(keys, entry_id, payload, "unknown_task", job_id=job.id, task=job.task,
+                                  error_class="UnknownTask",
+                                  error=f"no task named {job.task!r} is registered in this worker")
+                continue
+            if entry_id in self._held:
+                continue  # already ours (a lease that lapsed while we still held the entry)
+            self._held[entry_id] = (keys, now)
+            self._inbox.append(Delivery(keys, entry_id, payload, job, handler, deliveries))
+            accepted += 1
+        if accepted:
+            self._inbox_ready.set()
+
+    # --- running ------------------------------------------------------------------
+
+    async def _slot(self) -> None:
+        inbox = self._inbox
+        while True:
+            if not inbox:
+                self._inbox_ready.clear()
+                await self._inbox_ready.wait()
+                continue
+            delivery = inbox.popleft()
+            if delivery is None:
+                return
+            if len(inbox) <= self.prefetch // 2:
+                self._room.set()
+            self._running += 1
+            self._all_idle.clear()
+            try:
+                await self._execute(delivery)
+            finally:
+                self._running -= 1
+                if not self._running and (self._stop.is_set() or not inbox):
+                    self._all_idle.set()
+
+    async def _execute(self, d: Delivery) -> None:
+        job, handler = d.job, d.handler
+        started = now_ms()
+        t0 = time.perf_counter()
+        try:
+            if handler.takes_context:
+                ctx = JobContext(job, d.keys.queue, self.id, d.entry_id.decode(), d.deliveries)
+                args = (ctx, *job.args)
+            else:
+                args = job.args
+            if handler.is_async:
+                result = await handler.fn(*args, **job.kwargs)
+            else:
+                self._sync_futures += 1
+                try:
+                    result = await self._loop.run_in_executor(self._pool, _call, handler.fn, args, job.kwargs)
+                finally:
+                    self._sync_futures -= 1
+            if job.result_ttl:
+                check_json_types(result, "return value")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed(d, exc, started, int((time.perf_counter() - t0) * 1000))
+            return
+        duration = int((time.perf_counter() - t0) * 1000)
+        self.stats.processed += 1
+        self.stats.succeeded += 1
+        self._held.pop(d.entry_id, None)
+        stored = None
+        if job.result_ttl:
+            finished = now_ms()
+            stored = (d.keys.result + job.id, job.result_ttl * 1000,
+                      _result_blob(job, "SUCCESSFUL", started=started, finished=finished, worker=self.id,
+                                   return_value=result))
+        self.settler.complete(d.keys, d.entry_id, job.id, job.task, duration, stored)
+
+    def _failed(self, d: Delivery, exc: BaseException, started: int, duration: int) -> None:
+        job = d.job
+        self.stats.processed += 1
+        self.stats.failed += 1
+        self._held.pop(d.entry_id, None)
+        finished = now_ms()
+        runs_made = job.attempt + d.deliveries
+        record = error_record(
+            attempt=runs_made, exc_class=_exc_class(exc), message=str(exc),
+            traceback="".join(tb.format_exception(exc)), worker=self.id, started_at=started, finished_at=finished,
+        )
+        decision = decide(job, exc, runs_made, d.handler, self.policy)
+        if decision.retry:
+            record["backoff_ms"] = decision.delay_ms
+        retried = Job(job.id, job.task, job.args, job.kwargs, runs_made, job.created_at, job.max_attempts,
+                      job.backoff, [*job.errors, record], job.replays, job.result_ttl,
+                      job.deaths + d.deliveries - 1, job.meta)
+        payload = retried.encode()
+        message = str(exc) or type(exc).__name__
+        stored = None
+        if job.result_ttl:
+            status = "READY" if decision.retry else "FAILED"
+            stored = (d.keys.result + job.id, job.result_ttl * 1000,
+                      _result_blob(retried, status, started=started, finished=finished, worker=self.id))
+        if decision.retry:
+            logger.info("job %s (%s) failed on attempt %d: %s: %s; retrying in %d ms", job.id, job.task,
+                        runs_made, record["class"], message, decision.delay_ms)
+            self.settler.retry(d.keys, d.entry_id, decision.delay_ms, payload, job_id=job.id, task=job.task,
+                               attempt=runs_made, error_class=record["class"], error=message,
+                               duration_ms=duration, result=stored)
+        else:
+            logger.warning("job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
+                           job.id, job.task, runs_made, record["class"], message, decision.reason)
+            self.settler.dead(d.keys, d.entry_id, payload, decision.reason, job_id=job.id, task=job.task,
+                              error_class=record["class"], error=message, handler_failed=True,
+                              duration_ms=duration, result=stored)
+
+    # --- housekeeping -----------------------------------------------------------------
+
+    async def _housekeeping(self) -> None:
+        last_heartbeat = last_reclaim = 0.0
+        lease_every = max(0.05, self.visibility_timeout_ms / 3000)
+        reclaim_every = max(0.05, min(self.visibility_timeout_ms / 2000, 15.0))
+        while True:
+            now = time.monotonic()
+            try:
+                await self._extend_leases(now)
+                if now - last_heartbeat >= self.heartbeat_interval:
+                    await self._heartbeat()
+                    last_heartbeat = now
+                if now - last_reclaim >= reclaim_every:
+                    await self._reclaim()
+                    last_reclaim = now
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("housekeeping: %s", exc)
+            await asyncio.sleep(min(lease_every, reclaim_every, self.heartbeat_interval))
+
+    async def _extend_leases(self, now: float) -> None:
+        """Renew the lease of every entry held longer than a third of the visibility timeout."""
+        horizon = self.visibility_timeout_ms / 3000
+        stale: dict[str, list[bytes]] = {}
+        keys_by_queue: dict[str, QueueKeys] = {}
+        for entry_id, (keys, since) in list(self._held.items()):
+            if now - since >= horizon:
+                stale.setdefault(keys.queue, []).append(entry_id)
+                keys_by_queue[keys.queue] = keys
+                self._held[entry_id] = (keys, now)
+        for queue, ids in stale.items():
+            await extend_leases(self.client, keys_by_queue[queue], self.id, ids)
+
+    async def _reclaim(self) -> None:
+        for keys in self.keys:
+            if self._paused[keys.queue]:
+                continue
+            cursor = b"0-0"
+            for _ in range(10):  # bounded work per round
+                room = self.prefetch - len(self._inbox)
+                if room <= 0:
+                    return
+                cursor, entries = await reclaim(self.scripts, keys, self.id, min_idle_ms=self.visibility_timeout_ms,
+                                                limit=min(room, 500), cursor=cursor)
+                for e in entries:
+                    logger.warning("reclaimed job entry %s on %s from a worker that stopped answering "
+                                   "(delivery %d)", e.entry_id.decode(), keys.queue, e.deliveries)
+                    self._accept(keys, [(e.entry_id, e.fields)], e.deliveries)
+                if cursor in (b"0-0", "0-0"):
+                    break
+
+    async def _heartbeat(self) -> None:
+        info = msgpack.packb({
+            "id": self.id, "host": self.hostname, "pid": os.getpid(), "queues": [k.queue for k in self.keys],
+            "concurrency": self.concurrency, "in_flight": self._running if hasattr(self, "_running") else 0,
+            "processed": self.stats.processed, "failed": self.stats.failed,
+            "started_at": int(self.stats.started_at * 1000), "last_seen": now_ms(),
+        })
+        pipe = self.client.pipeline(transaction=False)
+        for k in self.keys:
+            pipe.hset(k.workers, self.id, info)
+            pipe.exists(k.paused)
+        replies = await pipe.execute()
+        for k, paused in zip(self.keys, replies[1::2]):
+            if self._paused[k.queue] and not paused:
+                logger.info("queue %s resumed", k.queue)
+            elif paused and not self._paused[k.queue]:
+                logger.info("queue %s is paused: not reading from it", k.queue)
+            self._paused[k.queue] = bool(paused)
+
+    async def _unregister(self) -> None:
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for k in self.keys:
+                pipe.hdel(k.workers, self.id)
+            await pipe.execute()
+        except Exception:
+            pass
+
+
+def _call(fn, args, kwargs):
+    return fn(*args, **kwargs)
