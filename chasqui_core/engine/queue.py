@@ -7,6 +7,8 @@ ids and the enqueued counter are handled in the same atomic call.
 
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -101,6 +103,7 @@ class Queue:
         self.redis = redis_client if redis_client is not None else connect(url)
         self._url = url
         self._aredis: aredis.Redis | None = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
         self._scripts = Scripts(self.redis)
         self._ascripts: Scripts | None = None
         self.max_payload_bytes = max_payload_bytes
@@ -209,9 +212,12 @@ class Queue:
     # --- asyncio API ------------------------------------------------------------
 
     def _async(self) -> tuple[aredis.Redis, Scripts]:
-        if self._aredis is None:
+        # asyncio connections belong to the loop that opened them
+        loop = asyncio.get_running_loop()
+        if self._aredis is None or self._aloop is not loop:
             self._aredis = aconnect(self._url or url_of(self.redis))
             self._ascripts = Scripts(self._aredis)
+            self._aloop = loop
         return self._aredis, self._ascripts  # type: ignore[return-value]
 
     async def aadd(

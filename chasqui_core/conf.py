@@ -1,0 +1,82 @@
+"""Chasqui's Django settings, read once and checked.
+
+Engine-wide settings live in ``settings.CHASQUI`` (a dict); per-backend ones
+in the backend's ``TASKS[...]["OPTIONS"]``. Every key is validated, so a typo
+or a wrong type is reported at start-up in words, not as a stack trace in a
+worker at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
+from chasqui_core.engine.connection import DEFAULT_URL
+
+
+@dataclass(frozen=True, slots=True)
+class ChasquiSettings:
+    REDIS_URL: str = ""
+    """Empty: settings.REDIS_URL, else the REDIS_URL environment variable, else 127.0.0.1:6379."""
+    CONCURRENCY: int = 10
+    BATCH_SIZE: int = 100
+    MAX_ATTEMPTS: int = 3
+    BACKOFF: Any = None
+    VISIBILITY_TIMEOUT_MS: int = 30_000
+    PROMOTER_POLL_INTERVAL: float = 0.1
+    PROMOTER_LOCK_TTL_MS: int = 5_000
+    SHUTDOWN_TIMEOUT: float = 25.0
+    MAX_PAYLOAD_BYTES: int = 1024 * 1024
+    MASKED_KEYS: tuple[str, ...] = ("password", "passwd", "secret", "token", "authorization", "api_key", "apikey")
+    """Keys whose values are masked in the console and API (case-insensitive, substring match)."""
+
+    @property
+    def redis_url(self) -> str:
+        return self.REDIS_URL or getattr(settings, "REDIS_URL", "") or os.environ.get("REDIS_URL") or DEFAULT_URL
+
+    @property
+    def backoff(self) -> BackoffSpec:
+        return coerce_backoff(self.BACKOFF) or DEFAULT_BACKOFF
+
+
+_POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE", "MAX_ATTEMPTS", "VISIBILITY_TIMEOUT_MS", "PROMOTER_LOCK_TTL_MS",
+                  "MAX_PAYLOAD_BYTES")
+_POSITIVE_NUMBERS = ("PROMOTER_POLL_INTERVAL", "SHUTDOWN_TIMEOUT")
+
+
+def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
+    raw = dict(getattr(settings, "CHASQUI", {}) if raw is None else raw)
+    known = {f.name for f in fields(ChasquiSettings)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ImproperlyConfigured(
+            f"settings.CHASQUI has unknown key(s) {', '.join(unknown)}; known keys: {', '.join(sorted(known))}"
+        )
+    for key in _POSITIVE_INTS:
+        if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], int) or raw[key] < 1):
+            raise ImproperlyConfigured(f"settings.CHASQUI[{key!r}] must be a whole number of 1 or more, got {raw[key]!r}")
+    for key in _POSITIVE_NUMBERS:
+        if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], (int, float)) or raw[key] <= 0):
+            raise ImproperlyConfigured(f"settings.CHASQUI[{key!r}] must be a number above 0, got {raw[key]!r}")
+    if "REDIS_URL" in raw and not isinstance(raw["REDIS_URL"], str):
+        raise ImproperlyConfigured("settings.CHASQUI['REDIS_URL'] must be a string such as 'redis://127.0.0.1:6379/0'")
+    if "MASKED_KEYS" in raw:
+        keys = raw["MASKED_KEYS"]
+        if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
+            raise ImproperlyConfigured("settings.CHASQUI['MASKED_KEYS'] must be a list of key names")
+        raw["MASKED_KEYS"] = tuple(k.lower() for k in keys)
+    if raw.get("BACKOFF") is not None:
+        try:
+            coerce_backoff(raw["BACKOFF"])
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(f"settings.CHASQUI['BACKOFF'] is not valid: {exc}") from None
+    return ChasquiSettings(**raw)
+
+
+def chasqui_settings() -> ChasquiSettings:
+    return load()

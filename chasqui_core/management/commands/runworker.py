@@ -1,0 +1,91 @@
+"""``python manage.py runworker emails [queue ...]``: run a Chasqui worker.
+
+Channels ships a ``runworker`` command too; ours wins because chasqui_core comes
+first in INSTALLED_APPS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from django.core.management.base import BaseCommand, CommandError
+
+from chasqui_core.backend import build_registry
+from chasqui_core.conf import chasqui_settings
+from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
+from chasqui_core.engine.errors import InvalidQueueName
+from chasqui_core.engine.keys import validate_queue_name
+from chasqui_core.engine.retry import RetryPolicy
+from chasqui_core.engine.worker import Worker
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise CommandError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise CommandError(f"expected a number of 1 or more, got {number}")
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run a Chasqui worker for the given queues (Django Tasks of this project only)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("queues", nargs="+", help="Queue names, e.g. emails")
+        parser.add_argument("--concurrency", type=int, help="Jobs run at once (default: settings.CHASQUI['CONCURRENCY'] or 10)")
+        parser.add_argument("--batch-size", type=int, help="Entries read per XREADGROUP call")
+        parser.add_argument("--max-attempts", type=int, help="Worker-wide default budget of runs per job (default 3)")
+        parser.add_argument("--backoff", help="Worker-wide default backoff: fixed milliseconds (e.g. 500) or a strategy "
+                                              "name (exponential, linear, fixed, retry_after)")
+        parser.add_argument("--visibility-timeout", type=int, help="Milliseconds before a silent worker's jobs are reclaimed")
+        parser.add_argument("--poll-interval", type=float, help="Promoter poll interval in seconds (default 0.1)")
+        parser.add_argument("--shutdown-timeout", type=float, help="Seconds to let running jobs finish on SIGTERM")
+
+    def handle(self, *args, **options) -> None:
+        try:
+            for name in options["queues"]:
+                validate_queue_name(name)
+        except InvalidQueueName as exc:
+            raise CommandError(str(exc)) from None
+        conf = chasqui_settings()
+        for key in ("concurrency", "batch_size", "max_attempts", "visibility_timeout"):
+            if options[key] is not None and options[key] < 1:
+                raise CommandError(f"--{key.replace('_', '-')} must be 1 or more, got {options[key]}")
+        backoff = conf.backoff
+        if options["backoff"]:
+            raw = options["backoff"]
+            try:
+                backoff = coerce_backoff(int(raw) if raw.isdigit() else raw) or backoff
+            except (TypeError, ValueError) as exc:
+                raise CommandError(f"--backoff: {exc}") from None
+        registry = build_registry()
+        if not len(registry):
+            self.stderr.write("warning: no Django Tasks found in this project (looked in every app's tasks.py)")
+        worker = Worker(
+            options["queues"],
+            registry,
+            url=conf.redis_url,
+            concurrency=options["concurrency"] or conf.CONCURRENCY,
+            batch_size=options["batch_size"] or conf.BATCH_SIZE,
+            policy=RetryPolicy(max_attempts=options["max_attempts"] or conf.MAX_ATTEMPTS, backoff=backoff),
+            visibility_timeout_ms=options["visibility_timeout"] or conf.VISIBILITY_TIMEOUT_MS,
+            promoter_poll_interval=options["poll_interval"] or conf.PROMOTER_POLL_INTERVAL,
+            promoter_lock_ttl_ms=conf.PROMOTER_LOCK_TTL_MS,
+            shutdown_timeout=options["shutdown_timeout"] or conf.SHUTDOWN_TIMEOUT,
+            max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
+        )
+        if not logging.getLogger("chasqui").handlers and not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.stdout.write(f"Chasqui worker {worker.id}: queues {', '.join(options['queues'])}, "
+                          f"{len(registry)} task(s), concurrency {worker.concurrency}")
+        self.stdout.flush()
+        asyncio.run(worker.run())
+        if worker.unfinished_sync_jobs:
+            # Threads cannot be cancelled; their entries stay pending and are reclaimed.
+            self.stdout.write(f"{worker.unfinished_sync_jobs} job(s) were still running; exiting anyway")
+            self.stdout.flush()
+            os._exit(0)

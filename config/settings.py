@@ -1,0 +1,177 @@
+"""Django settings for the Chasqui project.
+
+Everything that differs between a laptop, CI and production comes from
+environment variables (see README.md, "Configuration"). The defaults are the
+ones ``make run`` needs: DEBUG on, SQLite under ``var/``, and an embedded Valkey
+server when ``REDIS_URL`` is unset.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# Local state (SQLite database, embedded Valkey data, generated admin password).
+# The folder is git-ignored.
+VAR_DIR = BASE_DIR / "var"
+
+DEBUG = env_bool("DEBUG", True)
+
+_INSECURE_DEV_SECRET_KEY = "django-insecure-chasqui-dev-only-do-not-use-in-production"
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set when DEBUG is off: the development key is public."
+        )
+    SECRET_KEY = _INSECURE_DEV_SECRET_KEY
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+
+# Empty means "no external server": the run command starts an embedded Valkey
+# and passes its URL to the processes it spawns in their REDIS_URL, so every
+# process that reads these settings sees the real URL.
+REDIS_URL = env_str("REDIS_URL")
+
+INSTALLED_APPS = [
+    # First on purpose: Django gives management commands of earlier apps
+    # priority, and our `runworker` must win over the one Channels ships.
+    "chasqui_core.apps.ChasquiCoreConfig",
+    # Daphne before staticfiles so its ASGI `runserver` replaces Django's.
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "dashboard",
+    "api",
+    "emails",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+# Database: DATABASE_URL (e.g. postgres://user:pass@host:5432/name), else SQLite
+# in var/. The folder is created here because SQLite will not create it.
+_DEFAULT_SQLITE = VAR_DIR / "db.sqlite3"
+if not os.environ.get("DATABASE_URL"):
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+DATABASES = {
+    "default": dj_database_url.config(
+        env="DATABASE_URL",
+        default=f"sqlite:///{_DEFAULT_SQLITE}",
+    ),
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Tests start real worker processes, which must see the test database:
+    # a file, not SQLite's default in-memory test database. Workers share it
+    # with the web process, so wait for locks rather than fail at once.
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = str(VAR_DIR / "test-db.sqlite3")
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("timeout", 20)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Channels: Redis when we know its URL; in-memory otherwise, which is enough
+# for management commands that never touch websockets.
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        },
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Django's task framework, executed by Chasqui.
+TASKS = {
+    "default": {
+        "BACKEND": "chasqui_core.backend.ChasquiBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {},
+    },
+}
+
+# Engine settings (stream names, timeouts, retry policy...). The engine reads
+# this dict and documents its keys; empty means "engine defaults".
+CHASQUI: dict[str, object] = {}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# The demo "sends" email to the console of the worker that runs the task.
+# (MAILERS replaces the EMAIL_BACKEND setting deprecated in Django 6.1.)
+MAILERS = {
+    "default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"},
+}
+DEFAULT_FROM_EMAIL = "Chasqui <noreply@chasqui.localhost>"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        "chasqui": {"handlers": ["console"], "level": "INFO", "propagate": False},
+    },
+}
