@@ -173,5 +173,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "chasqui": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # Replaces Django's default "django" handler, which would print each
+        # record a second time, unformatted, next to the root handler's copy.
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }

@@ -61,7 +61,9 @@ class EmbeddedValkey:
             "--protected-mode", "yes",
             "--logfile", str((self.data_dir / "valkey.log").resolve()),
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # its own process group: a Ctrl-C meant for the run command must not stop
+        # the server before the workers have settled their last jobs
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, process_group=0)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
         try:

@@ -334,6 +334,12 @@ class Worker:
             delivery = inbox.popleft()
             if delivery is None:
                 return
+            if self._stop.is_set():
+                # Stopping: the reader may still be blocked in XREADGROUP, and
+                # a job not started by now must not start; it goes back as it was.
+                self._held.pop(delivery.entry_id, None)
+                self.settler.requeue(delivery.keys, delivery.entry_id, delivery.payload)
+                continue
             if len(inbox) <= self.prefetch // 2:
                 self._room.set()
             self._running += 1

@@ -1,0 +1,46 @@
+# Developer entry points. The README documents two: `make run` and `make test`.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: help venv run test bench
+
+help:
+	@echo "make run    start the dev stack on http://127.0.0.1:8000 (Ctrl+C stops it)"
+	@echo "make test   run the test suite (extra pytest arguments: ARGS=...)"
+	@echo "make bench  run the benchmarks (ARGS=...)"
+
+# The interpreter comes from .python-version under pyenv; elsewhere python3
+# must already be 3.12+ (or pass PYTHON=python3.12).
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || { \
+		if command -v $(PYTHON) >/dev/null 2>&1; then \
+			echo "Chasqui needs Python 3.12 or newer, but '$(PYTHON)' is $$($(PYTHON) --version 2>&1)." >&2; \
+		else \
+			echo "Chasqui needs Python 3.12 or newer, but '$(PYTHON)' was not found." >&2; \
+		fi; \
+		echo "Install Python 3.12 (pyenv picks it up from .python-version)" \
+			"or run: make PYTHON=/path/to/python3.12 $(MAKECMDGOALS)" >&2; \
+		exit 1; }
+	$(PYTHON) -m venv $(VENV)
+
+# Re-install whenever requirements.txt changes.
+$(STAMP): requirements.txt | $(BIN)/python
+	$(BIN)/python -m pip install -r requirements.txt
+	@touch $@
+
+venv: $(STAMP)
+
+run: venv
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py ensure_admin
+	$(BIN)/python manage.py devstack
+
+test: venv
+	$(BIN)/pytest $(ARGS)
+
+bench: venv
+	$(BIN)/python -m bench $(ARGS)

@@ -1,0 +1,153 @@
+"""Browse a queue's delayed jobs (scheduled runs and retries waiting for their
+backoff) and act on one: cancel it, or run it now.
+
+The delayed set is a sorted set scored by run-at time, whose members are the
+encoded jobs themselves, so acting on a job means naming its exact member:
+``find`` locates it by job id and the actions hand that member to
+``delayed_move.lua``, which removes it atomically. A job the promoter moved
+(or another operator acted on) in the meantime is simply "not found".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from .envelope import decode
+from .keys import QueueKeys
+from .scripts import Scripts
+
+UNDECODABLE = "<undecodable>"
+"""Task name shown for a member that is not a job envelope."""
+
+MAX_PAGE = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedJob:
+    job_id: str
+    task: str
+    run_at_ms: int
+    attempt: int
+    """Runs already made (0 for a job scheduled ahead, 1+ for a retry)."""
+    args: list
+    kwargs: dict
+    errors: list[dict]
+    member: bytes
+    """The member exactly as stored: what an action must name."""
+
+
+@dataclass(frozen=True, slots=True)
+class DelayedPage:
+    items: list[DelayedJob]
+    next_cursor: str | None
+    """Pass to ``page`` for the following items; None on the last page."""
+
+
+def _to_job(member: bytes, score: float) -> DelayedJob:
+    try:
+        job = decode(member)
+    except Exception:  # DecodeError, or anything odd a foreign member trips in the decoder
+        return DelayedJob("", UNDECODABLE, int(score), 0, [], {}, [], member)
+    return DelayedJob(job.id, job.task, int(score), job.attempt, job.args, job.kwargs, job.errors, member)
+
+
+def _format_score(score: float) -> str:
+    return str(int(score)) if score.is_integer() else repr(score)
+
+
+def _parse_cursor(cursor: str) -> tuple[str, int]:
+    """A cursor is "<score>:<entries of that score already returned>"."""
+    bad = ValueError(f"Cursor {cursor!r} is not one returned by a previous page; start again without a cursor")
+    if not isinstance(cursor, str):
+        raise bad
+    score, sep, offset = cursor.rpartition(":")
+    if not sep:
+        raise bad
+    try:
+        float(score)
+        skip = int(offset)
+    except ValueError:
+        raise bad from None
+    if skip < 0 or score.lower() in ("nan", "+nan", "-nan"):
+        raise bad
+    return score, skip
+
+
+def page(client, queue: str, *, cursor: str | None = None, limit: int = 50) -> DelayedPage:
+    """Up to ``limit`` delayed jobs, soonest first, in one round trip.
+
+    The cursor holds the last score returned and how many entries of that score
+    came back already, so many jobs sharing one run-at time (a bulk schedule)
+    are walked without skipping or repeating any, as long as none of that
+    same score is added or removed between pages.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be a whole number from 1 to {MAX_PAGE}, got {limit!r}")
+    keys = QueueKeys.for_queue(queue)
+    if cursor is None:
+        low, skip = "-inf", 0
+    else:
+        low, skip = _parse_cursor(cursor)
+    rows = client.zrangebyscore(keys.delayed, low, "+inf", start=skip, num=limit + 1, withscores=True)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    items = [_to_job(member, score) for member, score in rows]
+    if not more or not rows:
+        return DelayedPage(items, None)
+    last = rows[-1][1]
+    same = sum(1 for _, score in rows if score == last)
+    if cursor is not None and last == float(low):
+        pass  # the whole page shared the cursor's score
+    return DelayedPage(items, f"{_format_score(last)}:{same}")
+
+
+def depth(client, queue: str) -> int:
+    return int(client.zcard(QueueKeys.for_queue(queue).delayed))
+
+
+def _glob_escape(text: str) -> bytes:
+    out = bytearray()
+    for byte in text.encode():
+        if byte in b"*?[]\\":
+            out += b"\\"
+        out.append(byte)
+    return bytes(out)
+
+
+def find(client, queue: str, job_id: str) -> DelayedJob | None:
+    """The delayed job with this id, or None.
+
+    Ids are stored verbatim inside the encoded members, so ZSCAN's MATCH lets
+    the server filter; each candidate is decoded to confirm it is the job's id
+    and not text that merely contains it. Costs one round trip per
+    1000 members scanned.
+    """
+    if not isinstance(job_id, str) or not job_id:
+        raise ValueError("job_id must be a non-empty string")
+    keys = QueueKeys.for_queue(queue)
+    pattern = b"*" + _glob_escape(job_id) + b"*"
+    for member, score in client.zscan_iter(keys.delayed, match=pattern, count=1000):
+        job = _to_job(member, score)
+        if job.job_id == job_id:
+            return job
+    return None
+
+
+def cancel(client, queue: str, job_id: str) -> bool:
+    """Remove a delayed job for good; False when it is not (or no longer) in the delayed set."""
+    job = find(client, queue, job_id)
+    if job is None:
+        return False
+    keys = QueueKeys.for_queue(queue)
+    return Scripts(client).delayed_move(keys=[keys.delayed, keys.stream], args=["cancel", job.member]) == 1
+
+
+def run_now(client, queue: str, job_id: str) -> str | None:
+    """Move a delayed job to the stream at once; its new stream entry id, or None when not found."""
+    job = find(client, queue, job_id)
+    if job is None:
+        return None
+    keys = QueueKeys.for_queue(queue)
+    reply = Scripts(client).delayed_move(keys=[keys.delayed, keys.stream], args=["run", job.member])
+    if reply == 0:
+        return None
+    return reply.decode() if isinstance(reply, bytes) else str(reply)

@@ -1,0 +1,275 @@
+"""What operators see of their queues, and the few switches they may flip.
+
+The ops API, the CLI and the console all read queue health from here. The
+console samples every queue once a second, so each read is one pipelined
+round trip for all the queues asked about, and "now" is the server's clock
+read inside that round trip: delayed-job scores and overdue ages are measured
+against the clock that wrote them, never against the caller's.
+
+A queue that no worker has served yet has no consumer group, and a queue that
+was never written to has no keys at all; both read as zeros, never as errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from redis.exceptions import ResponseError
+
+from .errors import InvalidQueueName
+from .keys import GROUP, QUEUES_REGISTRY, QueueKeys, validate_queue_name
+from .scripts import source
+
+DEFAULT_STALE_AFTER_MS = 10_000
+"""A worker whose heartbeat is older than this is counted as gone (workers beat every 2 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    name: str
+    stream_length: int
+    """Entries in the stream: waiting ones plus delivered ones not settled yet."""
+    pending: int
+    """Entries delivered to a worker and not settled yet (the consumer group's pending list)."""
+    in_flight: int
+    """Jobs running, as last reported by the live workers of this queue.
+
+    A worker reports one figure for all its queues, so a worker serving several
+    queues adds its whole count to each of them.
+    """
+    delayed: int
+    overdue: int
+    """Delayed jobs whose run-at time has passed but that the promoter has not moved yet."""
+    oldest_overdue_age_ms: int
+    """How late the most overdue delayed job is; 0 when none is overdue."""
+    dlq: int
+    paused: bool
+    workers: int
+    """Workers with a fresh heartbeat on this queue."""
+    lag: int | None
+    """Entries the consumer group has not read yet, when the server can tell (Redis 7+)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    processed: int
+    failed: int
+    started_at_ms: int
+    last_seen_ms: int
+    stale: bool
+    """The heartbeat is older than the staleness bound: the worker stopped or cannot reach Redis."""
+
+
+# --- queues -----------------------------------------------------------------
+
+
+def _valid(name: str) -> bool:
+    try:
+        validate_queue_name(name)
+    except InvalidQueueName:
+        return False
+    return True
+
+
+def list_queues(client) -> list[str]:
+    """Every registered queue, sorted.
+
+    Names that could not be a queue (written to the registry by something
+    other than Chasqui) are left out rather than breaking every caller.
+    """
+    names = (m.decode() if isinstance(m, bytes) else m for m in client.smembers(QUEUES_REGISTRY))
+    return sorted(n for n in names if _valid(n))
+
+
+def queue_exists(client, name: str) -> bool:
+    """True when the queue is registered or its stream exists."""
+    keys = QueueKeys.for_queue(name)
+    pipe = client.pipeline(transaction=False)
+    pipe.sismember(QUEUES_REGISTRY, name)
+    pipe.exists(keys.stream)
+    registered, exists = pipe.execute()
+    return bool(registered) or bool(exists)
+
+
+def _server_ms(reply: Any) -> int:
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _group_info(reply: Any) -> tuple[int, int | None]:
+    """(pending, lag) of the Chasqui group from an XINFO GROUPS reply; zeros when there is none."""
+    if isinstance(reply, ResponseError):  # no stream yet
+        return 0, None
+    for group in reply:
+        name = group.get("name")
+        if isinstance(name, bytes):
+            name = name.decode()
+        if name == GROUP:
+            lag = group.get("lag")
+            return int(group.get("pending") or 0), (int(lag) if lag is not None else None)
+    return 0, None
+
+
+def _raise_errors(replies: list) -> None:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+
+
+def all_queue_stats(
+    client, names: list[str] | None = None, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS
+) -> list[QueueStats]:
+    """Stats of the given queues (default: every registered queue), in one round trip.
+
+    Listing the registry, when no names are given, costs one more round trip.
+    """
+    if names is None:
+        names = list_queues(client)
+    all_keys = [QueueKeys.for_queue(n) for n in names]
+    if not all_keys:
+        return []
+    script = source("delayed_stats")
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for k in all_keys:
+        pipe.xlen(k.stream)
+        pipe.xinfo_groups(k.stream)
+        pipe.eval(script, 1, k.delayed)
+        pipe.xlen(k.dlq)
+        pipe.exists(k.paused)
+        pipe.hgetall(k.workers)
+    replies = pipe.execute(raise_on_error=False)
+    now = _server_ms(replies[0])
+    out = []
+    for i, k in enumerate(all_keys):
+        length, groups, delayed, dlq, paused, beats = replies[1 + 6 * i: 7 + 6 * i]
+        _raise_errors([length, delayed, dlq, paused, beats])
+        pending, lag = _group_info(groups)
+        script_now, size, overdue, lowest = (int(x) for x in delayed)
+        live = [w for w in _decode_workers(beats, now, stale_after_ms) if not w.stale]
+        out.append(QueueStats(
+            name=k.queue,
+            stream_length=int(length),
+            pending=pending,
+            in_flight=sum(w.in_flight for w in live),
+            delayed=size,
+            overdue=overdue,
+            oldest_overdue_age_ms=max(0, script_now - lowest) if overdue else 0,
+            dlq=int(dlq),
+            paused=bool(paused),
+            workers=len(live),
+            lag=lag,
+        ))
+    return out
+
+
+def queue_stats(client, name: str, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> QueueStats:
+    return all_queue_stats(client, [name], stale_after_ms=stale_after_ms)[0]
+
+
+# --- pause / resume -----------------------------------------------------------
+
+
+def pause(client, name: str) -> bool:
+    """Stop workers from reading the queue (within one heartbeat); False when it was paused already.
+
+    Jobs already fetched still run; producers can still add jobs.
+    """
+    return bool(client.set(QueueKeys.for_queue(name).paused, b"1", nx=True))
+
+
+def resume(client, name: str) -> bool:
+    """Let workers read the queue again; False when it was not paused."""
+    return bool(client.delete(QueueKeys.for_queue(name).paused))
+
+
+# --- workers ------------------------------------------------------------------
+
+
+def _decode_worker(raw: bytes, now: int, stale_after_ms: int) -> WorkerInfo | None:
+    try:
+        info = msgpack.unpackb(raw, raw=False)
+        last_seen = int(info["last_seen"])
+        return WorkerInfo(
+            id=str(info["id"]),
+            host=str(info.get("host", "")),
+            pid=int(info.get("pid", 0)),
+            queues=[str(q) for q in info.get("queues", [])],
+            concurrency=int(info.get("concurrency", 0)),
+            in_flight=int(info.get("in_flight", 0)),
+            processed=int(info.get("processed", 0)),
+            failed=int(info.get("failed", 0)),
+            started_at_ms=int(info.get("started_at", 0)),
+            last_seen_ms=last_seen,
+            stale=now - last_seen > stale_after_ms,
+        )
+    except Exception:  # a heartbeat not written by a Chasqui worker
+        return None
+
+
+def _decode_workers(beats: dict, now: int, stale_after_ms: int) -> list[WorkerInfo]:
+    out = []
+    for raw in beats.values():
+        info = _decode_worker(raw, now, stale_after_ms)
+        if info is not None:
+            out.append(info)
+    return out
+
+
+def _heartbeats(client, queue: str | None) -> tuple[int, list[tuple[QueueKeys, dict]]]:
+    """Server ms and every queue's raw heartbeat hash, in one round trip after the registry."""
+    names = [queue] if queue is not None else list_queues(client)
+    all_keys = [QueueKeys.for_queue(n) for n in names]
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for k in all_keys:
+        pipe.hgetall(k.workers)
+    replies = pipe.execute()
+    return _server_ms(replies[0]), list(zip(all_keys, replies[1:]))
+
+
+def workers(client, queue: str | None = None, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> list[WorkerInfo]:
+    """Workers known from their heartbeats, on one queue or on all, sorted by id.
+
+    A worker serving several queues beats on each; it is listed once, with its
+    freshest heartbeat. Staleness is judged by the server's clock, the one
+    reference every host shares.
+    """
+    now, hashes = _heartbeats(client, queue)
+    seen: dict[str, WorkerInfo] = {}
+    for _keys, beats in hashes:
+        for info in _decode_workers(beats, now, stale_after_ms):
+            known = seen.get(info.id)
+            if known is None or info.last_seen_ms > known.last_seen_ms:
+                seen[info.id] = info
+    return [seen[i] for i in sorted(seen)]
+
+
+def prune_stale_workers(client, *, stale_after_ms: int = 60_000) -> int:
+    """Remove heartbeats older than ``stale_after_ms`` (and unreadable ones); returns how many.
+
+    Workers that stop cleanly remove their own heartbeat; this clears those
+    that were killed. A worker wrongly pruned in the instant it beats again
+    reappears at its next heartbeat.
+    """
+    now, hashes = _heartbeats(client, None)
+    pipe = client.pipeline(transaction=False)
+    for keys, beats in hashes:
+        gone = []
+        for field, raw in beats.items():
+            info = _decode_worker(raw, now, stale_after_ms)
+            if info is None or info.stale:
+                gone.append(field)
+        if gone:
+            pipe.hdel(keys.workers, *gone)
+    if not len(pipe):
+        return 0
+    return sum(pipe.execute())

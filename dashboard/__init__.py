@@ -1,0 +1,1 @@
+"""The operator console: live view of queues, jobs and workers."""

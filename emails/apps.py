@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class EmailsConfig(AppConfig):
+    name = "emails"
+    verbose_name = "Emails (demo)"

@@ -1,0 +1,35 @@
+"""The demo's signup page."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from django.contrib import messages
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+
+from emails.forms import SignupForm
+from emails.tasks import send_welcome_email
+
+
+def signup(request: HttpRequest) -> HttpResponse:
+    """Create a Signup and enqueue its welcome email.
+
+    The job is enqueued with ``on_commit``: a worker may pick it up within
+    milliseconds, and it must find the row. If the transaction rolls back, no
+    email is queued at all.
+    """
+    if request.method == "POST":
+        form = SignupForm(request.POST)
+        if form.is_valid():
+            with transaction.atomic():
+                signup = form.save()
+                transaction.on_commit(
+                    partial(send_welcome_email.enqueue, signup.id, fail_rate=form.fail_rate)
+                )
+            messages.success(request, f"Thanks! A welcome email to {signup.email} is on its way.")
+            return redirect("signup")
+    else:
+        form = SignupForm()
+    return render(request, "emails/signup.html", {"form": form})

@@ -1,0 +1,487 @@
+"""The dead-letter queue operations, against a real server.
+
+Small DLQs come from real workers (a handler that raises, a job whose worker
+"died"); bulk DLQs are written the way settle.lua writes them.
+"""
+
+import asyncio
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from chasqui_core.engine.backoff import BackoffSpec
+from chasqui_core.engine.dlq import REASONS, DeadLetters, DLQFilter, fingerprint
+from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, now_ms
+from chasqui_core.engine.errors import JobNotFound, UnrecoverableError
+from chasqui_core.engine.keys import GROUP, QueueKeys
+from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.retry import RetryPolicy
+from chasqui_core.engine.worker import Worker
+
+Q = "dlqtest"
+KEYS = QueueKeys.for_queue(Q)
+
+
+# --- building DLQ entries --------------------------------------------------------
+
+
+def err(message, cls="ValueError", attempt=1):
+    return error_record(attempt=attempt, exc_class=cls, message=message,
+                        traceback=f"Traceback (most recent call last):\n  ...\n{cls}: {message}\n",
+                        worker="w1", started_at=1_000, finished_at=1_020)
+
+
+def dead_job(task="emails.send", *, messages=("boom",), cls="ValueError", job_id=None, replays=0):
+    errors = [err(m, cls, i + 1) for i, m in enumerate(messages)]
+    return Job(job_id or new_job_id(), task, [1, "x"], {"k": 2}, attempt=len(errors), created_at=now_ms(),
+               errors=errors, replays=replays)
+
+
+def fields_for(job, reason="retries_exhausted", *, error_class=None, error=None, lua_panic=False,
+               source_id="1-0", payload=None):
+    """The fields settle.lua (or reclaim.lua, for ``lua_panic``) writes."""
+    if lua_panic:
+        return {"j": job.encode(), "reason": "panic", "task": "", "job_id": "", "source_id": source_id,
+                "error_class": "WorkerLost", "error": "the job was running when its worker died 2 times",
+                "deliveries": 3}
+    last = job.errors[-1] if job is not None and job.errors else {}
+    return {
+        "j": payload if payload is not None else job.encode(), "reason": reason,
+        "task": job.task if job is not None else "", "job_id": job.id if job is not None else "",
+        "source_id": source_id,
+        "error_class": error_class if error_class is not None else last.get("class", ""),
+        "error": error if error is not None else last.get("message", ""),
+    }
+
+
+def add_dead(redis, job, reason="retries_exhausted", *, entry_id="*", **kw) -> str:
+    return redis.xadd(KEYS.dlq, fields_for(job, reason, **kw), id=entry_id).decode()
+
+
+def bulk_dead(redis, n, **kw) -> tuple[list[str], list[str]]:
+    """n entries in one pipeline per 5,000; returns (entry ids, job ids), oldest first."""
+    entry_ids, job_ids = [], []
+    for start in range(0, n, 5000):
+        pipe = redis.pipeline(transaction=False)
+        for i in range(start, min(n, start + 5000)):
+            job = dead_job(messages=(f"row {i} failed",), **kw)
+            job_ids.append(job.id)
+            pipe.xadd(KEYS.dlq, fields_for(job))
+        entry_ids += [r.decode() for r in pipe.execute()]
+    return entry_ids, job_ids
+
+
+def stream_jobs(redis) -> list[Job]:
+    return [decode(f[b"j"]) for _, f in redis.xrange(KEYS.stream)]
+
+
+@pytest.fixture
+def dl(redis):
+    return DeadLetters(redis, Q)
+
+
+# --- running a real worker --------------------------------------------------------
+
+
+def run_worker(redis_url, registry, until, *, timeout=20.0, **options):
+    """Run a worker until ``until()`` is true, then stop it and wait for it to finish."""
+
+    async def main():
+        worker = Worker([Q], registry, url=redis_url, concurrency=4, block_ms=50, install_signal_handlers=False,
+                        promoter_poll_interval=0.05, heartbeat_interval=0.5, **options)
+        task = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                await asyncio.sleep(0.02)
+                if task.done():
+                    task.result()
+                    raise AssertionError("the worker stopped on its own")
+                if until():
+                    return
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"condition not reached within {timeout}s")
+        finally:
+            worker.request_stop()
+            await task
+
+    asyncio.run(main())
+
+
+FAST_RETRIES = RetryPolicy(max_attempts=2, backoff=BackoffSpec.fixed(0))
+
+
+def test_replay_by_id_resets_attempts_and_the_job_then_runs(redis, redis_url, dl):
+    seen, state = [], {"fail": True}
+
+    def handler(ctx, n):
+        seen.append((ctx.job.id, ctx.job.attempt, ctx.job.replays, len(ctx.job.errors)))
+        if state["fail"]:
+            raise UnrecoverableError(f"user {n} not found")
+        return n
+
+    registry = HandlerRegistry()
+    registry.register("users.sync", handler, takes_context=True)
+    enq = Queue(Q, redis_client=redis).add("users.sync", [42])
+    run_worker(redis_url, registry, lambda: redis.xlen(KEYS.dlq) == 1, policy=FAST_RETRIES)
+
+    assert dl.count() == 1
+    dead = dl.page().items[0]
+    assert (dead.reason, dead.job_id, dead.task) == ("unrecoverable", enq.job_id, "users.sync")
+    assert dead.error_class.endswith("UnrecoverableError") and dead.error == "user 42 not found"
+    assert [e["message"] for e in dead.errors] == ["user 42 not found"]
+    assert dl.get(dead.entry_id).job_id == enq.job_id
+
+    assert dl.replay([dead.entry_id]) == 1
+    assert dl.count() == 0
+    [back] = stream_jobs(redis)
+    assert (back.id, back.attempt, back.replays, back.deaths) == (enq.job_id, 0, 1, 0)
+    assert [e["message"] for e in back.errors] == ["user 42 not found"]
+    assert dl.replay([dead.entry_id]) == 0  # already moved
+
+    state["fail"] = False
+    run_worker(redis_url, registry, lambda: len(seen) == 2 and redis.xlen(KEYS.stream) == 0, policy=FAST_RETRIES)
+    assert seen == [(enq.job_id, 0, 0, 0), (enq.job_id, 0, 1, 1)]
+    assert dl.count() == 0
+
+
+def test_replay_granting_one_more_attempt(redis, redis_url, dl):
+    calls = []
+
+    def handler(n):
+        calls.append(n)
+        raise ValueError(f"remote said no ({len(calls)})")
+
+    registry = HandlerRegistry()
+    registry.register("pay", handler)
+    Queue(Q, redis_client=redis).add("pay", [7])
+    run_worker(redis_url, registry, lambda: redis.xlen(KEYS.dlq) == 1, policy=FAST_RETRIES)
+    dead = dl.page().items[0]
+    assert (dead.reason, dead.job.attempt, len(calls)) == ("retries_exhausted", 2, 2)
+
+    assert dl.replay([dead.entry_id], reset_attempts=False) == 1
+    [back] = stream_jobs(redis)
+    assert (back.attempt, back.max_attempts, back.replays) == (2, 3, 1)
+
+    run_worker(redis_url, registry, lambda: redis.xlen(KEYS.dlq) == 1, policy=FAST_RETRIES)
+    assert len(calls) == 3  # exactly one more run, then back to the DLQ
+    again = dl.page().items[0]
+    assert again.reason == "retries_exhausted" and again.job_id == dead.job_id
+    assert [e["attempt"] for e in again.errors] == [1, 2, 3]
+    assert again.job.replays == 1
+
+
+def test_panic_from_a_dead_worker_gets_a_worker_lost_record(redis, redis_url, dl):
+    enq = Queue(Q, redis_client=redis).add("media.transcode", ["big.mov"])
+    redis.xgroup_create(KEYS.stream, GROUP, id="0", mkstream=True)
+    # Two workers took the job and vanished: two deliveries, never settled.
+    redis.xreadgroup(GROUP, "ghost-1", {KEYS.stream: ">"}, count=1)
+    redis.xclaim(KEYS.stream, GROUP, "ghost-2", 0, [enq.entry_id])
+    run_worker(redis_url, HandlerRegistry(), lambda: redis.xlen(KEYS.dlq) == 1, visibility_timeout_ms=200)
+
+    [raw_id] = [eid for eid, _ in redis.xrange(KEYS.dlq)]
+    assert redis.xrange(KEYS.dlq)[0][1][b"job_id"] == b""  # written by reclaim.lua without a job id
+    dead = dl.get(raw_id.decode())
+    assert (dead.reason, dead.job_id, dead.task) == ("panic", enq.job_id, "media.transcode")
+    last = dead.errors[-1]
+    assert last["class"] == "WorkerLost" and last["message"] == dead.error and last["deliveries"] == 3
+    assert len(dead.errors) == 1
+    assert DLQFilter(task="media.transcode").matches(dead)
+    assert dl.page(filter=DLQFilter(task="media.transcode")).items[0].entry_id == dead.entry_id
+    assert dl.find_by_job_id(enq.job_id).entry_id == dead.entry_id
+
+    # The record travels with the replay, and a second death adds a second one.
+    assert dl.replay([dead.entry_id]) == 1
+    [back] = stream_jobs(redis)
+    assert [e["class"] for e in back.errors] == ["WorkerLost"]
+    second = dl.get(add_dead(redis, back, lua_panic=True))
+    assert [(e["class"], e["replays"]) for e in second.errors] == [("WorkerLost", 0), ("WorkerLost", 1)]
+
+    # A history that already ends with this death's record is not extended.
+    recorded = dead_job(messages=("lost",), cls="WorkerLost")
+    third = dl.get(add_dead(redis, recorded, "panic", error="lost"))
+    assert [e["class"] for e in third.errors] == ["WorkerLost"]
+
+
+# --- browsing ----------------------------------------------------------------------
+
+
+def test_count_and_pages_newest_first_without_skips_or_repeats(redis, dl):
+    bulk_dead(redis, 1234)
+    expected = [eid.decode() for eid, _ in redis.xrevrange(KEYS.dlq)]
+    assert dl.count() == 1234
+    seen, sizes, cursor = [], [], None
+    while True:
+        page = dl.page(cursor=cursor, limit=100)
+        seen += [d.entry_id for d in page.items]
+        sizes.append(len(page.items))
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    assert seen == expected
+    assert sizes == [100] * 12 + [34]
+    assert dl.page(cursor=expected[-1]).items == []
+
+
+def test_filtered_pages_carry_on_where_the_scan_stopped(redis, dl):
+    pipe = redis.pipeline(transaction=False)
+    for i in range(1000):
+        pipe.xadd(KEYS.dlq, fields_for(dead_job("reports.build" if i % 7 == 0 else "emails.send")))
+    pipe.execute()
+    expected = [eid.decode() for eid, f in redis.xrevrange(KEYS.dlq) if f[b"task"] == b"reports.build"]
+    f = DLQFilter(task="reports.build")
+    for limit, scan_limit in ((20, 20_000), (50, 150)):
+        seen, cursor, pages = [], None, 0
+        while True:
+            page = dl.page(cursor=cursor, limit=limit, filter=f, scan_limit=scan_limit)
+            assert page.scanned <= scan_limit and len(page.items) <= limit
+            assert all(d.task == "reports.build" for d in page.items)
+            seen += [d.entry_id for d in page.items]
+            pages += 1
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert seen == expected
+        assert pages >= len(expected) // limit
+    assert dl.page(filter=f, limit=1000).scanned == 1000
+
+
+def test_get_missing_and_malformed_ids(redis, dl):
+    eid = add_dead(redis, dead_job())
+    assert dl.get(eid).entry_id == eid
+    with pytest.raises(JobNotFound, match="No dead-letter entry 1-0"):
+        dl.get("1-0")
+    for bad in ("abc", "12", "1-2-3", "", "99999999999999999999999-0"):
+        with pytest.raises(ValueError, match="not a valid dead-letter entry id"):
+            dl.get(bad)
+    with pytest.raises(ValueError, match="cursor"):
+        dl.page(cursor="tomorrow")
+
+
+def test_filters_on_every_field(redis, dl):
+    t0 = 1_700_000_000_000
+    history = ("Connection RESET by peer", "timeout after 30s")
+    e = {
+        "a": add_dead(redis, dead_job("emails.send", messages=("bad address",), cls="ValueError"),
+                      entry_id=f"{t0}-0"),
+        "b": add_dead(redis, dead_job("emails.send", messages=history, cls="myapp.errors.ValueError"),
+                      entry_id=f"{t0 + 1000}-0"),
+        "c": add_dead(redis, dead_job("reports.build", messages=("no such key",), cls="KeyError"),
+                      "unrecoverable", entry_id=f"{t0 + 1000}-1"),
+        "d": add_dead(redis, dead_job("reports.build", messages=()), "unknown_task", error_class="UnknownTask",
+                      error="no task named 'reports.build'", entry_id=f"{t0 + 2000}-0"),
+        "e": add_dead(redis, dead_job("media.cut"), lua_panic=True, entry_id=f"{t0 + 3000}-0"),
+        "f": add_dead(redis, None, "decode_failed", payload=b"\xc1garbage", error_class="DecodeError",
+                      error="not a msgpack job envelope", entry_id=f"{t0 + 4000}-0"),
+    }
+    cases = [
+        (DLQFilter(), "abcdef"),
+        (DLQFilter(task="emails.send"), "ab"),
+        (DLQFilter(task="media.cut"), "e"),  # only in the envelope: the entry has no task field
+        (DLQFilter(reason="unrecoverable"), "c"),
+        (DLQFilter(reason="panic"), "e"),
+        (DLQFilter(error_class="ValueError"), "ab"),
+        (DLQFilter(error_class="myapp.errors.ValueError"), "b"),
+        (DLQFilter(error_class="errors.ValueError"), ""),
+        (DLQFilter(error_text="connection reset"), "b"),  # in the history, not the last message
+        (DLQFilter(error_text="TIMEOUT"), "b"),
+        (DLQFilter(error_text="died 2 times"), "e"),
+        (DLQFilter(since_ms=t0 + 1000), "cdefb"),
+        (DLQFilter(until_ms=t0 + 1000), "a"),
+        (DLQFilter(since_ms=t0 + 1000, until_ms=t0 + 2001), "bcd"),
+        (DLQFilter(since_ms=t0 + 1000, until_ms=t0 + 1000), ""),
+        (DLQFilter(task="emails.send", error_text="bad", until_ms=t0 + 1), "a"),
+    ]
+    everything = [dl.get(eid) for eid in e.values()]
+    for f, names in cases:
+        want = {e[n] for n in names}
+        assert {d.entry_id for d in everything if f.matches(d)} == want, f
+        assert {d.entry_id for d in dl.page(filter=f, limit=100).items} == want, f
+        assert dl.count_matching(f) == len(want), f
+    assert [d.entry_id for d in dl.page(filter=DLQFilter(since_ms=t0 + 1000, until_ms=t0 + 2001)).items] == \
+        [e["d"], e["c"], e["b"]]
+    undecodable = dl.get(e["f"])
+    assert undecodable.job is None and undecodable.errors == [] and undecodable.payload == b"\xc1garbage"
+
+
+def test_filter_validation_and_round_trip():
+    with pytest.raises(ValueError) as info:
+        DLQFilter.from_dict({"reason": "exploded"})
+    assert all(reason in str(info.value) for reason in REASONS)
+    with pytest.raises(ValueError, match="since_ms .* is after until_ms"):
+        DLQFilter.from_dict({"since_ms": 10, "until_ms": 5})
+    with pytest.raises(ValueError, match="'colour'"):
+        DLQFilter.from_dict({"colour": "red"})
+    with pytest.raises(ValueError, match="epoch milliseconds"):
+        DLQFilter.from_dict({"since_ms": "yesterday"})
+    f = DLQFilter(task="emails.send", error_text="Timeout", since_ms=5)
+    assert f.to_dict() == {"task": "emails.send", "error_text": "Timeout", "since_ms": 5}
+    assert DLQFilter.from_dict(f.to_dict()) == f
+    assert DLQFilter.from_dict({"task": "", "reason": "", "since_ms": "12", "until_ms": ""}) == DLQFilter(since_ms=12)
+    assert DLQFilter(task="  ").is_empty() and not f.is_empty()
+
+
+def test_fingerprint_merges_messages_that_differ_in_values():
+    assert fingerprint("LookupError", "user 123 not found") == fingerprint("LookupError", "user 456 not found")
+    assert fingerprint("LookupError", "user 123 not found") != fingerprint("KeyError", "user 123 not found")
+    assert fingerprint("E", "order 'A-17' of 550e8400-e29b-41d4-a716-446655440000 at 0x7f3a") == \
+        fingerprint("E", 'order "B-9" of 6ba7b810-9dad-11d1-80b4-00c04fd430c8 at 0x10')
+    assert fingerprint("E", "can't open file") == "E: can't open file"
+    assert fingerprint("E", "row 1 failed") != fingerprint("E", "column 1 failed")
+    long_a, long_b = "x" * 300 + "a", "x" * 300 + "b"
+    assert fingerprint("E", long_a) != fingerprint("E", long_b) and len(fingerprint("E", long_a)) < 230
+
+
+def test_groups(redis, dl):
+    t0 = 1_700_000_000_000
+    rows = [
+        ("accounts.sync", "user 123 not found", t0), ("accounts.sync", "user 456 not found", t0 + 10),
+        ("billing.charge", "user 789 not found", t0 + 20), ("accounts.sync", "timeout after 30s", t0 + 30),
+        ("billing.charge", "user 1 not found", t0 + 40),
+    ]
+    for task, message, ms in rows:
+        add_dead(redis, dead_job(task, messages=(message,), cls="LookupError"), entry_id=f"{ms}-0")
+    groups = dl.groups()
+    assert [(g.fingerprint, g.count) for g in groups] == [
+        ("LookupError: user <n> not found", 4), ("LookupError: timeout after <n>s", 1)]
+    top = groups[0]
+    assert (top.first_seen_ms, top.last_seen_ms) == (t0, t0 + 40)
+    assert (top.sample_message, top.sample_entry_id) == ("user 1 not found", f"{t0 + 40}-0")
+    assert top.tasks == ["accounts.sync", "billing.charge"]
+    only = dl.groups(DLQFilter(task="billing.charge"))
+    assert [(g.count, g.tasks) for g in only] == [(2, ["billing.charge"])]
+    assert [(g.count, g.first_seen_ms) for g in dl.groups(scan_limit=3)] == [(2, t0 + 20), (1, t0 + 30)]
+    assert dl.page(limit=1).items[0].fingerprint == top.fingerprint
+
+
+def test_find_by_job_id_returns_the_newest_entry(redis, dl):
+    job = dead_job()
+    add_dead(redis, job)
+    newer = add_dead(redis, job)
+    add_dead(redis, dead_job())
+    assert dl.find_by_job_id(job.id).entry_id == newer
+    assert dl.find_by_job_id("nope") is None
+
+
+# --- acting ------------------------------------------------------------------------
+
+
+def test_replay_at_a_time_goes_to_the_delayed_set(redis, dl):
+    eid = add_dead(redis, dead_job())
+    at = now_ms() + 60_000
+    assert dl.replay([eid], run_at_ms=at) == 1
+    assert redis.xlen(KEYS.stream) == 0 and dl.count() == 0
+    [(member, score)] = redis.zrange(KEYS.delayed, 0, -1, withscores=True)
+    assert int(score) == at and decode(member).replays == 1
+    with pytest.raises(ValueError, match="run_at_ms"):
+        dl.replay([eid], run_at_ms=-5)
+    with pytest.raises(TypeError, match="wrap a single id"):
+        dl.replay(eid)
+
+
+def test_undecodable_entries_stay(redis, dl):
+    bad = add_dead(redis, None, "decode_failed", payload=b"\x00\x01", error_class="DecodeError", error="junk")
+    good = add_dead(redis, dead_job())
+    assert dl.replay([bad, good]) == 1
+    assert [d.entry_id for d in dl.page().items] == [bad]
+    progress = []
+    assert dl.replay_matching(DLQFilter(reason="decode_failed"), progress=lambda *p: progress.append(p)) == 0
+    assert progress[-1] == (1, 1) and dl.count() == 1
+
+
+def test_discard_by_id(redis, dl):
+    ids, _ = bulk_dead(redis, 5)
+    assert dl.discard([ids[0], ids[3], ids[0], "1-0"]) == 2
+    assert [d.entry_id for d in dl.page().items] == [ids[4], ids[2], ids[1]]
+    assert dl.discard([ids[0]]) == 0
+
+
+def test_concurrent_replays_publish_each_job_once(redis, redis_url, dl):
+    entry_ids, job_ids = bulk_dead(redis, 5000)
+    barrier = threading.Barrier(2)
+    moved = []
+
+    def replay():
+        import redis as redis_lib
+
+        client = redis_lib.Redis.from_url(redis_url)
+        barrier.wait()
+        moved.append(DeadLetters(client, Q).replay(entry_ids))
+        client.close()
+
+    threads = [threading.Thread(target=replay) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sum(moved) == 5000 and len(moved) == 2
+    counts = Counter(job.id for job in stream_jobs(redis))
+    assert set(counts) == set(job_ids) and set(counts.values()) == {1}
+    assert dl.count() == 0
+
+
+def test_replay_matching_100k_in_chunks(redis, dl):
+    bulk_dead(redis, 100_000)
+    others, _ = bulk_dead(redis, 1000, task="reports.build")
+    f = DLQFilter(task="emails.send")
+    progress, late = [], []
+
+    def on_progress(done, total):
+        progress.append((done, total))
+        if not late:  # a job that dies while the sweep runs is left alone
+            late.append(add_dead(redis, dead_job()))
+
+    assert dl.replay_matching(f, progress=on_progress) == 100_000
+    assert progress[0] == (0, 100_000) and progress[-1] == (100_000, 100_000)
+    assert len(progress) >= 100_000 // 500
+    assert all(a[0] <= b[0] for a, b in zip(progress, progress[1:]))
+    assert redis.xlen(KEYS.stream) == 100_000
+    assert dl.count() == 1001
+    assert {d.entry_id for d in dl.page(limit=1001).items} == set(others) | set(late)
+    first = decode(redis.xrange(KEYS.stream, count=1)[0][1][b"j"])
+    assert (first.attempt, first.replays, first.errors[0]["message"]) == (0, 1, "row 0 failed")
+
+
+def test_sweeps_stop_when_asked_and_discard_matching(redis, dl):
+    ids, _ = bulk_dead(redis, 2000)
+    progress = []
+    moved = dl.replay_matching(DLQFilter(), chunk=500, progress=lambda *p: progress.append(p),
+                               should_stop=lambda: len(progress) >= 2)
+    assert moved == 500 and progress == [(0, 2000), (500, 2000)]
+    assert [d.entry_id for d in dl.page(limit=2000).items] == ids[500:][::-1]
+    assert redis.xlen(KEYS.stream) == 500
+
+    unknown = [add_dead(redis, dead_job("gone.task", messages=()), "unknown_task", error_class="UnknownTask",
+                        error="no task named 'gone.task'") for _ in range(30)]
+    f = DLQFilter(reason="unknown_task")
+    assert dl.count_matching(f) == 30
+    progress.clear()
+    assert dl.discard_matching(f, chunk=100, progress=lambda *p: progress.append(p)) == 30
+    assert progress[-1] == (30, 30) and len(progress) >= 1500 // 100
+    assert dl.count_matching(f) == 0 and dl.count() == 1500
+    assert dl.discard(unknown) == 0
+    assert dl.discard_matching(DLQFilter(until_ms=1)) == 0 and dl.count() == 1500
+    assert dl.discard_matching(DLQFilter()) == 1500 and dl.count() == 0
+
+
+def test_count_matching_time_ranges(redis, dl):
+    t0 = 1_700_000_000_000
+    for i in range(2500):
+        redis.xadd(KEYS.dlq, fields_for(dead_job()), id=f"{t0 + i}-0")
+    assert dl.count_matching(DLQFilter()) == 2500
+    assert dl.count_matching(DLQFilter(since_ms=t0 - 5, until_ms=t0 + 10_000)) == 2500
+    assert dl.count_matching(DLQFilter(since_ms=t0 + 100, until_ms=t0 + 2200)) == 2100
+    assert dl.count_matching(DLQFilter(since_ms=t0 + 2499)) == 1
+    assert dl.count_matching(DLQFilter(until_ms=t0)) == 0
+    page = dl.page(filter=DLQFilter(since_ms=t0 + 100, until_ms=t0 + 2200), limit=10)
+    assert page.items[0].dead_at_ms == t0 + 2199 and page.next_cursor == f"{t0 + 2190}-0"
+
+
+def test_client_must_return_bytes(redis_url):
+    import redis as redis_lib
+
+    with pytest.raises(ValueError, match="decode_responses=False"):
+        DeadLetters(redis_lib.Redis.from_url(redis_url, decode_responses=True), Q)

@@ -1,0 +1,226 @@
+"""Queue stats, pause/resume and worker heartbeats, read from a real server."""
+
+import dataclasses
+import os
+import threading
+import time
+
+import msgpack
+import pytest
+
+from chasqui_core.engine import inspect
+from chasqui_core.engine.envelope import Job, now_ms
+from chasqui_core.engine.errors import InvalidQueueName
+from chasqui_core.engine.keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.worker import Worker
+
+
+def server_ms(client) -> int:
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def heartbeat(client, queues, worker_id, *, last_seen, in_flight=0, processed=0, failed=0):
+    """Write a heartbeat the way worker.py's _heartbeat does."""
+    info = msgpack.packb({
+        "id": worker_id, "host": "host-a", "pid": 4242, "queues": list(queues),
+        "concurrency": 8, "in_flight": in_flight, "processed": processed, "failed": failed,
+        "started_at": last_seen - 60_000, "last_seen": last_seen,
+    })
+    for q in queues:
+        client.hset(QueueKeys.for_queue(q).workers, worker_id, info)
+
+
+def dlq_entry(client, queue, job_id):
+    job = Job(job_id, "tasks.boom", errors=[{"attempt": 1, "class": "ValueError", "message": "bad"}])
+    client.xadd(QueueKeys.for_queue(queue).dlq, {
+        "j": job.encode(), "reason": "retries_exhausted", "task": job.task, "job_id": job.id,
+        "source_id": "1-0", "error_class": "ValueError", "error": "bad",
+    })
+
+
+def server_major(client) -> int:
+    return int(client.info("server")["redis_version"].split(".")[0])
+
+
+def test_missing_queue_reads_as_zeros(redis):
+    stats = inspect.queue_stats(redis, "never-used")
+    assert stats == inspect.QueueStats(
+        name="never-used", stream_length=0, pending=0, in_flight=0, delayed=0, overdue=0,
+        oldest_overdue_age_ms=0, dlq=0, paused=False, workers=0, lag=None,
+    )
+    assert not inspect.queue_exists(redis, "never-used")
+
+
+def test_queue_without_consumer_group_has_no_pending(redis):
+    Queue("fresh", redis_client=redis).add("tasks.a")
+    stats = inspect.queue_stats(redis, "fresh")
+    assert (stats.stream_length, stats.pending, stats.lag) == (1, 0, None)
+
+
+def test_stats_with_real_data(redis):
+    q = Queue("emails", redis_client=redis)
+    keys = q.keys
+    for i in range(5):
+        q.add("tasks.send", [i])
+    for i in range(3):
+        q.add("tasks.later", [i], delay=3_600_000)
+    # a consumer took two entries and has not settled them
+    redis.xgroup_create(keys.stream, GROUP, id="0")
+    redis.xreadgroup(GROUP, "w1", {keys.stream: ">"}, count=2)
+    # two delayed jobs the promoter has not moved yet
+    now = server_ms(redis)
+    redis.zadd(keys.delayed, {Job("late-1", "tasks.x").encode(): now - 5000,
+                              Job("late-2", "tasks.x").encode(): now - 2000})
+    dlq_entry(redis, "emails", "dead-1")
+    dlq_entry(redis, "emails", "dead-2")
+    inspect.pause(redis, "emails")
+    heartbeat(redis, ["emails"], "live-1", last_seen=now_ms(), in_flight=3)
+    heartbeat(redis, ["emails"], "live-2", last_seen=now_ms(), in_flight=1)
+    heartbeat(redis, ["emails"], "gone", last_seen=now_ms() - 60_000, in_flight=7)
+
+    stats = inspect.queue_stats(redis, "emails")
+
+    assert stats.name == "emails"
+    assert stats.stream_length == 5
+    assert stats.pending == 2
+    assert stats.delayed == 5
+    assert stats.overdue == 2
+    assert 5000 <= stats.oldest_overdue_age_ms < 5000 + 30_000
+    assert stats.dlq == 2
+    assert stats.paused is True
+    assert stats.workers == 2
+    assert stats.in_flight == 4
+    if server_major(redis) >= 7:
+        assert stats.lag == 3
+    assert inspect.queue_exists(redis, "emails")
+
+
+def test_all_queue_stats_matches_single_calls(redis):
+    for name, ready, later in (("a", 2, 0), ("b", 0, 4), ("c", 7, 1)):
+        q = Queue(name, redis_client=redis)
+        for i in range(ready):
+            q.add("t", [i])
+        for i in range(later):
+            q.add("t", [i], delay=600_000)
+    now = server_ms(redis)
+    redis.zadd(QueueKeys.for_queue("c").delayed, {Job("over", "t").encode(): now - 1000})
+    inspect.pause(redis, "b")
+    dlq_entry(redis, "a", "d")
+    heartbeat(redis, ["a", "c"], "w", last_seen=now_ms(), in_flight=2)
+
+    together = inspect.all_queue_stats(redis)
+    assert [s.name for s in together] == ["a", "b", "c"]
+    one_by_one = [inspect.queue_stats(redis, n) for n in ("a", "b", "c")]
+    # the overdue age keeps growing between calls; everything else must match
+    assert [dataclasses.replace(s, oldest_overdue_age_ms=0) for s in together] == \
+        [dataclasses.replace(s, oldest_overdue_age_ms=0) for s in one_by_one]
+    assert together[2].overdue == 1 and together[2].oldest_overdue_age_ms >= 1000
+    assert (together[0].dlq, together[1].paused, together[1].delayed, together[2].workers) == (1, True, 4, 1)
+
+    picked = inspect.all_queue_stats(redis, ["c", "nope"])
+    assert [s.name for s in picked] == ["c", "nope"]
+    assert picked[1].stream_length == 0 and picked[1].lag is None
+    assert inspect.all_queue_stats(redis, []) == []
+
+
+def test_all_queue_stats_rejects_bad_names(redis):
+    with pytest.raises(InvalidQueueName):
+        inspect.all_queue_stats(redis, ["has space"])
+
+
+def test_list_queues_sorted_and_skips_foreign_names(redis):
+    for name in ("zeta", "alpha", "mid"):
+        Queue(name, redis_client=redis).add("t")
+    redis.sadd(QUEUES_REGISTRY, "not a queue!")
+    assert inspect.list_queues(redis) == ["alpha", "mid", "zeta"]
+
+
+def test_queue_exists_by_stream_alone(redis):
+    redis.xadd(QueueKeys.for_queue("orphan").stream, {"j": b"x"})
+    assert inspect.queue_exists(redis, "orphan")
+    redis.sadd(QUEUES_REGISTRY, "registered")
+    assert inspect.queue_exists(redis, "registered")
+    assert not inspect.queue_exists(redis, "other")
+
+
+def test_pause_and_resume_are_idempotent(redis):
+    assert inspect.pause(redis, "jobs") is True
+    assert inspect.pause(redis, "jobs") is False
+    assert inspect.queue_stats(redis, "jobs").paused is True
+    assert redis.exists(QueueKeys.for_queue("jobs").paused)
+    assert inspect.resume(redis, "jobs") is True
+    assert inspect.resume(redis, "jobs") is False
+    assert inspect.queue_stats(redis, "jobs").paused is False
+
+
+def test_workers_stale_flag_and_dedupe(redis):
+    for name in ("a", "b", "c"):
+        redis.sadd(QUEUES_REGISTRY, name)
+    now = now_ms()
+    heartbeat(redis, ["a"], "multi", last_seen=now - 1000)  # an older beat on one queue...
+    heartbeat(redis, ["b"], "multi", last_seen=now, processed=9)  # ...a fresher one on the other
+    heartbeat(redis, ["c"], "old", last_seen=now - 30_000)
+
+    listed = inspect.workers(redis)
+    assert [w.id for w in listed] == ["multi", "old"]
+    multi, old = listed
+    assert multi.stale is False and multi.last_seen_ms == now and multi.processed == 9
+    assert (multi.host, multi.pid, multi.concurrency, multi.queues) == ("host-a", 4242, 8, ["b"])
+    assert old.stale is True
+    assert inspect.workers(redis, stale_after_ms=60_000)[1].stale is False
+    assert [w.id for w in inspect.workers(redis, "c")] == ["old"]
+    assert inspect.workers(redis, "unknown") == []
+
+
+def test_prune_stale_workers(redis):
+    for name in ("a", "b"):
+        redis.sadd(QUEUES_REGISTRY, name)
+    now = now_ms()
+    heartbeat(redis, ["a", "b"], "dead", last_seen=now - 120_000)
+    heartbeat(redis, ["a"], "alive", last_seen=now)
+    redis.hset(QueueKeys.for_queue("b").workers, "garbage", b"\xc1 not msgpack")
+
+    assert inspect.prune_stale_workers(redis) == 3
+    assert redis.hkeys(QueueKeys.for_queue("a").workers) == [b"alive"]
+    assert redis.hlen(QueueKeys.for_queue("b").workers) == 0
+    assert inspect.prune_stale_workers(redis) == 0
+
+
+def test_real_worker_shows_up_with_its_running_job(redis, redis_url):
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(n):
+        started.set()
+        release.wait(30)
+        return n
+
+    registry = HandlerRegistry()
+    registry.register("tasks.slow", slow)
+    Queue("live", redis_client=redis).add("tasks.slow", [1])
+    worker = Worker(["live"], registry, url=redis_url, concurrency=2, heartbeat_interval=0.05,
+                    install_signal_handlers=False, shutdown_timeout=5)
+    thread = threading.Thread(target=worker.run_sync, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(15), "the worker never started the job"
+        deadline = time.monotonic() + 15
+        stats = inspect.queue_stats(redis, "live")
+        while stats.in_flight != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            stats = inspect.queue_stats(redis, "live")
+        assert (stats.workers, stats.in_flight, stats.pending, stats.stream_length) == (1, 1, 1, 1)
+        [info] = inspect.workers(redis, "live")
+        assert info.id == worker.id and info.pid == os.getpid()
+        assert (info.queues, info.concurrency, info.stale) == (["live"], 2, False)
+    finally:
+        release.set()
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    after = inspect.queue_stats(redis, "live")
+    assert (after.workers, after.pending, after.stream_length) == (0, 0, 0)
+    assert inspect.workers(redis) == []

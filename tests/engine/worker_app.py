@@ -1,0 +1,288 @@
+"""A worker process for the engine's end-to-end tests, and the helpers that drive it.
+
+Run as a program, it registers the test handlers below and runs ``Worker``
+until SIGTERM::
+
+    python tests/engine/worker_app.py --url URL --queue q [--concurrency N]
+        [--visibility-ms N] [--lock-ttl-ms N] [--poll S] ...
+
+Tests live in another process, so every handler records each run by RPUSHing
+``"<job id> <attempt> <pid> <epoch ms>"`` to a Redis list: the job's ``log``
+kwarg, or ``RUNS_KEY``. From that list a test can tell how often each job ran,
+on which worker process, with which attempt number, and when.
+
+Imported (by the tests), it offers ``Workers``, which starts worker processes
+and always stops them, and ``read_runs``/``wait_for`` to observe them. The
+engine is only imported when the program runs, so importing this is cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().relative_to(ROOT)
+
+RUNS_KEY = "e2e:runs"
+"""Where handlers record their runs when the job names no ``log`` list."""
+
+DONE_SUFFIX = ":done"
+"""``slow`` and ``block`` also record the end of a run on ``<log>:done``."""
+
+
+# --- the worker program -------------------------------------------------------------
+
+
+class UnrecoverableError(Exception):
+    """Unrelated to the engine's class of that name: only the name is shared.
+
+    Other libraries define their own ``UnrecoverableError``; the worker must
+    honour any class so named, not just the one in ``chasqui_core``.
+    """
+
+
+def _build_registry(client):
+    from chasqui_core.engine.backoff import BackoffSpec
+    from chasqui_core.engine.errors import RetryAfter
+    from chasqui_core.engine.errors import UnrecoverableError as ChasquiUnrecoverable
+    from chasqui_core.engine.registry import HandlerRegistry
+
+    class BadInput(ChasquiUnrecoverable):
+        """A subclass: the worker must look at the bases too."""
+
+    pid = os.getpid()
+
+    def record(ctx, log: str) -> None:
+        client.rpush(log, f"{ctx.job.id} {ctx.attempt} {pid} {int(time.time() * 1000)}")
+
+    def run_number(ctx, log: str) -> int:
+        """How many times this job has started, across every worker process."""
+        return client.incr(f"{log}:count:{ctx.job.id}")
+
+    def noop(ctx, *_args, log: str = RUNS_KEY, **_):
+        record(ctx, log)
+
+    async def slow(ctx, seconds: float, log: str = RUNS_KEY, **_):
+        record(ctx, log)
+        await asyncio.sleep(seconds)
+        client.rpush(log + DONE_SUFFIX, ctx.job.id)
+
+    def block(ctx, seconds: float, log: str = RUNS_KEY, **_):
+        record(ctx, log)
+        time.sleep(seconds)
+        client.rpush(log + DONE_SUFFIX, ctx.job.id)
+
+    def fail_n_times(ctx, n: int, log: str = RUNS_KEY, **_):
+        record(ctx, log)
+        run = run_number(ctx, log)
+        if run <= n:
+            raise RuntimeError(f"planned failure {run} of {n}")
+        return run
+
+    def unrecoverable(ctx, log: str = RUNS_KEY, **_):
+        record(ctx, log)
+        raise BadInput("this job can never succeed")
+
+    def foreign_unrecoverable(ctx, log: str = RUNS_KEY, **_):
+        record(ctx, log)
+        raise UnrecoverableError("another library gave up on this job")
+
+    def die(ctx, log: str = RUNS_KEY, **_):
+        record(ctx, log)
+        os._exit(1)
+
+    def retry_after(ctx, seconds: float, n: int = 1, log: str = RUNS_KEY, **_):
+        record(ctx, log)
+        if run_number(ctx, log) <= n:
+            raise RetryAfter(seconds, "the remote side asked us to come back later")
+
+    registry = HandlerRegistry()
+    for name, fn in [("noop", noop), ("slow", slow), ("block", block), ("fail_n_times", fail_n_times),
+                     ("unrecoverable", unrecoverable), ("foreign_unrecoverable", foreign_unrecoverable),
+                     ("die", die)]:
+        registry.register(name, fn, takes_context=True)
+    registry.register("retry_after", retry_after, takes_context=True, backoff="retry_after")
+    # the middle layer of the retry budget: task defaults, below the job's own options
+    registry.register("fail_n_times_limited", fail_n_times, takes_context=True,
+                      max_attempts=TASK_MAX_ATTEMPTS, backoff=BackoffSpec.fixed(TASK_BACKOFF_MS))
+    return registry
+
+
+TASK_MAX_ATTEMPTS = 2
+TASK_BACKOFF_MS = 250
+"""Task-level defaults of ``fail_n_times_limited``."""
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Run a Chasqui worker with the end-to-end test handlers.")
+    p.add_argument("--url", required=True)
+    p.add_argument("--queue", action="append", required=True, help="may be given more than once")
+    p.add_argument("--concurrency", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--block-ms", type=int, default=1000)
+    p.add_argument("--visibility-ms", type=int, default=30_000)
+    p.add_argument("--lock-ttl-ms", type=int, default=5000)
+    p.add_argument("--poll", type=float, default=0.1, help="promoter poll interval, seconds")
+    p.add_argument("--max-payload-bytes", type=int, default=None)
+    p.add_argument("--max-attempts", type=int, default=None, help="worker-wide retry budget")
+    p.add_argument("--backoff-ms", type=float, default=None, help="worker-wide fixed backoff")
+    p.add_argument("--shutdown-timeout", type=float, default=25.0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    from chasqui_core.engine.backoff import BackoffSpec
+    from chasqui_core.engine.connection import connect
+    from chasqui_core.engine.retry import RetryPolicy
+    from chasqui_core.engine.worker import Worker
+
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    client = connect(args.url)
+    policy_options = {}
+    if args.max_attempts is not None:
+        policy_options["max_attempts"] = args.max_attempts
+    if args.backoff_ms is not None:
+        policy_options["backoff"] = BackoffSpec.fixed(args.backoff_ms)
+    options = {}
+    if args.max_payload_bytes is not None:
+        options["max_payload_bytes"] = args.max_payload_bytes
+    worker = Worker(
+        args.queue, _build_registry(client), url=args.url, concurrency=args.concurrency,
+        batch_size=args.batch_size, block_ms=args.block_ms, policy=RetryPolicy(**policy_options),
+        visibility_timeout_ms=args.visibility_ms, promoter_poll_interval=args.poll,
+        promoter_lock_ttl_ms=args.lock_ttl_ms, shutdown_timeout=args.shutdown_timeout, **options,
+    )
+    worker.run_sync()
+    client.close()
+    return 0
+
+
+# --- helpers for the tests ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    job_id: str
+    attempt: int
+    pid: int
+    at_ms: int
+
+
+def read_runs(client, key: str = RUNS_KEY) -> list[Run]:
+    out = []
+    for raw in client.lrange(key, 0, -1):
+        job_id, attempt, pid, at_ms = raw.decode().split()
+        out.append(Run(job_id, int(attempt), int(pid), int(at_ms)))
+    return out
+
+
+def runs_by_job(runs: list[Run]) -> dict[str, list[Run]]:
+    by_job: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_job[run.job_id].append(run)
+    return by_job
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.02):
+    """Poll until ``predicate()`` is truthy and return its value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def settled(client, queue: str) -> bool:
+    """Nothing left to do on ``queue``: stream, pending list and delayed set are empty."""
+    from chasqui_core.engine.keys import GROUP, QueueKeys
+
+    keys = QueueKeys.for_queue(queue)
+    return (client.xlen(keys.stream) == 0 and client.zcard(keys.delayed) == 0
+            and client.xpending(keys.stream, GROUP)["pending"] == 0)
+
+
+def dlq_entries(client, queue: str) -> list[dict[str, bytes]]:
+    """The dead-letter entries of ``queue``, oldest first, with text field names."""
+    from chasqui_core.engine.keys import QueueKeys
+
+    return [{k.decode(): v for k, v in fields.items()}
+            for _, fields in client.xrange(QueueKeys.for_queue(queue).dlq)]
+
+
+class Workers:
+    """Starts worker processes for one test; ``close`` stops every one still alive."""
+
+    def __init__(self, url: str, log_dir: Path) -> None:
+        self.url = url
+        self.log_dir = Path(log_dir)
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, queue: str, **options: object) -> subprocess.Popen:
+        """Start one worker; ``options`` are the CLI flags (``visibility_ms=2000``)."""
+        argv = [sys.executable, str(SCRIPT), "--url", self.url, "--queue", queue]
+        for name, value in options.items():
+            argv += [f"--{name.replace('_', '-')}", str(value)]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")
+        try:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+        self.procs.append(proc)
+        return proc
+
+    def wait_ready(self, client, queue: str, count: int, timeout: float = 20.0) -> None:
+        """Wait until ``count`` workers of this test have registered on ``queue``."""
+        from chasqui_core.engine.keys import QueueKeys
+
+        key = QueueKeys.for_queue(queue).workers
+
+        def registered() -> bool:
+            for proc in self.procs:
+                if proc.poll() is not None and proc.returncode != 0:
+                    raise AssertionError(f"worker {proc.pid} exited with {proc.returncode}:\n{self.logs()}")
+            return client.hlen(key) >= count
+
+        wait_for(registered, timeout, f"{count} workers on {queue}")
+
+    def logs(self, tail: int = 4000) -> str:
+        parts = []
+        for path in sorted(self.log_dir.glob("worker-*.log")):
+            parts.append(f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}")
+        return "\n".join(parts)
+
+    def close(self) -> None:
+        """Stop every worker still alive, and print their logs (pytest shows them when a test fails)."""
+        alive = [p for p in self.procs if p.poll() is None]
+        for proc in alive:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in alive:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        print(self.logs())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
