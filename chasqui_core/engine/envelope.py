@@ -9,12 +9,12 @@ the console and API exactly as the producer meant it.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from ulid import ULID
 
 VERSION = 1
 
@@ -72,6 +72,13 @@ class Job:
 _packer = msgpack.Packer(use_bin_type=True)
 
 
+def pack_job(job_id: str, task: str, args: list, kwargs: dict, created_at: int, max_attempts: int | None,
+             backoff: dict | None, result_ttl: int, meta: dict) -> bytes:
+    """Encode a brand-new job without building a Job first (the producer's fast path)."""
+    return _packer.pack([VERSION, job_id, task, args, kwargs, 0, created_at, max_attempts, backoff, [], 0,
+                         result_ttl, 0, meta])
+
+
 def _packb(obj: Any) -> bytes:
     return _packer.pack(obj)
 
@@ -99,8 +106,31 @@ def decode(data: bytes) -> Job:
                replays, result_ttl, deaths, meta or {})
 
 
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]
+"""Every 10-bit value as two base-32 characters: a ULID is 13 table lookups."""
+_last_ms = -1
+_last_prefix = ""
+
+
 def new_job_id() -> str:
-    return str(ULID())
+    """A ULID: 48 bits of milliseconds then 80 random bits, in Crockford base 32.
+
+    Sortable by creation time, like the stream ids. Built here rather than with
+    a ULID library because producers call it once per job and it must cost
+    about a microsecond.
+    """
+    global _last_ms, _last_prefix
+    ms = time.time_ns() // 1_000_000
+    if ms != _last_ms:
+        # 48 timestamp bits padded to 50 = 10 characters
+        p = _PAIRS
+        _last_prefix = p[(ms >> 40) & 1023] + p[(ms >> 30) & 1023] + p[(ms >> 20) & 1023] + p[(ms >> 10) & 1023] + p[ms & 1023]
+        _last_ms = ms
+    r = random.getrandbits(80)  # the module-level generator is reseeded after fork
+    p = _PAIRS
+    return (_last_prefix + p[r >> 70] + p[(r >> 60) & 1023] + p[(r >> 50) & 1023] + p[(r >> 40) & 1023]
+            + p[(r >> 30) & 1023] + p[(r >> 20) & 1023] + p[(r >> 10) & 1023] + p[r & 1023])
 
 
 def now_ms() -> int:

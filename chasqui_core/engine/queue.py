@@ -12,14 +12,14 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 import redis.asyncio as aredis
 
 from .backoff import BackoffSpec, coerce_backoff
 from .connection import aconnect, connect, url_of
-from .envelope import Job, check_json_types, new_job_id, now_ms
+from .envelope import check_json_types, new_job_id, now_ms, pack_job
 from .keys import QUEUES_REGISTRY, QueueKeys
 from .scripts import Scripts
 
@@ -48,8 +48,9 @@ class JobSpec:
     meta: Mapping[str, Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Enqueued:
+class Enqueued(NamedTuple):
+    """What became of one added job (a named tuple: bulk adds make one per job)."""
+
     job_id: str
     queue: str
     entry_id: str | None
@@ -113,41 +114,45 @@ class Queue:
 
     # --- building jobs ------------------------------------------------------
 
-    def build(self, spec: JobSpec) -> tuple[str, str, bytes]:
-        """Validate one job and return (caller job id or "", when, payload)."""
-        if not isinstance(spec.task, str) or not spec.task:
+    def build(self, spec: JobSpec) -> tuple[str, str, bytes, str]:
+        """Validate one job; return (caller job id or "", when, payload, job id).
+
+        This runs once per job on the producer's hot path, so the common case
+        (no options) skips straight to packing.
+        """
+        task = spec.task
+        if type(task) is not str or not task:
             raise ValueError("A job needs a task name (a non-empty string)")
         args = list(spec.args)
-        kwargs = dict(spec.kwargs)
+        kwargs = spec.kwargs if type(spec.kwargs) is dict else dict(spec.kwargs)
         check_json_types(args, "args")
-        check_json_types(kwargs, "kwargs")
-        if spec.attempts is not None and (
-            isinstance(spec.attempts, bool) or not isinstance(spec.attempts, int) or spec.attempts < 1
-        ):
-            raise ValueError(f"attempts must be a whole number of 1 or more, got {spec.attempts!r}")
-        backoff = coerce_backoff(spec.backoff)
-        if spec.job_id is not None and (not isinstance(spec.job_id, str) or not spec.job_id or len(spec.job_id) > 200):
+        if kwargs:
+            check_json_types(kwargs, "kwargs")
+        attempts = spec.attempts
+        if attempts is not None and (type(attempts) is not int or attempts < 1):
+            raise ValueError(f"attempts must be a whole number of 1 or more, got {attempts!r}")
+        backoff = spec.backoff
+        if backoff is not None:
+            backoff = coerce_backoff(backoff).to_dict()  # type: ignore[union-attr]
+        job_id = spec.job_id
+        if job_id is not None and (type(job_id) is not str or not job_id or len(job_id) > 200):
             raise ValueError("job_id must be a non-empty string of at most 200 characters")
-        when = _when(spec.delay, spec.run_at)
-        job = Job(
-            id=spec.job_id or new_job_id(),
-            task=spec.task,
-            args=args,
-            kwargs=kwargs,
-            created_at=now_ms(),
-            max_attempts=spec.attempts,
-            backoff=backoff.to_dict() if backoff is not None else None,
-            result_ttl=int(spec.result_ttl or 0),
-            meta=dict(spec.meta) if spec.meta else {},
-        )
-        payload = job.encode()
+        when = "" if spec.delay is None and spec.run_at is None else _when(spec.delay, spec.run_at)
+        result_ttl = spec.result_ttl
+        if type(result_ttl) is not int or result_ttl < 0:
+            raise ValueError(f"result_ttl must be a whole number of seconds, got {result_ttl!r}")
+        meta = dict(spec.meta) if spec.meta else {}
+        if meta:
+            check_json_types(meta, "meta")
+        jid = job_id or new_job_id()
+        payload = pack_job(jid, task, args, kwargs, now_ms(), attempts, backoff, result_ttl, meta)
         if len(payload) > self.max_payload_bytes:
             raise PayloadTooLarge(
-                f"Job for task {spec.task!r} is {len(payload)} bytes once encoded; "
+                f"Job for task {task!r} is {len(payload)} bytes once encoded; "
                 f"the queue accepts at most {self.max_payload_bytes} bytes. "
                 "Pass a reference (a row id, a file path) instead of the data."
             )
-        return (spec.job_id or "", when, payload, job.id)  # type: ignore[return-value]
+        return (job_id or "", when, payload, jid)
 
     def _argv(self, built: list) -> list:
         argv: list = [self.keys.unique, self.unique_ttl_ms, self.keys.metrics]
@@ -156,14 +161,16 @@ class Queue:
         return argv
 
     def _results(self, built: list, replies: list) -> list[Enqueued]:
+        name = self.name
         out = []
-        for (uid, when, _, job_id), reply in zip(built, replies):
+        append = out.append
+        for (_, _, _, job_id), reply in zip(built, replies):
             if reply == 0:
-                out.append(Enqueued(job_id, self.name, None, duplicate=True))
+                append(Enqueued(job_id, name, None, False, True))
             elif reply == b"delayed":
-                out.append(Enqueued(job_id, self.name, None, delayed=True))
+                append(Enqueued(job_id, name, None, True, False))
             else:
-                out.append(Enqueued(job_id, self.name, reply.decode()))
+                append(Enqueued(job_id, name, reply.decode(), False, False))
         return out
 
     def _chunks(self, jobs: Iterable[JobSpec]) -> Iterable[list]:
