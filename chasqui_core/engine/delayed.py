@@ -96,7 +96,7 @@ def page(client, queue: str, *, cursor: str | None = None, limit: int = 50) -> D
     last = rows[-1][1]
     same = sum(1 for _, score in rows if score == last)
     if cursor is not None and last == float(low):
-        pass  # the whole page shared the cursor's score
+        same += skip  # the whole page shared the cursor's score
     return DelayedPage(items, f"{_format_score(last)}:{same}")
 
 

@@ -106,8 +106,10 @@ def _server_ms(reply: Any) -> int:
 
 def _group_info(reply: Any) -> tuple[int, int | None]:
     """(pending, lag) of the Chasqui group from an XINFO GROUPS reply; zeros when there is none."""
-    if isinstance(reply, ResponseError):  # no stream yet
-        return 0, None
+    if isinstance(reply, ResponseError):
+        if "no such key" in str(reply).lower():  # nothing was ever added to the queue
+            return 0, None
+        raise reply
     for group in reply:
         name = group.get("name")
         if isinstance(name, bytes):

@@ -22,6 +22,7 @@ def walk(client, limit):
     while True:
         result = delayed.page(client, "sched", cursor=cursor, limit=limit)
         pages += 1
+        assert pages <= 1000, "the cursor never reaches the end"
         assert len(result.items) <= limit
         seen += result.items
         if result.next_cursor is None:
