@@ -101,7 +101,8 @@ class Promoter:
                         continue
                     if moved >= self.batch_size:
                         continue  # more are due: keep going without sleeping
-                    sleep = self.poll_interval
+                    # never past a third of the lock's life, so the lock is renewed in time
+                    sleep = min(self.poll_interval, self.lock_ttl_ms / 3000)
                     if next_due >= 0:
                         sleep = min(sleep, max(0.0, (next_due - now) / 1000))
             except asyncio.CancelledError:
@@ -109,21 +110,29 @@ class Promoter:
             except Exception as exc:
                 logger.warning("promoter for %s: %s", self.keys.queue, exc)
                 sleep = 1.0
-            if self._wake_at is not None:
-                sleep = min(sleep, max(0.0, self._wake_at - time.monotonic()))
-            self._wake.clear()
-            self._wake_at = None
-            if sleep > 0:
+            await self._nap(sleep)
+        await self.release()
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when a hint asks to look sooner.
+
+        A hint can only bring the wake-up forward. One due later than the
+        planned wake-up is left to a later round: sleeping until it would leave
+        every other due job, and the lock's renewal, waiting as long.
+        """
+        wake_at = time.monotonic() + seconds
+        if self._wake_at is not None:  # hinted while promoting
+            wake_at = min(wake_at, self._wake_at)
+        self._wake_at = wake_at
+        try:
+            while (remaining := self._wake_at - time.monotonic()) > 0:
+                self._wake.clear()
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=sleep)
+                    await asyncio.wait_for(self._wake.wait(), timeout=remaining)
                 except TimeoutError:
                     pass
-                if self._wake_at is not None:
-                    delay = self._wake_at - time.monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    self._wake_at = None
-        await self.release()
+        finally:
+            self._wake_at = None
 
     async def release(self) -> None:
         if self.is_leader:

@@ -42,6 +42,10 @@ DONE_SUFFIX = ":done"
 
 # --- the worker program -------------------------------------------------------------
 
+TASK_MAX_ATTEMPTS = 2
+TASK_BACKOFF_MS = 250
+"""Task-level defaults of ``fail_n_times_limited``."""
+
 
 class UnrecoverableError(Exception):
     """Unrelated to the engine's class of that name: only the name is shared.
@@ -116,11 +120,6 @@ def _build_registry(client):
     registry.register("fail_n_times_limited", fail_n_times, takes_context=True,
                       max_attempts=TASK_MAX_ATTEMPTS, backoff=BackoffSpec.fixed(TASK_BACKOFF_MS))
     return registry
-
-
-TASK_MAX_ATTEMPTS = 2
-TASK_BACKOFF_MS = 250
-"""Task-level defaults of ``fail_n_times_limited``."""
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

@@ -1,0 +1,133 @@
+"""Crash recovery end to end: workers killed with SIGKILL (or dying by themselves) mid-job.
+
+Nothing may be lost: a dead worker's jobs run again elsewhere once their lease
+lapses; a live worker's long job is never taken over; the promoter's lock
+passes on when its holder dies; a job that keeps killing its workers ends in
+the dead-letter queue instead of killing them forever.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+
+from chasqui_core.engine.envelope import decode
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.queue import Queue
+from tests.engine.worker_app import (
+    DONE_SUFFIX,
+    RUNS_KEY,
+    Workers,
+    dlq_entries,
+    read_runs,
+    settled,
+    wait_for,
+)
+
+
+@pytest.fixture
+def workers(redis, redis_url, tmp_path):
+    procs = Workers(redis_url, tmp_path)
+    yield procs
+    procs.close()
+
+
+def kill(proc) -> float:
+    """SIGKILL a worker process; returns when it is gone (monotonic time)."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+    return time.monotonic()
+
+
+@pytest.mark.timeout(90)
+def test_job_of_a_killed_worker_reruns_on_another_worker(redis, workers):
+    visibility_s = 2.0
+    procs = [workers.start("c-kill", visibility_ms=int(visibility_s * 1000)) for _ in range(2)]
+    workers.wait_ready(redis, "c-kill", 2)
+    job = Queue("c-kill", redis_client=redis).add("block", kwargs={"seconds": 3})
+
+    [first] = wait_for(lambda: read_runs(redis), 20, "the job to start")
+    [victim] = [p for p in procs if p.pid == first.pid]
+    [survivor] = [p for p in procs if p is not victim]
+    killed_at = kill(victim)
+
+    wait_for(lambda: len(read_runs(redis)) >= 2, visibility_s + 15, "the job to run again")
+    rerun_after = time.monotonic() - killed_at
+    rerun = read_runs(redis)[1]
+    assert rerun.job_id == job.job_id
+    assert rerun.pid == survivor.pid
+    assert rerun.attempt == 2, "the run lost with the dead worker counts"
+    assert rerun_after < visibility_s + 15
+
+    wait_for(lambda: redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1) == [job.job_id.encode()], 20, "the rerun to finish")
+    wait_for(lambda: settled(redis, "c-kill"), 10, "the queue to settle")
+    assert len(read_runs(redis)) == 2
+    assert dlq_entries(redis, "c-kill") == []
+    assert survivor.poll() is None
+
+
+@pytest.mark.timeout(90)
+def test_a_long_job_keeps_its_lease_and_runs_once(redis, workers):
+    # The job runs four times longer than the visibility timeout, beside a
+    # second worker that reclaims whatever idles past it.
+    for _ in range(2):
+        workers.start("c-lease", visibility_ms=1500)
+    workers.wait_ready(redis, "c-lease", 2)
+    job = Queue("c-lease", redis_client=redis).add("block", kwargs={"seconds": 6})
+
+    wait_for(lambda: redis.llen(RUNS_KEY + DONE_SUFFIX) >= 1, 30, "the long job to finish")
+    wait_for(lambda: settled(redis, "c-lease"), 10, "the queue to settle")
+    time.sleep(0.5)
+    runs = read_runs(redis)
+    assert [(r.job_id, r.attempt) for r in runs] == [(job.job_id, 1)], "run once, never taken over"
+    assert dlq_entries(redis, "c-lease") == []
+
+
+@pytest.mark.timeout(90)
+def test_promoter_lock_passes_on_when_its_holder_is_killed(redis, workers):
+    ttl_s = 1.5
+    procs = [workers.start("c-leader", lock_ttl_ms=int(ttl_s * 1000)) for _ in range(2)]
+    workers.wait_ready(redis, "c-leader", 2)
+    keys = QueueKeys.for_queue("c-leader")
+    holder = wait_for(lambda: redis.get(keys.promoter_lock), 20, "a promoter to take the lock").decode()
+    leader_pid = int(holder.rsplit(":", 2)[1])
+    [leader] = [p for p in procs if p.pid == leader_pid]
+    [survivor] = [p for p in procs if p is not leader]
+    killed_at = kill(leader)
+
+    q = Queue("c-leader", redis_client=redis)
+    jobs = [q.add("noop", delay=100) for _ in range(5)]
+    assert all(j.delayed for j in jobs)
+    wait_for(lambda: len(read_runs(redis)) >= 5, ttl_s + 15, "the delayed jobs to be promoted and run")
+    assert time.monotonic() - killed_at < ttl_s + 15
+    runs = read_runs(redis)
+    assert sorted(r.job_id for r in runs) == sorted(j.job_id for j in jobs)
+    assert {r.pid for r in runs} == {survivor.pid}
+    new_holder = redis.get(keys.promoter_lock).decode()
+    assert int(new_holder.rsplit(":", 2)[1]) == survivor.pid
+
+
+@pytest.mark.timeout(90)
+def test_job_that_kills_its_worker_twice_is_dead_lettered_as_panic(redis, workers):
+    q = Queue("c-panic", redis_client=redis)
+    job = q.add("die")
+    started = []
+    deadline = time.monotonic() + 60
+    while redis.xlen(q.keys.dlq) == 0:
+        assert time.monotonic() < deadline, "the job never reached the dead-letter queue"
+        if not started or started[-1].poll() is not None:
+            assert len(started) < 3, f"the job killed {len(started)} workers"
+            started.append(workers.start("c-panic", visibility_ms=1000))
+        time.sleep(0.05)
+    assert [p.returncode for p in started[:-1]] == [1, 1], "it killed two workers"
+
+    wait_for(lambda: settled(redis, "c-panic"), 10, "the queue to settle")
+    runs = read_runs(redis)
+    assert [(r.job_id, r.attempt) for r in runs] == [(job.job_id, 1), (job.job_id, 2)]
+    [entry] = dlq_entries(redis, "c-panic")
+    assert entry["reason"] == b"panic"
+    assert entry["source_id"].decode() == job.entry_id
+    assert entry["error_class"] == b"WorkerLost"
+    assert decode(entry["j"]).id == job.job_id
+    assert started[-1].poll() is None, "the third worker never ran it"
