@@ -48,6 +48,7 @@ class Promoter:
         self._renewed_at = 0.0
         self._wake = asyncio.Event()
         self._wake_at: float | None = None
+        self._one_shots: set[asyncio.Task] = set()
 
     def hint(self, due_ms: int, server_now_ms: int) -> None:
         """A job was scheduled to be due at ``due_ms`` (server clock): look then."""
@@ -58,7 +59,12 @@ class Promoter:
                 self._wake_at = at
                 self._wake.set()
         elif delay < self.poll_interval * 5:
-            asyncio.get_running_loop().call_later(delay, lambda: asyncio.ensure_future(self._promote_once()))
+            asyncio.get_running_loop().call_later(delay, self._spawn_promote_once)
+
+    def _spawn_promote_once(self) -> None:
+        task = asyncio.ensure_future(self._promote_once())
+        self._one_shots.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._one_shots.discard)
 
     async def _promote_once(self) -> None:
         try:

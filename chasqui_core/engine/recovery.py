@@ -27,12 +27,13 @@ class Reclaimed:
     deliveries: int
 
 
-async def extend_leases(client, keys: QueueKeys, consumer: str, entry_ids: Iterable[bytes]) -> None:
+async def extend_leases(scripts, keys: QueueKeys, consumer: str, entry_ids: Iterable[bytes]) -> list[bytes]:
+    """Renew the lease of entries this consumer still owns; return the ones it lost."""
     ids = list(entry_ids)
+    lost: list[bytes] = []
     for start in range(0, len(ids), 1000):
-        await client.execute_command(
-            "XCLAIM", keys.stream, GROUP, consumer, 0, *ids[start:start + 1000], "JUSTID"
-        )
+        lost += await scripts.lease(keys=[keys.stream], args=[GROUP, consumer, *ids[start:start + 1000]])
+    return lost
 
 
 async def reclaim(

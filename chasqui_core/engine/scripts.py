@@ -11,7 +11,7 @@ from pathlib import Path
 
 _LUA_DIR = Path(__file__).with_name("lua")
 
-NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "delayed_stats")
+NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats")
 
 
 @cache

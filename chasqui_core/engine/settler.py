@@ -21,6 +21,9 @@ from .keys import GROUP, QueueKeys
 
 logger = logging.getLogger("chasqui.worker")
 
+SETTLE_TRIES = 30
+"""About a minute of retries (capped exponential waits) before outcomes are left to reclaim."""
+
 
 @dataclass(slots=True)
 class _Batch:
@@ -155,7 +158,12 @@ class Settler:
                 continue
             if self._pending < self.flush_size and self.flush_interval:
                 await asyncio.sleep(self.flush_interval)
-            await self.flush()
+            try:
+                await self.flush()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the settler die: a worker that cannot settle runs jobs twice
+                logger.exception("settling failed")
 
     async def flush(self) -> None:
         batches, self._batches = self._batches, {}
@@ -185,21 +193,20 @@ class Settler:
         argv.append(b.n_requeues)
         argv += b.requeues
         kwargs = dict(keys=[keys.stream, keys.delayed, keys.dlq, keys.events], args=argv)
-        for attempt in range(30):
+        for attempt in range(SETTLE_TRIES):
             try:
                 reply = await self.scripts.settle(**kwargs)
                 break
-            except (ConnectionError, OSError, TimeoutError) as exc:  # Redis restarting: hold on to the outcomes
-                logger.warning("settling %d outcomes on %s failed (%s); retrying", len(b), keys.queue, exc)
-                await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
-            except Exception as exc:
-                if "connection" in type(exc).__name__.lower() or "timeout" in type(exc).__name__.lower():
-                    logger.warning("settling %d outcomes on %s failed (%s); retrying", len(b), keys.queue, exc)
-                    await asyncio.sleep(min(0.1 * 2 ** attempt, 2.0))
-                    continue
+            except asyncio.CancelledError:
                 raise
+            except Exception as exc:  # Redis restarting, failing over, out of memory...
+                # Hold on to the outcomes and try again: the call is idempotent.
+                logger.warning("settling %d outcomes on %s failed (%s: %s); retrying", len(b), keys.queue,
+                               type(exc).__name__, exc)
+                await asyncio.sleep(min(0.05 * 2 ** attempt, 2.0))
         else:
-            logger.error("gave up settling %d outcomes on %s; they stay pending and will be reclaimed", len(b), keys.queue)
+            logger.error("gave up settling %d outcomes on %s after %d tries; their entries stay pending and "
+                         "will be reclaimed after the visibility timeout", len(b), keys.queue, SETTLE_TRIES)
             return
         server_ms, _, _, _, _, earliest = reply
         if earliest >= 0 and self.on_retry_scheduled is not None:

@@ -287,6 +287,8 @@ class Worker:
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
                 continue
+            if entry_id in self._held:
+                continue  # already ours: a lease that lapsed while this worker still held the entry
             payload = fields.get(b"j")
             if payload is None:
                 self.settler.dead(keys, entry_id, msgpack.packb({k.decode(errors="replace"): v for k, v in fields.items()}),
@@ -314,8 +316,6 @@ class Worker:
                                   error_class="UnknownTask",
                                   error=f"no task named {job.task!r} is registered in this worker")
                 continue
-            if entry_id in self._held:
-                continue  # already ours (a lease that lapsed while we still held the entry)
             self._held[entry_id] = (keys, now)
             self._inbox.append(Delivery(keys, entry_id, payload, job, handler, deliveries))
             accepted += 1
@@ -458,7 +458,9 @@ class Worker:
                 keys_by_queue[keys.queue] = keys
                 self._held[entry_id] = (keys, now)
         for queue, ids in stale.items():
-            await extend_leases(self.client, keys_by_queue[queue], self.id, ids)
+            for entry_id in await extend_leases(self.scripts, keys_by_queue[queue], self.id, ids):
+                logger.warning("entry %s on %s was reclaimed by another worker while this one held it "
+                               "(the event loop was blocked past the visibility timeout?)", entry_id.decode(), queue)
 
     async def _reclaim(self) -> None:
         for keys in self.keys:

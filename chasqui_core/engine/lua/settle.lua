@@ -19,7 +19,6 @@
 --         task, job id, error class, error message, counts-as-failure (0/1),
 --         event field count F, F event field/value items
 -- then    number of requeues Q, then Q pairs: stream id, payload
--- then    number of handler failures (for the failed counter)
 -- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1}
 
 local stream, delayed, dlq, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
