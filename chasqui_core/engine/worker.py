@@ -23,7 +23,6 @@ import threading
 import time
 import traceback as tb
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +39,7 @@ from .registry import Handler, HandlerRegistry, JobContext
 from .retry import RetryPolicy, decide
 from .scripts import Scripts
 from .settler import Settler
+from .sync_lane import FAILED, OK, SyncLane
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -129,6 +129,18 @@ class Worker:
 
     # --- public -------------------------------------------------------------
 
+    @property
+    def in_flight(self) -> int:
+        """Jobs running now, on the loop and in the sync threads."""
+        lane = getattr(self, "_lane", None)
+        return getattr(self, "_running", 0) + (lane.outstanding if lane is not None else 0)
+
+    @property
+    def buffered(self) -> int:
+        """Jobs fetched and not yet finished: what counts against the prefetch."""
+        lane = self._lane
+        return len(self._inbox) + self._running + (lane.outstanding if lane is not None else 0)
+
     def request_stop(self) -> None:
         """Ask the worker to stop; safe to call from a signal handler or another thread."""
         loop, stop = self._loop, self._stop
@@ -165,10 +177,7 @@ class Worker:
         self._room.set()
         self._held: dict[bytes, tuple[QueueKeys, float]] = {}
         self._running = 0
-        self._all_idle = asyncio.Event()
-        self._all_idle.set()
-        self._pool = ThreadPoolExecutor(max_workers=min(self.concurrency, 256), thread_name_prefix="chasqui-sync")
-        self._sync_futures = 0
+        self._lane: SyncLane | None = None  # started on the first sync job
 
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -188,30 +197,34 @@ class Worker:
             logger.info("worker %s stopping", self.id)
             await asyncio.gather(*readers, return_exceptions=True)
             # jobs fetched but never started go back to the stream, as they were
-            while self._inbox:
-                d = self._inbox.popleft()
+            unstarted = list(self._inbox)
+            self._inbox.clear()
+            if self._lane is not None:
+                self._lane.stopping = True
+                unstarted += self._lane.take_unstarted()
+            for d in unstarted:
                 self._held.pop(d.entry_id, None)
                 self.settler.requeue(d.keys, d.entry_id, d.payload)
             for _ in slots:
                 self._inbox.append(None)  # type: ignore[arg-type]
             self._inbox_ready.set()
-            if not self._running:
-                self._all_idle.set()
-            try:
-                await asyncio.wait_for(self._all_idle.wait(), timeout=self.shutdown_timeout)
-            except TimeoutError:
+            deadline = time.monotonic() + self.shutdown_timeout
+            while self.in_flight and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            if self.in_flight:
                 logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
-                               "reclaimed by another worker", self.id, self._running, self.shutdown_timeout)
+                               "reclaimed by another worker", self.id, self.in_flight, self.shutdown_timeout)
             for task in slots:
                 task.cancel()
             await asyncio.gather(*slots, return_exceptions=True)
-            self.unfinished_sync_jobs = self._sync_futures
+            if self._lane is not None:
+                self.unfinished_sync_jobs = self._lane.outstanding
+                self._lane.close()
             housekeeping.cancel()
             await asyncio.gather(housekeeping, return_exceptions=True)
             await self.settler.flush()
             await asyncio.gather(settler_task, *promoters, return_exceptions=True)
             await self._unregister()
-            self._pool.shutdown(wait=False, cancel_futures=True)
             await self.client.aclose()
             logger.info("worker %s stopped (%d processed)", self.id, self.stats.processed)
 
@@ -240,7 +253,7 @@ class Worker:
             if self._paused[keys.queue]:
                 await self._sleep_unless_stopped(0.5)
                 continue
-            room = self.prefetch - len(self._inbox)
+            room = self.prefetch - self.buffered
             if room < min(self.batch_size, self.prefetch) // 2 + 1:
                 self._room.clear()
                 await self._wait_room()
@@ -317,8 +330,14 @@ class Worker:
                                   error=f"no task named {job.task!r} is registered in this worker")
                 continue
             self._held[entry_id] = (keys, now)
-            self._inbox.append(Delivery(keys, entry_id, payload, job, handler, deliveries))
-            accepted += 1
+            delivery = Delivery(keys, entry_id, payload, job, handler, deliveries)
+            if handler.is_async:
+                self._inbox.append(delivery)
+                accepted += 1
+            else:
+                if self._lane is None:
+                    self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes)
+                self._lane.submit(delivery)
         if accepted:
             self._inbox_ready.set()
 
@@ -340,16 +359,13 @@ class Worker:
                 self._held.pop(delivery.entry_id, None)
                 self.settler.requeue(delivery.keys, delivery.entry_id, delivery.payload)
                 continue
-            if len(inbox) <= self.prefetch // 2:
+            if self.buffered <= self.prefetch // 2:
                 self._room.set()
             self._running += 1
-            self._all_idle.clear()
             try:
                 await self._execute(delivery)
             finally:
                 self._running -= 1
-                if not self._running and (self._stop.is_set() or not inbox):
-                    self._all_idle.set()
 
     async def _execute(self, d: Delivery) -> None:
         job, handler = d.job, d.handler
@@ -361,14 +377,7 @@ class Worker:
                 args = (ctx, *job.args)
             else:
                 args = job.args
-            if handler.is_async:
-                result = await handler.fn(*args, **job.kwargs)
-            else:
-                self._sync_futures += 1
-                try:
-                    result = await self._loop.run_in_executor(self._pool, _call, handler.fn, args, job.kwargs)
-                finally:
-                    self._sync_futures -= 1
+            result = await handler.fn(*args, **job.kwargs)
             if job.result_ttl:
                 check_json_types(result, "return value")
         except asyncio.CancelledError:
@@ -376,7 +385,22 @@ class Worker:
         except Exception as exc:
             self._failed(d, exc, started, int((time.perf_counter() - t0) * 1000))
             return
-        duration = int((time.perf_counter() - t0) * 1000)
+        self._succeeded(d, result, started, int((time.perf_counter() - t0) * 1000))
+
+    def _on_sync_outcomes(self, outcomes: list) -> None:
+        for kind, d, value, started, duration in outcomes:
+            if kind == OK:
+                self._succeeded(d, value, started, duration)
+            elif kind == FAILED:
+                self._failed(d, value, started, duration)
+            else:
+                self._held.pop(d.entry_id, None)
+                self.settler.requeue(d.keys, d.entry_id, d.payload)
+        if self.buffered <= self.prefetch // 2:
+            self._room.set()
+
+    def _succeeded(self, d: Delivery, result: Any, started: int, duration: int) -> None:
+        job = d.job
         self.stats.processed += 1
         self.stats.succeeded += 1
         self._held.pop(d.entry_id, None)
@@ -468,7 +492,7 @@ class Worker:
                 continue
             cursor = b"0-0"
             for _ in range(10):  # bounded work per round
-                room = self.prefetch - len(self._inbox)
+                room = self.prefetch - self.buffered
                 if room <= 0:
                     return
                 cursor, entries = await reclaim(self.scripts, keys, self.id, min_idle_ms=self.visibility_timeout_ms,
@@ -483,7 +507,7 @@ class Worker:
     async def _heartbeat(self) -> None:
         info = msgpack.packb({
             "id": self.id, "host": self.hostname, "pid": os.getpid(), "queues": [k.queue for k in self.keys],
-            "concurrency": self.concurrency, "in_flight": self._running if hasattr(self, "_running") else 0,
+            "concurrency": self.concurrency, "in_flight": self.in_flight,
             "processed": self.stats.processed, "failed": self.stats.failed,
             "started_at": int(self.stats.started_at * 1000), "last_seen": now_ms(),
         })
@@ -508,6 +532,3 @@ class Worker:
         except Exception:
             pass
 
-
-def _call(fn, args, kwargs):
-    return fn(*args, **kwargs)
