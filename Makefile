@@ -39,7 +39,11 @@ run: venv
 	$(BIN)/python manage.py ensure_admin
 	$(BIN)/python manage.py devstack
 
+# The console's browser tests drive Debian's Chromium (Playwright comes from
+# requirements.txt); install it when missing.
 test: venv
+	@test -x /usr/bin/chromium || { echo "Installing Chromium for the browser tests..."; \
+		apt-get update && apt-get install -y chromium; }
 	$(BIN)/pytest $(ARGS)
 
 bench: venv

@@ -131,6 +131,10 @@ TASKS = {
     },
 }
 
+# The console: seconds between two reads of Redis by the live sampler (one
+# per server process), which pushes fresh numbers to every open console tab.
+CHASQUI_SAMPLER_INTERVAL = 1.0
+
 # Engine settings (stream names, timeouts, retry policy...). The engine reads
 # this dict and documents its keys; empty means "engine defaults".
 CHASQUI: dict[str, object] = {}

@@ -1,11 +1,219 @@
-"""Console views."""
+"""Console pages (GET). Changes are in ``actions``.
 
-from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+Reads go through the service layer with ``source="console"``, which checks
+the view permission again and turns unknown queues and entries into
+``NotFound`` (a 404 page, see ``guards``). Live numbers come from this
+process's sampler, the same one that feeds the websockets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse
+
+from chasqui_core import services
+from chasqui_core.engine.dlq import REASONS, DeadJob
+from chasqui_core.models import AuditEntry
+
+from . import fragments
+from .forms import DLQFilterForm, ReplayOptionsForm, describe_filter
+from .guards import console_page
+from .sampler import get_sampler
+from .selection import page as dlq_page
+from .topics import BadTopic, Topic
+
+DLQ_PAGE_SIZE = 50
+DELAYED_PAGE_SIZE = 25
 
 
-@login_required
-def home(request: HttpRequest) -> HttpResponse:
-    """Landing page for signed-in staff; the live console will replace it."""
-    return render(request, "home.html")
+def _live(topic: Topic) -> dict[str, Any]:
+    return {"topic": topic, "live_ws": topic.ws_url, "live_poll": reverse("dashboard:live", args=[topic.path])}
+
+
+def _base(request: HttpRequest, section: str, queue: str | None = None) -> dict[str, Any]:
+    return {"nav_queues": services.known_queues(), "section": section, "current_queue": queue}
+
+
+# --- overview and queue ---------------------------------------------------------------
+
+
+@console_page
+def overview(request: HttpRequest) -> HttpResponse:
+    topic = Topic("overview")
+    reading = get_sampler().read([topic])
+    ctx = {**_base(request, "overview"), **_live(topic), **fragments.overview_context(reading)}
+    return render(request, "dashboard/overview.html", ctx)
+
+
+@console_page
+def queue(request: HttpRequest, name: str) -> HttpResponse:
+    name = services.require_queue(name)
+    topic = Topic("queue", name)
+    reading = get_sampler().read([topic])
+    cursor = request.GET.get("after") or None
+    delayed_error = ""
+    try:
+        delayed = services.delayed_page(request.user, name, cursor=cursor, limit=DELAYED_PAGE_SIZE, source="console")
+    except services.InvalidInput as exc:
+        delayed_error, cursor = str(exc), None
+        delayed = services.delayed_page(request.user, name, limit=DELAYED_PAGE_SIZE, source="console")
+    ctx = {
+        **_base(request, "queue", name), **_live(topic), **fragments.queue_context(reading, name),
+        "delayed": delayed, "delayed_error": delayed_error, "delayed_cursor": cursor,
+    }
+    return render(request, "dashboard/queue.html", ctx)
+
+
+# --- the dead-letter queue ----------------------------------------------------------------
+
+
+def _task_names(request: HttpRequest) -> list[str]:
+    return [t.name for t in services.task_list(request.user, source="console")]
+
+
+@console_page
+def dlq(request: HttpRequest, name: str) -> HttpResponse:
+    name = services.require_queue(name)
+    topic = Topic("dlq", name)
+    form = DLQFilterForm(request.GET)
+    valid = form.is_valid()
+    fingerprint = form.fingerprint
+    params = form.params()
+    view = "groups" if request.GET.get("view") == "groups" and not fingerprint else "list"
+    cursor = request.GET.get("cursor") or None
+    page = groups = None
+    error = ""
+    if valid:
+        try:
+            if view == "groups":
+                groups = services.dlq_groups(request.user, name, filter=form.dlq_filter, source="console")
+            else:
+                page = dlq_page(request.user, name, form.dlq_filter, fingerprint, cursor=cursor, limit=DLQ_PAGE_SIZE)
+        except services.InvalidInput as exc:
+            error = str(exc)
+    reading = get_sampler().read([topic])
+    ctx = {
+        **_base(request, "dlq", name), **_live(topic), **fragments.dlq_context(reading, name),
+        "form": form, "filter_params": params, "filtered": bool(params),
+        "view": view, "page": page, "groups": groups, "error": error, "cursor": cursor,
+        "fingerprint": fingerprint, "tasks": _task_names(request), "reasons": REASONS,
+        "filter_summary": describe_filter(params),
+    }
+    return render(request, "dashboard/dlq.html", ctx)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One failed run of a job, from its error history."""
+
+    number: int
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """The runs between two replays: the first is the original, then one per replay seen."""
+
+    label: str
+    runs: list[Run]
+
+
+def generations(dead: DeadJob) -> list[Generation]:
+    """Split the error history where a replay started the attempt count again.
+
+    A replay that reset the budget restarts the attempt numbers, and a run
+    lost with its worker carries the replay count it died in; a replay that
+    granted one more attempt continues the numbering and is not visible here
+    (the job's ``replays`` count still says it happened).
+    """
+    out: list[list[Run]] = [[]]
+    previous_attempt = None
+    previous_replays = None
+    for i, record in enumerate(dead.errors):
+        if not isinstance(record, dict):
+            continue
+        attempt = record.get("attempt")
+        replays = record.get("replays")
+        new = False
+        if isinstance(attempt, int) and isinstance(previous_attempt, int) and attempt <= previous_attempt:
+            new = True
+        if isinstance(replays, int) and isinstance(previous_replays, int) and replays > previous_replays:
+            new = True
+        if new and out[-1]:
+            out.append([])
+        out[-1].append(Run(i + 1, record))
+        previous_attempt = attempt if isinstance(attempt, int) else previous_attempt
+        previous_replays = replays if isinstance(replays, int) else previous_replays
+    return [Generation("Original runs" if n == 0 else f"After replay {n}", runs) for n, runs in enumerate(out) if runs]
+
+
+@console_page
+def entry(request: HttpRequest, name: str, entry_id: str) -> HttpResponse:
+    name = services.require_queue(name)
+    try:
+        dead = services.dlq_entry(request.user, name, entry_id, source="console")
+    except services.InvalidInput as exc:
+        raise services.NotFound(str(exc)) from None
+    ctx = {
+        **_base(request, "dlq", name), "dead": dead, "job": dead.job, "generations": generations(dead),
+        "replay_form": ReplayOptionsForm(), "back": request.GET.get("back", ""),
+    }
+    return render(request, "dashboard/entry.html", ctx)
+
+
+# --- operations, audit -----------------------------------------------------------------------
+
+
+@console_page
+def operation(request: HttpRequest, op_id: str) -> HttpResponse:
+    op = services.get_operation(request.user, op_id, source="console")
+    topic = Topic("operation", str(op.pk))
+    ctx = {**_base(request, "dlq", op.queue), **_live(topic), **fragments.operation_context(op),
+           "filter_summary": describe_filter(op.filter or {})}
+    return render(request, "dashboard/operation.html", ctx)
+
+
+@console_page
+def audit(request: HttpRequest) -> HttpResponse:
+    action = request.GET.get("action") or None
+    queue_name = request.GET.get("queue") or None
+    source = request.GET.get("source") or None
+    cursor = request.GET.get("cursor") or None
+    error = ""
+    try:
+        log = services.audit_log(request.user, action=action, queue=queue_name, source_filter=source, cursor=cursor,
+                                 limit=50, source="console")
+    except services.InvalidInput as exc:
+        error = str(exc)
+        log = services.audit_log(request.user, limit=50, source="console")
+    operations = services.list_operations(request.user, limit=10, source="console")
+    ctx = {
+        **_base(request, "audit"), "log": log, "error": error, "operations": operations,
+        "actions": AuditEntry.Action.choices, "sources": AuditEntry.Source.choices,
+        "selected": {"action": action or "", "queue": queue_name or "", "source": source or ""},
+    }
+    return render(request, "dashboard/audit.html", ctx)
+
+
+# --- live fragments over plain HTTP (the websocket fallback) -------------------------------------
+
+
+@console_page
+def live(request: HttpRequest, topic: str) -> HttpResponse:
+    """The fragment a websocket would push, for tabs that cannot keep a websocket open."""
+    try:
+        parsed = Topic.parse(topic)
+    except BadTopic as exc:
+        raise Http404(str(exc)) from None
+    if parsed.queue:
+        services.require_queue(parsed.queue)
+    elif parsed.kind == "operation":
+        services.get_operation(request.user, parsed.arg, source="console")
+    html = get_sampler().render([parsed])[parsed]
+    response = HttpResponse(html)
+    response["Cache-Control"] = "no-store"
+    return response

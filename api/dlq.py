@@ -1,0 +1,112 @@
+"""The dead-letter queue: browse, group, replay and discard."""
+
+from django.http import HttpRequest
+from ninja import Query, Router
+from ninja.responses import Status
+
+from api.errors import CHANGE, READ
+from api.schemas import (
+    BulkIn,
+    BulkOut,
+    DeadJobOut,
+    DeadJobSummaryOut,
+    DLQPageOut,
+    DLQPageQuery,
+    DLQQuery,
+    ErrorGroupOut,
+    GroupsOut,
+    OneReplayIn,
+    OperationOut,
+    ReplayIn,
+)
+from chasqui_core import services
+from chasqui_core.engine.dlq import DLQFilter
+from chasqui_core.models import Operation
+
+router = Router(tags=["dlq"])
+
+
+def _filter(q: DLQQuery) -> DLQFilter:
+    return services.build_filter(task=q.task, reason=q.reason, error_class=q.error_class,
+                                 error_text=q.error_text, since=q.since, until=q.until)
+
+
+def _bulk_response(result: int | Operation):
+    if isinstance(result, Operation):
+        return Status(202, BulkOut(background=True, count=None, operation=OperationOut.from_op(result)))
+    return Status(200, BulkOut(background=False, count=result, operation=None))
+
+
+@router.get("/{queue}/dlq", response={200: DLQPageOut, **READ}, summary="Page through dead jobs")
+def list_dead(request: HttpRequest, queue: str, q: Query[DLQPageQuery]):
+    """Newest first, filtered by task, reason, error class, error text and time range; pass
+    ``next_cursor`` back as ``cursor`` for older entries. Needs view_queues."""
+    page = services.dlq_page(request.auth, queue, filter=_filter(q), cursor=q.cursor, limit=q.limit)
+    return DLQPageOut(items=[DeadJobSummaryOut.from_dead(d) for d in page.items], next_cursor=page.next_cursor,
+                      scanned=page.scanned)
+
+
+@router.get("/{queue}/dlq/groups", response={200: GroupsOut, **READ}, summary="Dead jobs grouped by error")
+def dead_groups(request: HttpRequest, queue: str, q: Query[DLQQuery]):
+    """Groups by fingerprint (exception class + message with ids and numbers normalised), with count and
+    first/last seen, biggest first. Needs view_queues."""
+    groups = services.dlq_groups(request.auth, queue, filter=_filter(q))
+    return GroupsOut(items=[ErrorGroupOut.from_group(g) for g in groups])
+
+
+@router.post("/{queue}/dlq/replay", response={200: BulkOut, 202: BulkOut, **CHANGE},
+             summary="Replay dead jobs by ids or by filter")
+def replay(request: HttpRequest, queue: str, payload: ReplayIn):
+    """Give ``ids`` or a ``filter``. Filters matching more than a few thousand entries run in the
+    background: the answer is 202 with an operation to poll at /api/operations/{id}. Needs replay_jobs."""
+    result = services.replay(
+        request.auth, queue, ids=payload.ids,
+        filter=_filter(payload.filter) if payload.filter is not None else None,
+        reset_attempts=payload.reset_attempts, run_at=payload.run_at, source="api",
+    )
+    return _bulk_response(result)
+
+
+@router.post("/{queue}/dlq/discard", response={200: BulkOut, 202: BulkOut, **CHANGE},
+             summary="Discard dead jobs by ids or by filter")
+def discard(request: HttpRequest, queue: str, payload: BulkIn):
+    """Delete for good. Same ``ids``/``filter`` rules and background behaviour as replay.
+    Needs discard_jobs."""
+    result = services.discard(
+        request.auth, queue, ids=payload.ids,
+        filter=_filter(payload.filter) if payload.filter is not None else None, source="api",
+    )
+    return _bulk_response(result)
+
+
+@router.get("/{queue}/dlq/{entry_id}", response={200: DeadJobOut, **READ}, summary="One dead job")
+def get_dead(request: HttpRequest, queue: str, entry_id: str):
+    """The entry with its arguments and whole error history (tracebacks included). Needs view_queues."""
+    return DeadJobOut.from_dead(services.dlq_entry(request.auth, queue, entry_id))
+
+
+@router.post("/{queue}/dlq/{entry_id}/replay", response={200: BulkOut, **CHANGE}, summary="Replay one dead job")
+def replay_one(request: HttpRequest, queue: str, entry_id: str, payload: OneReplayIn | None = None):
+    """404 when the entry is gone (replayed or discarded already). Needs replay_jobs."""
+    options = payload or OneReplayIn()
+    services.require(request.auth, "replay_jobs")
+    services.dlq_entry(request.auth, queue, entry_id)
+    count = services.replay(request.auth, queue, ids=[entry_id], reset_attempts=options.reset_attempts,
+                            run_at=options.run_at, source="api")
+    return _missing_if_zero(count, queue, entry_id)
+
+
+@router.post("/{queue}/dlq/{entry_id}/discard", response={200: BulkOut, **CHANGE}, summary="Discard one dead job")
+def discard_one(request: HttpRequest, queue: str, entry_id: str):
+    """404 when the entry is gone already. Needs discard_jobs."""
+    services.require(request.auth, "discard_jobs")
+    services.dlq_entry(request.auth, queue, entry_id)
+    count = services.discard(request.auth, queue, ids=[entry_id], source="api")
+    return _missing_if_zero(count, queue, entry_id)
+
+
+def _missing_if_zero(count, queue: str, entry_id: str):
+    if count == 0:
+        raise services.NotFound(f"Dead-letter entry {entry_id} of queue {queue!r} was removed meanwhile, "
+                                f"or cannot be replayed (its payload is unreadable)")
+    return _bulk_response(count)

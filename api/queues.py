@@ -1,0 +1,65 @@
+"""Queues: live stats, metrics, pause and resume."""
+
+from typing import Literal
+
+from django.http import HttpRequest
+from ninja import Query, Router
+
+from api.errors import CHANGE, READ
+from api.schemas import MetricsOut, QueueListOut, QueueStatsOut, SwitchOut
+from chasqui_core import services
+from chasqui_core.engine.metrics import FIELDS
+
+router = Router(tags=["queues"])
+
+
+@router.get("", response={200: QueueListOut, **READ}, summary="List queues with live stats")
+def list_queues(request: HttpRequest):
+    """Every queue the backend serves or Redis knows, with stream length, pending, in-flight, delayed
+    depth, overdue count and age, DLQ size and paused flag. Needs view_queues."""
+    stats = services.queue_overview(request.auth)
+    return QueueListOut(items=[QueueStatsOut(**_stats(s)) for s in stats])
+
+
+@router.get("/{queue}", response={200: QueueStatsOut, **READ}, summary="One queue's stats")
+def get_queue(request: HttpRequest, queue: str):
+    """Live stats of one queue. Needs view_queues."""
+    return QueueStatsOut(**_stats(services.queue_detail(request.auth, queue)))
+
+
+@router.post("/{queue}/pause", response={200: SwitchOut, **CHANGE}, summary="Pause a queue")
+def pause_queue(request: HttpRequest, queue: str):
+    """Workers stop reading the queue within a heartbeat; jobs keep arriving and nothing is lost.
+    Needs pause_queues."""
+    changed = services.pause(request.auth, queue, source="api")
+    return SwitchOut(queue=queue, paused=True, changed=changed)
+
+
+@router.post("/{queue}/resume", response={200: SwitchOut, **CHANGE}, summary="Resume a queue")
+def resume_queue(request: HttpRequest, queue: str):
+    """Workers read the queue again. Needs pause_queues."""
+    changed = services.resume(request.auth, queue, source="api")
+    return SwitchOut(queue=queue, paused=False, changed=changed)
+
+
+@router.get("/{queue}/metrics", response={200: MetricsOut, **READ}, summary="Counters over time")
+def queue_metrics(
+    request: HttpRequest,
+    queue: str,
+    resolution: Literal["second", "minute"] = Query("second"),
+    window: int | None = Query(None, ge=1, le=3720, description="Number of points (default: an hour or a day)."),
+):
+    """Per-second counters for the last hour (``resolution=second``, up to 3720 points) or per-minute
+    for the last day (``resolution=minute``, up to 1500): enqueued, completed, failed, retried, dlq,
+    promoted. ``window`` picks fewer points. Needs view_queues."""
+    series = services.queue_metrics(request.auth, queue, resolution=resolution, window=window)
+    return MetricsOut(queue=series.queue, resolution=series.resolution, start_ms=series.start_ms,
+                      step_ms=series.step_ms, fields=list(FIELDS), points=series.points)
+
+
+def _stats(s) -> dict:
+    return {
+        "name": s.name, "stream_length": s.stream_length, "pending": s.pending, "in_flight": s.in_flight,
+        "delayed": s.delayed, "overdue": s.overdue, "oldest_overdue_age_ms": s.oldest_overdue_age_ms,
+        "dlq": s.dlq, "paused": s.paused, "workers": s.workers, "lag": s.lag,
+    }

@@ -1,0 +1,401 @@
+"""Request and response shapes of the HTTP API.
+
+Responses are built from the engine's value objects by the ``from_*``
+constructors here, and every one that carries job data (arguments, error
+messages, tracebacks, return values) passes it through ``mask`` first: no
+endpoint can forget to.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from ninja import Field, Schema
+
+from chasqui_core.engine.dlq import REASONS, DeadJob, ErrorGroup
+from chasqui_core.engine.metrics import FIELDS
+from chasqui_core.masking import mask, mask_text
+from chasqui_core.models import AuditEntry, Operation
+from chasqui_core.services import MAX_PAGE
+
+Reason = Literal[REASONS]  # type: ignore[valid-type]
+
+MAX_IDS = 10_000
+"""Entry ids one replay/discard request may name; bigger sets go by filter."""
+
+MAX_DELAY_MS = 10 * 365 * 24 * 3600 * 1000
+"""Ten years: a longer delay is a typo, not a plan."""
+
+Limit = Field(50, ge=1, le=MAX_PAGE, description=f"Items per page, 1 to {MAX_PAGE}.")
+Cursor = Field(None, max_length=200, description="The next_cursor of the previous page; omit for the first page.")
+
+
+def _dt(ms: int | None) -> datetime | None:
+    if not ms:
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+# --- errors ------------------------------------------------------------------
+
+
+class ErrorOut(Schema):
+    detail: str = Field(description="What went wrong, in words.")
+    errors: list[dict[str, Any]] | None = Field(None, description="Per-field problems, for invalid input.")
+
+
+# --- queues ---------------------------------------------------------------------
+
+
+class QueueStatsOut(Schema):
+    name: str
+    stream_length: int = Field(description="Entries in the stream: waiting plus delivered and not yet settled.")
+    pending: int = Field(description="Delivered to a worker and not settled yet.")
+    in_flight: int = Field(description="Jobs running, as reported by live workers.")
+    delayed: int = Field(description="Jobs in the delayed set (scheduled runs and retries waiting).")
+    overdue: int = Field(description="Delayed jobs past their run-at time, not yet promoted.")
+    oldest_overdue_age_ms: int
+    dlq: int = Field(description="Entries in the dead-letter queue.")
+    paused: bool
+    workers: int = Field(description="Workers with a fresh heartbeat on this queue.")
+    lag: int | None = Field(description="Entries the consumer group has not read yet (Redis 7+).")
+
+
+class QueueListOut(Schema):
+    items: list[QueueStatsOut]
+
+
+class SwitchOut(Schema):
+    queue: str
+    paused: bool
+    changed: bool = Field(description="False when the queue already was in that state.")
+
+
+class MetricsOut(Schema):
+    queue: str
+    resolution: Literal["second", "minute"]
+    start_ms: int = Field(description="Start of the oldest bucket, epoch milliseconds (Redis server clock).")
+    step_ms: int
+    fields: list[str]
+    points: dict[str, list[int]] = Field(
+        description="One list per counter, oldest bucket first: enqueued, completed, failed, "
+                    "retried (retries scheduled), dlq (routed to the DLQ), promoted."
+    )
+
+
+# --- tasks and jobs -------------------------------------------------------------------
+
+
+class TaskOut(Schema):
+    name: str
+    queue: str
+    max_attempts: int | None
+    parameters: list[str]
+
+
+class EnqueueIn(Schema):
+    task: str = Field(min_length=1, max_length=300, description="The task's module path, e.g. emails.tasks.send_welcome_email.")
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    delay_ms: int | None = Field(None, ge=0, le=MAX_DELAY_MS, description="Run no sooner than this many ms from now.")
+    attempts: int | None = Field(None, ge=1, le=1000, description="Runs allowed, first one included.")
+    backoff: int | str | dict[str, Any] | None = Field(
+        None, description="Milliseconds (fixed), a strategy name, or a backoff object; see docs/retries.md."
+    )
+    job_id: str | None = Field(None, min_length=1, max_length=200,
+                               description="Your id for the job: a second enqueue with the same id is ignored.")
+
+
+class EnqueueOut(Schema):
+    job_id: str
+    queue: str
+    task: str
+    status: str
+    run_after: datetime | None
+
+
+class JobResultOut(Schema):
+    id: str
+    task: str
+    status: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    enqueued_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_attempted_at: datetime | None
+    return_value: Any = None
+    errors: list[dict[str, str]]
+    worker_ids: list[str]
+
+    @classmethod
+    def from_result(cls, result) -> JobResultOut:
+        value = None
+        if result.status == "SUCCESSFUL":
+            value = mask(getattr(result, "_return_value", None))
+        return cls(
+            id=result.id, task=result.task.module_path, status=str(result.status), args=mask(list(result.args)),
+            kwargs=mask(dict(result.kwargs)), enqueued_at=result.enqueued_at, started_at=result.started_at,
+            finished_at=result.finished_at, last_attempted_at=result.last_attempted_at, return_value=value,
+            errors=[{"exception_class_path": e.exception_class_path, "traceback": mask_text(e.traceback)}
+                    for e in result.errors],
+            worker_ids=[w for w in result.worker_ids],
+        )
+
+
+# --- the delayed set --------------------------------------------------------------------------
+
+
+class DelayedJobOut(Schema):
+    job_id: str
+    task: str
+    run_at_ms: int
+    run_at: datetime | None
+    attempt: int = Field(description="Runs already made: 0 for a scheduled job, 1+ for a retry waiting.")
+    args: list[Any]
+    kwargs: dict[str, Any]
+    errors: list[dict[str, Any]]
+
+    @classmethod
+    def from_job(cls, job) -> DelayedJobOut:
+        return cls(job_id=job.job_id, task=job.task, run_at_ms=job.run_at_ms, run_at=_dt(job.run_at_ms),
+                   attempt=job.attempt, args=mask(list(job.args)), kwargs=mask(dict(job.kwargs)),
+                   errors=mask([e for e in job.errors if isinstance(e, dict)]))
+
+
+class DelayedPageOut(Schema):
+    items: list[DelayedJobOut]
+    next_cursor: str | None
+
+
+class RunNowOut(Schema):
+    job_id: str
+    entry_id: str = Field(description="The job's new stream entry id.")
+
+
+class CancelledOut(Schema):
+    job_id: str
+    cancelled: bool
+
+
+# --- the dead-letter queue ---------------------------------------------------------------------
+
+
+class DLQQuery(Schema):
+    task: str | None = Field(None, max_length=300, description="Exact task name.")
+    reason: Reason | None = None
+    error_class: str | None = Field(None, max_length=300, description="Class name, with or without module.")
+    error_text: str | None = Field(None, max_length=1000, description="Text in any error message (case-insensitive).")
+    since: datetime | None = Field(None, description="Died at or after (ISO 8601; no zone means UTC).")
+    until: datetime | None = Field(None, description="Died before (ISO 8601; no zone means UTC).")
+
+
+class DLQPageQuery(DLQQuery):
+    cursor: str | None = Cursor
+    limit: int = Limit
+
+
+class FilterIn(DLQQuery):
+    """Which entries to act on; every field left out matches everything ({} is the whole DLQ)."""
+
+
+class DeadJobSummaryOut(Schema):
+    entry_id: str
+    queue: str
+    reason: str
+    job_id: str
+    task: str
+    source_id: str
+    error_class: str
+    error: str
+    dead_at_ms: int
+    dead_at: datetime | None
+    attempts: int = Field(description="Failed runs recorded in the job's history.")
+    replays: int
+    replayable: bool = Field(description="False when the payload cannot be decoded, so there is no job to replay.")
+    fingerprint: str
+
+    @classmethod
+    def fields_of(cls, d: DeadJob) -> dict[str, Any]:
+        return dict(
+            entry_id=d.entry_id, queue=d.queue, reason=d.reason, job_id=d.job_id, task=d.task,
+            source_id=d.source_id, error_class=d.error_class, error=mask_text(d.error), dead_at_ms=d.dead_at_ms,
+            dead_at=_dt(d.dead_at_ms), attempts=len(d.errors), replays=d.job.replays if d.job else 0,
+            replayable=d.job is not None, fingerprint=mask_text(d.fingerprint),
+        )
+
+    @classmethod
+    def from_dead(cls, d: DeadJob) -> DeadJobSummaryOut:
+        return cls(**cls.fields_of(d))
+
+
+class DeadJobOut(DeadJobSummaryOut):
+    args: list[Any] | None
+    kwargs: dict[str, Any] | None
+    max_attempts: int | None
+    created_at_ms: int | None
+    errors: list[dict[str, Any]] = Field(description="Every failed run: attempt, class, message, traceback, "
+                                                     "worker, started_at, finished_at, duration_ms.")
+
+    @classmethod
+    def from_dead(cls, d: DeadJob) -> DeadJobOut:
+        job = d.job
+        return cls(
+            **cls.fields_of(d),
+            args=mask(list(job.args)) if job else None,
+            kwargs=mask(dict(job.kwargs)) if job else None,
+            max_attempts=job.max_attempts if job and isinstance(job.max_attempts, int) else None,
+            created_at_ms=job.created_at if job and isinstance(job.created_at, int) else None,
+            errors=mask([e for e in d.errors if isinstance(e, dict)]),
+        )
+
+
+class DLQPageOut(Schema):
+    items: list[DeadJobSummaryOut]
+    next_cursor: str | None
+    scanned: int = Field(description="Entries read to fill this page.")
+
+
+class ErrorGroupOut(Schema):
+    fingerprint: str
+    error_class: str
+    sample_message: str
+    count: int
+    first_seen_ms: int
+    last_seen_ms: int
+    first_seen: datetime | None
+    last_seen: datetime | None
+    sample_entry_id: str
+    tasks: list[str]
+
+    @classmethod
+    def from_group(cls, g: ErrorGroup) -> ErrorGroupOut:
+        return cls(fingerprint=mask_text(g.fingerprint), error_class=g.error_class,
+                   sample_message=mask_text(g.sample_message), count=g.count, first_seen_ms=g.first_seen_ms,
+                   last_seen_ms=g.last_seen_ms, first_seen=_dt(g.first_seen_ms), last_seen=_dt(g.last_seen_ms),
+                   sample_entry_id=g.sample_entry_id, tasks=g.tasks)
+
+
+class GroupsOut(Schema):
+    items: list[ErrorGroupOut]
+
+
+class BulkIn(Schema):
+    ids: list[str] | None = Field(None, min_length=1, max_length=MAX_IDS,
+                                  description="Entry ids to act on; or give a filter instead.")
+    filter: FilterIn | None = Field(None, description="Act on every entry matching; {} matches the whole DLQ.")
+
+
+class ReplayIn(BulkIn):
+    reset_attempts: bool = Field(True, description="True: a fresh retry budget. False: exactly one more attempt.")
+    run_at: datetime | None = Field(None, description="Replay at this time instead of now (ISO 8601).")
+
+
+class OneReplayIn(Schema):
+    reset_attempts: bool = True
+    run_at: datetime | None = None
+
+
+# --- operations ----------------------------------------------------------------------------------
+
+
+class OperationOut(Schema):
+    id: uuid.UUID
+    kind: str
+    queue: str
+    filter: dict[str, Any]
+    options: dict[str, Any]
+    status: Literal["pending", "running", "done", "cancelled", "failed"]
+    done: int
+    total: int
+    count: int = Field(description="Entries actually replayed or discarded (final once finished).")
+    error: str
+    created_by: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    cancel_requested: bool
+
+    @classmethod
+    def from_op(cls, op: Operation) -> OperationOut:
+        return cls(id=op.pk, kind=op.kind, queue=op.queue, filter=op.filter, options=op.options, status=op.status,
+                   done=op.done, total=op.total, count=op.count, error=mask_text(op.error),
+                   created_by=op.created_by.get_username() if op.created_by_id else None,
+                   created_at=op.created_at, finished_at=op.finished_at, cancel_requested=op.cancel_requested)
+
+
+class OperationListOut(Schema):
+    items: list[OperationOut]
+
+
+class BulkOut(Schema):
+    background: bool = Field(description="True when the work runs in the background: poll the operation.")
+    count: int | None = Field(description="Entries replayed or discarded (when done inline).")
+    operation: OperationOut | None
+
+
+# --- workers and audit ------------------------------------------------------------------------------
+
+
+class WorkerOut(Schema):
+    id: str
+    host: str
+    pid: int
+    queues: list[str]
+    concurrency: int
+    in_flight: int
+    processed: int
+    failed: int
+    started_at_ms: int
+    last_seen_ms: int
+    last_seen: datetime | None
+    stale: bool = Field(description="No heartbeat for longer than stale_after_ms: stopped or cut off.")
+
+    @classmethod
+    def from_info(cls, w) -> WorkerOut:
+        return cls(id=w.id, host=w.host, pid=w.pid, queues=w.queues, concurrency=w.concurrency,
+                   in_flight=w.in_flight, processed=w.processed, failed=w.failed, started_at_ms=w.started_at_ms,
+                   last_seen_ms=w.last_seen_ms, last_seen=_dt(w.last_seen_ms), stale=w.stale)
+
+
+class WorkerListOut(Schema):
+    items: list[WorkerOut]
+
+
+class AuditQuery(Schema):
+    action: Literal[tuple(AuditEntry.Action.values)] | None = None  # type: ignore[valid-type]
+    queue: str | None = Field(None, max_length=100)
+    actor: str | None = Field(None, max_length=200, description="Username (or the start of it).")
+    source: Literal["api", "console", "cli"] | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    cursor: str | None = Cursor
+    limit: int = Limit
+
+
+class AuditOut(Schema):
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    queue: str
+    source: str
+    target_ids: list[Any]
+    filter: dict[str, Any]
+    count: int
+    detail: dict[str, Any]
+
+    @classmethod
+    def from_entry(cls, e: AuditEntry) -> AuditOut:
+        return cls(id=e.id, at=e.at, actor=e.actor_repr, action=e.action, queue=e.queue, source=e.source,
+                   target_ids=list(e.target_ids or []), filter=dict(e.filter or {}), count=e.count,
+                   detail=mask(dict(e.detail or {})))
+
+
+class AuditPageOut(Schema):
+    items: list[AuditOut]
+    next_cursor: str | None

@@ -1,0 +1,256 @@
+"""Showing a run: progress lines, the results table, JSON, and docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from .machine import describe
+from .results import Measurement
+
+DASH = "—"
+PEERS = ("rq", "arq")
+PEER_NAMES = {"rq": "RQ", "arq": "arq"}
+COLUMNS = ("Scenario", "Chasqui (median)", "of Redis ceiling", "RQ", "arq", "Reference engine (published)", "Goal")
+
+REFERENCE_MACHINE = "Rust engine, 8-core Apple M3, Redis 8.6 on loopback"
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return DASH
+    if unit == "ms":
+        number = f"{value:.2f}" if value < 10 else f"{value:,.1f}"
+    elif unit in ("µs", "MB"):
+        number = f"{value:,.1f}"
+    else:
+        number = f"{value:,.0f}"
+    return f"{number} {unit}"
+
+
+def line(m: Measurement, ceiling: float | None) -> str:
+    who = "" if m.system == "chasqui" else f" [{PEER_NAMES.get(m.system, m.system)}]"
+    if m.skipped:
+        return f"   {m.label}{who}: {m.skipped}"
+    text = f"   {m.label + who:<52} {fmt(m.median, m.unit):>16}"
+    if m.is_rate and ceiling and m.scenario != "ceiling":
+        text += f"   {m.median / ceiling:5.3f} of ceiling"
+    if len(m.samples) > 1:
+        text += "   repeats: " + ", ".join(fmt(s, m.unit).rsplit(" ", 1)[0] for s in m.samples)
+    if m.note:
+        text += f"\n   {'':<52} {m.note}"
+    return text
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+
+def _peer_cell(peer: Measurement | None, ours: Measurement | None) -> str:
+    if peer is None:
+        return DASH
+    if peer.skipped:
+        return "skipped"
+    cell = fmt(peer.median, peer.unit)
+    if ours is not None and ours.median and peer.median:
+        cell += f" (Chasqui ×{ours.median / peer.median:,.1f})"
+    return cell
+
+
+def rows(run) -> list[tuple[str, ...]]:
+    from .scenarios import goal
+
+    ceiling = run.ceiling
+    order: list[str] = []
+    ours: dict[str, Measurement] = {}
+    peers: dict[tuple[str, str], Measurement] = {}
+    top = None
+    for m in run.measurements:
+        if m.scenario == "ceiling":
+            top = m
+            continue
+        if m.label not in order:
+            order.append(m.label)
+        if m.system == "chasqui":
+            ours[m.label] = m
+        else:
+            peers[(m.label, m.system)] = m
+    out = []
+    if top is not None:
+        out.append((top.label, fmt(top.median, top.unit), "1.00", DASH, DASH, DASH, DASH))
+    for label in order:
+        o = ours.get(label)
+        g = goal(label)
+        fraction = f"{o.median / ceiling:.3f}" if o and o.is_rate and o.median and ceiling else DASH
+        out.append((
+            label, fmt(o.median, o.unit) if o else DASH, fraction,
+            *(_peer_cell(peers.get((label, p)), o) for p in PEERS),
+            g.reference or DASH, g.target or DASH,
+        ))
+    return out
+
+
+def table(run) -> str:
+    body = rows(run)
+    widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(COLUMNS)]
+    sep = "  "
+    lines = [sep.join(c.ljust(w) for c, w in zip(COLUMNS, widths)), sep.join("-" * w for w in widths)]
+    for r in body:
+        lines.append(sep.join(c.ljust(w) for c, w in zip(r, widths)))
+    return "\n".join(lines)
+
+
+# --- JSON --------------------------------------------------------------------------------------
+
+
+def to_json(run) -> dict:
+    from .scenarios import goal
+
+    ours = {m.label: m for m in run.measurements if m.system == "chasqui" and m.samples}
+    items = []
+    for m in run.measurements:
+        d = m.to_dict()
+        if m.is_rate and m.median and run.ceiling:
+            d["fraction_of_ceiling"] = m.median / run.ceiling
+        g = goal(m.label)
+        d["goal"], d["reference"] = g.target or None, g.reference or None
+        mine = ours.get(m.label)
+        if m.system != "chasqui" and mine is not None and m.median:
+            d["chasqui_ratio"] = mine.median / m.median
+        items.append(d)
+    return {
+        "command": run.command,
+        "started_at": datetime.fromtimestamp(run.started_at, timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(run.seconds, 1),
+        "smoke": run.smoke,
+        "repeats": run.repeats,
+        "machine": run.machine,
+        "server": run.server,
+        "ceiling_jobs_per_s": run.ceiling,
+        "measurements": items,
+        "failures": run.failures,
+    }
+
+
+def write_json(run, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(to_json(run), f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+# --- docs/benchmarks.md --------------------------------------------------------------------------
+
+_METHOD = """\
+## How it measures
+
+- **One command.** `python -m bench --all --markdown docs/benchmarks.md` ran every scenario and wrote this
+  page; `python -m bench worker-concurrent latency` runs a selection, `--json out.json` saves the numbers,
+  `--repeats N` changes the number of measured repeats, `--smoke` runs tiny sizes once (CI does, to prove the
+  suite works; its numbers mean little). `make bench ARGS="..."` does the same.
+- **Server.** By default a private Valkey server started for the run, append-only file **off** (benchmarks
+  measure the queue, not the disk; the development server keeps it on). With `REDIS_URL` set, that server is
+  used; it must be an empty database, since every scenario starts with `FLUSHDB` (or pass `--flush`).
+- **Empty start, warm-up, median.** Every scenario empties the database, runs a warm-up that is not
+  counted, then measures. A rate is the jobs of the measured window divided by that window's seconds, never
+  warm-up plus measured jobs over the measured time. The table shows the median of the repeats.
+- **Redis ceiling.** In the same run, the rate of bare pipelined `XADD`s (pre-encoded, pipelines of 1,000, one
+  connection) of a job-sized entry. Every job costs the server at least one stream write, so no client on this
+  machine can beat it; each rate is also shown as a fraction of it, which travels better between machines.
+- **Workers.** The engine's real `Worker`, every feature on: retries with backoff, events and counters,
+  heartbeats, lease renewal, crash recovery, the promoter. The backlog is loaded before the worker process
+  starts; the window opens when the first handler starts and closes when the last job's outcome is
+  acknowledged in Redis. After each drain the worker is stopped cleanly and the queue is checked: nothing may
+  be left in the stream, the pending list, the delayed set or the DLQ.
+- **Latency.** Producer and worker in separate processes. The producer stamps `time.time_ns()` into each job
+  right before adding it, at a steady rate; the handler subtracts it from its own clock when it starts. Rates:
+  500 jobs/s, and half of the rate at which the same worker drains a backlog (measured first).
+- **Peers.** RQ and arq on the same server in the same run, with settings in their favour (results not kept,
+  per-job logging off, arq polling every 10 ms instead of 500 ms). Install them with
+  `pip install --no-deps -r requirements-bench.txt` (arq 0.28.0 declares `redis<6` but runs on the project's
+  redis-py; `--no-deps` keeps pip from downgrading it). "Chasqui ×N" is Chasqui's median divided by the peer's.
+- **Goals are tracked here, never asserted**: a slow or busy machine must not fail a build.
+"""
+
+_SCENARIOS = """\
+## Scenarios
+
+| Scenario | What it measures |
+|---|---|
+| `queue-add` | `Queue.add`, one job per call, sync client |
+| `queue-add-bulk` | `Queue.add_bulk` in chunks of 1,000, building the `JobSpec`s included |
+| `queue-add-delayed` | `Queue.add(delay=...)`, one job per call |
+| `task-enqueue` | Django `@task(...).enqueue()`: the time of one call, and calls in a loop |
+| `worker-generic` | one worker, concurrency 1, async noop handler |
+| `worker-concurrent` | one worker process, concurrency 100, async noop handler |
+| `worker-sync` | one worker process, concurrency 10, sync (`def`) noop handler run in threads |
+| `worker-retry` | every job fails once, is retried after 1 ms, then succeeds; successes per second |
+| `worker-delayed-e2e` | a backlog preloaded in the delayed set, all due: promoted and consumed |
+| `latency` | enqueue → handler start, p50 / p99 / p99.9, at 500 jobs/s and at half of saturation |
+| `memory` | peak RSS (`VmHWM`, else `ru_maxrss`) of a fresh worker process draining the backlog; alone and with Django set up |
+| `dlq-page` | `DeadLetters.page(limit=50)`, the console's DLQ page, on 200,000 and 1,000,000 dead jobs |
+| `peers` | RQ and arq, `worker-concurrent`-like and `queue-add-bulk`-like, on the same server |
+"""
+
+
+def markdown(run) -> str:
+    m = run.machine
+    s = run.server
+    when = datetime.fromtimestamp(run.started_at, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    server = f"{s['name']} {s['version']}, " + ("embedded (started for the run)" if s["embedded"] else "from REDIS_URL")
+    server += f", append-only file {'off' if s['appendonly'] == 'no' else s['appendonly']}, loopback"
+    out = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by `python -m bench --all --markdown docs/benchmarks.md`: edit bench/report.py, not this file. -->",
+        "",
+        f"Measured {when} with `{run.command}` "
+        f"({'smoke sizes, 1 repeat: these numbers only prove the suite runs' if run.smoke else f'median of {run.repeats} repeats'}; "
+        f"the run took {run.seconds / 60:.1f} min).",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu']}, {m['cores']} cores ({m['usable_cores']} usable)",
+        f"- Python: {m['python']}; redis-py {m['redis_py']}, hiredis {m['hiredis']}, msgpack {m['msgpack']}",
+        f"- Server: {server}",
+        f"- OS: {m['os']}",
+        f"- Load average when the run started (1, 5, 15 min): {m.get('load_at_start', 'unknown')}; "
+        "other processes share the machine, so treat small differences as noise",
+        "",
+        "## Results",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "|".join("---" for _ in COLUMNS) + "|",
+    ]
+    for r in rows(run):
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+    out += [
+        "",
+        f"*of Redis ceiling*: the rate divided by this run's ceiling (first row). *Reference engine*: its published "
+        f"numbers ({REFERENCE_MACHINE}), a different machine, for context. Popular Python queues on Redis (RQ, arq, "
+        "SAQ, Celery, Dramatiq) publish 0.2k–13k noop jobs/s per setup. *Goal*: issue 5's targets for one Python "
+        "process on a 2-core machine with Redis on loopback.",
+        "",
+        "### Details per row",
+        "",
+    ]
+    for meas in run.measurements:
+        if meas.note or meas.skipped:
+            who = "" if meas.system == "chasqui" else f" ({PEER_NAMES.get(meas.system, meas.system)})"
+            samples = ", ".join(fmt(x, meas.unit) for x in meas.samples)
+            detail = meas.skipped or meas.note
+            out.append(f"- **{meas.label}**{who}: {detail}" + (f". Repeats: {samples}." if samples else ""))
+    if run.failures:
+        out += ["", "### Failed scenarios", ""]
+        for name, detail in run.failures.items():
+            first = detail.strip().splitlines()[-1] if detail.strip() else "failed"
+            out.append(f"- `{name}`: {first}")
+    out += ["", _METHOD, _SCENARIOS]
+    return "\n".join(out)
+
+
+def write_markdown(run, path: str) -> None:
+    with open(path, "w") as f:
+        f.write(markdown(run))
+
+
+def summary(run) -> str:
+    return f"Machine: {describe(run.machine)}\nServer:  {run.server['name']} {run.server['version']}"

@@ -1,0 +1,72 @@
+"""The scenarios, in the order a full run goes through them, with their goals.
+
+Goals come from issue 5; they are tracked in docs/benchmarks.md and never
+asserted: a slow machine must not fail a build. Reference numbers are the
+ones the reference engine publishes (Rust engine, 8-core Apple M3, Redis 8.6
+on loopback), so they are context, not a like-for-like comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from . import consumer, dlq_page, latency, memory, peers, producer
+from .results import Measurement
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    summary: str
+    run: Callable[..., list[Measurement]]
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("queue-add", "sequential single adds (sync API)", producer.queue_add),
+    Scenario("queue-add-bulk", "add_bulk in chunks", producer.queue_add_bulk),
+    Scenario("queue-add-delayed", "sequential single delayed adds", producer.queue_add_delayed),
+    Scenario("task-enqueue", "Django @task(...).enqueue(), one call and in a loop", producer.task_enqueue),
+    Scenario("worker-generic", "one worker, concurrency 1, async noop handler",
+             partial(consumer.run_setup, name="worker-generic")),
+    Scenario("worker-concurrent", "one worker process, concurrency 100, async noop handler",
+             partial(consumer.run_setup, name="worker-concurrent")),
+    Scenario("worker-sync", "one worker process, sync (def) noop handler in threads",
+             partial(consumer.run_setup, name="worker-sync")),
+    Scenario("worker-retry", "every job fails once, 1 ms backoff, then succeeds",
+             partial(consumer.run_setup, name="worker-retry")),
+    Scenario("worker-delayed-e2e", "a preloaded delayed set, all due, promoted and consumed",
+             partial(consumer.run_setup, name="worker-delayed-e2e")),
+    Scenario("latency", "enqueue -> handler start, producer and worker in separate processes", latency.run),
+    Scenario("memory", "peak RSS of a worker process draining a backlog", memory.run),
+    Scenario("dlq-page", "the console's DLQ page: DeadLetters.page(limit=50) on a large DLQ", dlq_page.run),
+    Scenario("peers", "RQ and arq on the same server: worker-concurrent and queue-add-bulk", peers.run),
+)
+
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    target: str = ""
+    reference: str = ""
+
+
+GOALS: dict[str, Goal] = {
+    "queue-add": Goal("≥ 15,000 jobs/s", "16,548 jobs/s"),
+    "queue-add-bulk": Goal("≥ 200,000 jobs/s", "196,038 jobs/s"),
+    "worker-concurrent": Goal("≥ 100,000 jobs/s", "419,004 jobs/s (Rust handler); 46,740 jobs/s (Python handler)"),
+    "worker-sync": Goal("≥ 30,000 jobs/s"),
+    "worker-retry": Goal("≥ 50,000 jobs/s", "116,542 jobs/s"),
+    "worker-delayed-e2e": Goal("≥ 300,000 jobs/s", "755,034 jobs/s"),
+    latency.label("p50", latency.LOW_RATE): Goal("≤ 0.5 ms"),
+    latency.label("p99", latency.LOW_RATE): Goal("≤ 1 ms", "1.7 ms (idle)"),
+    memory.LABEL: Goal("≤ 100 MB"),
+    dlq_page.label(200_000): Goal("< 300 ms"),
+    dlq_page.label(1_000_000): Goal("< 300 ms"),
+}
+
+
+def goal(label: str) -> Goal:
+    return GOALS.get(label, Goal())

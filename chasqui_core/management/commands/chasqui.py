@@ -1,0 +1,414 @@
+"""``manage.py chasqui``: the operator's tools from a shell.
+
+    chasqui inspect [QUEUE]
+    chasqui dlq peek|groups|replay|discard QUEUE [filters] [--ids ...] [--all] [--yes]
+    chasqui delayed list|cancel|run QUEUE [JOB_ID]
+    chasqui pause|resume QUEUE
+    chasqui apikey create --user NAME [--name TEXT] | revoke PREFIX | list
+    chasqui operations
+
+Every change goes through the same service layer as the API and is audited
+with source "cli", acting as ``--as USER`` (default: the first superuser).
+Long replays and discards show a progress bar and stop cleanly on Ctrl-C,
+between two chunks: what is done stays done and nothing is half-moved.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone as dt_timezone
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from chasqui_core import services
+from chasqui_core.engine.dlq import REASONS, DLQFilter
+from chasqui_core.masking import mask, mask_text
+from chasqui_core.models import ApiKey, Operation
+
+_AGO = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$", re.IGNORECASE)
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_when(value: str, *, now: datetime | None = None) -> datetime:
+    """An ISO 8601 date/time (no zone means UTC) or a span ago: "90s", "30m", "1h", "2d", "1w"."""
+    m = _AGO.match(value)
+    if m:
+        return (now or datetime.now(dt_timezone.utc)) - timedelta(**{_UNITS[m[2].lower()]: int(m[1])})
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise CommandError(
+            f"{value!r} is not a time: use ISO 8601 (2026-01-31T12:00:00Z) or a span ago such as 30m, 1h, 2d"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt_timezone.utc)
+
+
+def _fmt_ms(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _age(ms: int) -> str:
+    seconds = ms // 1000
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _short(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+class ProgressBar:
+    """A one-line bar redrawn in place on a terminal; a line every few seconds elsewhere (logs, CI)."""
+
+    WIDTH = 30
+
+    def __init__(self, out, label: str, *, tty: bool | None = None, every: float = 2.0) -> None:
+        self.out = out
+        self.label = label
+        self.tty = out.isatty() if tty is None else tty
+        self.every = every
+        self._last: float | None = None
+        self.done = 0
+        self.total = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+        now = time.monotonic()
+        if self.tty:
+            share = done / total if total else 1.0
+            filled = int(self.WIDTH * share)
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            self.out.write(f"\r{self.label} [{bar}] {done:,}/{total:,} {share:4.0%}")
+            self.out.flush()
+        elif self._last is None or now - self._last >= self.every or done == total:
+            self._last = now
+            self.out.write(f"{self.label}: {done:,}/{total:,}\n")
+
+    def close(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+            self.out.flush()
+
+
+class Interrupt:
+    """Ctrl-C asks the running sweep to stop after its current chunk, instead of killing it mid-call."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:  # a second Ctrl-C: the operator really wants out
+            raise KeyboardInterrupt
+        self.requested = True
+        self.out.write("\nStopping after the current chunk (Ctrl-C again to abort at once)...\n")
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+class Command(BaseCommand):
+    help = "Inspect and operate Chasqui queues: stats, dead letters, delayed jobs, pause/resume, API keys."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--as", dest="as_user", metavar="USER",
+                            help="Act (and be audited) as this user; default: the first superuser.")
+        sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+        p = sub.add_parser("inspect", help="Queue stats as a table (one queue: with workers and error groups).")
+        p.add_argument("queue", nargs="?")
+
+        dlq = sub.add_parser("dlq", help="The dead-letter queue.").add_subparsers(dest="dlq_command", required=True,
+                                                                                 metavar="ACTION")
+        peek = dlq.add_parser("peek", help="Show dead jobs, newest first.")
+        self._filters(peek)
+        peek.add_argument("--limit", type=int, default=20, help="How many to show (1-500, default 20).")
+        peek.add_argument("--entry", help="Show one entry in full, with its error history.")
+        groups = dlq.add_parser("groups", help="Dead jobs grouped by error.")
+        self._filters(groups)
+        for name, text in (("replay", "Send dead jobs back to work."), ("discard", "Delete dead jobs for good.")):
+            act = dlq.add_parser(name, help=text)
+            self._filters(act)
+            act.add_argument("--ids", nargs="+", metavar="ENTRY_ID", help="Act on these entry ids only.")
+            act.add_argument("--all", action="store_true", help="Act on every entry (when no filter is given).")
+            act.add_argument("--yes", "-y", action="store_true", help="Do not ask for confirmation.")
+            if name == "replay":
+                act.add_argument("--one-more-attempt", action="store_true",
+                                 help="Grant exactly one more attempt instead of a fresh retry budget.")
+                act.add_argument("--at", dest="run_at", help="Replay at this time (ISO 8601) instead of now.")
+
+        delayed = sub.add_parser("delayed", help="Delayed jobs.").add_subparsers(dest="delayed_command",
+                                                                                required=True, metavar="ACTION")
+        lst = delayed.add_parser("list", help="Delayed jobs, soonest first.")
+        lst.add_argument("queue")
+        lst.add_argument("--limit", type=int, default=20)
+        for name, text in (("cancel", "Remove a delayed job for good."), ("run", "Run a delayed job now.")):
+            act = delayed.add_parser(name, help=text)
+            act.add_argument("queue")
+            act.add_argument("job_id")
+
+        for name, text in (("pause", "Workers stop reading the queue."), ("resume", "Workers read the queue again.")):
+            sub.add_parser(name, help=text).add_argument("queue")
+
+        keys = sub.add_parser("apikey", help="API keys.").add_subparsers(dest="apikey_command", required=True,
+                                                                          metavar="ACTION")
+        create = keys.add_parser("create", help="Create a key (printed once).")
+        create.add_argument("--user", required=True)
+        create.add_argument("--name", default="")
+        keys.add_parser("revoke", help="Revoke a key by its prefix.").add_argument("prefix")
+        keys.add_parser("list", help="List keys (prefixes only).")
+
+        ops = sub.add_parser("operations", help="Background operations (big replays/discards).")
+        ops.add_argument("--limit", type=int, default=20)
+
+    @staticmethod
+    def _filters(parser: CommandParser) -> None:
+        parser.add_argument("queue")
+        parser.add_argument("--task", help="Exact task name.")
+        parser.add_argument("--reason", choices=REASONS)
+        parser.add_argument("--error-class", help="Exception class, with or without module.")
+        parser.add_argument("--error-text", help="Text in any error message (case-insensitive).")
+        parser.add_argument("--since", help="Died at or after: ISO 8601 or a span ago (30m, 1h, 2d).")
+        parser.add_argument("--until", help="Died before: ISO 8601 or a span ago.")
+
+    # --- dispatch -----------------------------------------------------------------------
+
+    def handle(self, *args, **opts) -> None:
+        self.actor = self._actor(opts.get("as_user"))
+        command = opts["command"]
+        handler: Callable[[dict], None] = {
+            "inspect": self.inspect,
+            "dlq": self.dlq,
+            "delayed": self.delayed,
+            "pause": self.pause,
+            "resume": self.resume,
+            "apikey": self.apikey,
+            "operations": self.operations,
+        }[command]
+        try:
+            handler(opts)
+        except (services.InvalidInput, services.NotFound, services.Conflict) as exc:
+            raise CommandError(str(exc)) from None
+        except PermissionDenied as exc:
+            raise CommandError(f"{exc} (acting as {services.actor_label(self.actor)}; see --as)") from None
+
+    def _actor(self, username: str | None):
+        User = get_user_model()
+        if username:
+            try:
+                return User.objects.get(**{User.USERNAME_FIELD: username})
+            except User.DoesNotExist:
+                raise CommandError(f"--as: no user named {username!r}") from None
+        return User.objects.filter(is_superuser=True, is_active=True).order_by("pk").first()
+
+    def _say(self, text: str = "") -> None:
+        self.stdout.write(text)
+
+    # --- inspect --------------------------------------------------------------------------
+
+    def inspect(self, opts: dict) -> None:
+        if opts["queue"]:
+            stats = [services.queue_detail(self.actor, opts["queue"], source="cli")]
+        else:
+            stats = services.queue_overview(self.actor, source="cli")
+        rows = [(s.name, "paused" if s.paused else "active", s.stream_length, s.pending, s.in_flight, s.delayed,
+                 s.overdue, _age(s.oldest_overdue_age_ms) if s.overdue else "-", s.dlq, s.workers,
+                 "-" if s.lag is None else s.lag) for s in stats]
+        self._say(table(rows, ("QUEUE", "STATE", "STREAM", "PENDING", "IN-FLIGHT", "DELAYED", "OVERDUE",
+                               "OLDEST-OVERDUE", "DLQ", "WORKERS", "LAG")))
+        if not opts["queue"]:
+            return
+        queue = opts["queue"]
+        workers = services.worker_list(self.actor, queue=queue, source="cli")
+        self._say(f"\nWorkers of {queue}:")
+        if workers:
+            self._say(table([(w.id, w.host, w.pid, w.concurrency, w.in_flight, w.processed, w.failed,
+                              _fmt_ms(w.last_seen_ms), "stale" if w.stale else "live") for w in workers],
+                            ("ID", "HOST", "PID", "CONCURRENCY", "IN-FLIGHT", "PROCESSED", "FAILED", "LAST-SEEN",
+                             "STATE")))
+        else:
+            self._say("  none")
+        groups = services.dlq_groups(self.actor, queue, source="cli")[:10]
+        if groups:
+            self._say(f"\nTop dead-letter errors of {queue}:")
+            self._say(table([(g.count, _fmt_ms(g.last_seen_ms), _short(mask_text(g.fingerprint), 80))
+                             for g in groups], ("COUNT", "LAST-SEEN", "ERROR")))
+
+    # --- dlq ------------------------------------------------------------------------------------
+
+    def _filter(self, opts: dict) -> DLQFilter:
+        since = parse_when(opts["since"]) if opts.get("since") else None
+        until = parse_when(opts["until"]) if opts.get("until") else None
+        return services.build_filter(task=opts.get("task"), reason=opts.get("reason"),
+                                     error_class=opts.get("error_class"), error_text=opts.get("error_text"),
+                                     since=since, until=until)
+
+    def dlq(self, opts: dict) -> None:
+        action = opts["dlq_command"]
+        queue = opts["queue"]
+        if action == "peek":
+            return self._peek(queue, opts)
+        if action == "groups":
+            groups = services.dlq_groups(self.actor, queue, filter=self._filter(opts), source="cli")
+            self._say(table([(g.count, _fmt_ms(g.first_seen_ms), _fmt_ms(g.last_seen_ms), ",".join(g.tasks),
+                              _short(mask_text(g.fingerprint), 70)) for g in groups],
+                            ("COUNT", "FIRST-SEEN", "LAST-SEEN", "TASKS", "ERROR")))
+            return
+        self._act(action, queue, opts)
+
+    def _peek(self, queue: str, opts: dict) -> None:
+        if opts.get("entry"):
+            dead = services.dlq_entry(self.actor, queue, opts["entry"], source="cli")
+            self._say(f"Entry {dead.entry_id}  job {dead.job_id}  task {dead.task}")
+            self._say(f"Died {_fmt_ms(dead.dead_at_ms)} UTC, reason {dead.reason}")
+            if dead.job is not None:
+                self._say(f"args: {mask(dead.job.args)}  kwargs: {mask(dead.job.kwargs)}")
+            for record in dead.errors:
+                if not isinstance(record, dict):
+                    continue
+                self._say(f"\n--- attempt {record.get('attempt')} {record.get('class')}: "
+                          f"{mask_text(str(record.get('message', '')))}")
+                if record.get("traceback"):
+                    self._say(mask_text(str(record["traceback"])).rstrip())
+            return
+        page = services.dlq_page(self.actor, queue, filter=self._filter(opts), limit=opts["limit"], source="cli")
+        total = services.dlq_count(self.actor, queue, source="cli")
+        rows = [(d.entry_id, _fmt_ms(d.dead_at_ms), d.task, d.reason, d.error_class, _short(mask_text(d.error)))
+                for d in page.items]
+        self._say(table(rows, ("ENTRY", "DIED (UTC)", "TASK", "REASON", "ERROR-CLASS", "ERROR")))
+        more = " (more match: narrow the filter or raise --limit)" if page.next_cursor else ""
+        self._say(f"\n{len(page.items)} shown of {total:,} in the DLQ of {queue}{more}")
+
+    def _act(self, action: str, queue: str, opts: dict) -> None:
+        ids = opts.get("ids")
+        f = self._filter(opts)
+        if ids and not f.is_empty():
+            raise CommandError("Give either --ids or filters, not both")
+        if not ids and f.is_empty() and not opts.get("all"):
+            raise CommandError(f"Nothing selected: give filters, --ids, or --all to {action} every entry")
+        service = services.replay if action == "replay" else services.discard
+        extra: dict[str, Any] = {}
+        if action == "replay":
+            extra["reset_attempts"] = not opts.get("one_more_attempt")
+            if opts.get("run_at"):
+                extra["run_at"] = parse_when(opts["run_at"])
+        if ids:
+            if not opts.get("yes"):
+                self._confirm(f"{action.capitalize()} {len(ids)} entr{'y' if len(ids) == 1 else 'ies'} of {queue}?")
+            count = service(self.actor, queue, ids=ids, source="cli", **extra)
+            self._say(f"{'Replayed' if action == 'replay' else 'Discarded'} {count} of {len(ids)} entries.")
+            return
+        if not opts.get("yes"):
+            matching = services.dlq_count(self.actor, queue, filter=f, source="cli")
+            if matching == 0:
+                self._say(f"No entry of {queue} matches; nothing to {action}.")
+                return
+            described = ", ".join(f"{k}={v}" for k, v in f.to_dict().items()) or "every entry"
+            self._confirm(f"{action.capitalize()} {matching:,} entries of {queue} ({described})?")
+        bar = ProgressBar(self.stdout, action.capitalize())
+        with Interrupt(self.stdout) as interrupt:
+            try:
+                count = service(self.actor, queue, filter=f, source="cli", background=False, progress=bar,
+                                should_stop=interrupt, **extra)
+            finally:
+                bar.close()
+        verb = "Replayed" if action == "replay" else "Discarded"
+        if interrupt.requested:
+            self._say(f"Stopped: {verb.lower()} {count:,} entries ({bar.done:,} of {bar.total:,} handled); "
+                      f"the rest are untouched.")
+        else:
+            self._say(f"{verb} {count:,} entries.")
+
+    def _confirm(self, question: str) -> None:
+        if not sys.stdin.isatty():
+            raise CommandError(f"{question} Confirmation needed: add --yes to run without a terminal")
+        answer = input(f"{question} [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            raise CommandError("Cancelled; nothing was changed")
+
+    # --- delayed ----------------------------------------------------------------------------------
+
+    def delayed(self, opts: dict) -> None:
+        action, queue = opts["delayed_command"], opts["queue"]
+        if action == "list":
+            page = services.delayed_page(self.actor, queue, limit=opts["limit"], source="cli")
+            self._say(table([(j.job_id, j.task, _fmt_ms(j.run_at_ms), j.attempt, _short(str(mask(j.args)), 40))
+                             for j in page.items], ("JOB", "TASK", "RUN-AT (UTC)", "ATTEMPT", "ARGS")))
+            if page.next_cursor:
+                self._say("(more: raise --limit)")
+        elif action == "cancel":
+            services.cancel_delayed(self.actor, queue, opts["job_id"], source="cli")
+            self._say(f"Cancelled delayed job {opts['job_id']} of {queue}.")
+        else:
+            entry_id = services.run_delayed_now(self.actor, queue, opts["job_id"], source="cli")
+            self._say(f"Job {opts['job_id']} moved to the stream of {queue} (entry {entry_id}).")
+
+    # --- pause / resume ------------------------------------------------------------------------------
+
+    def pause(self, opts: dict) -> None:
+        changed = services.pause(self.actor, opts["queue"], source="cli")
+        self._say(f"Paused {opts['queue']}." if changed else f"{opts['queue']} was already paused.")
+
+    def resume(self, opts: dict) -> None:
+        changed = services.resume(self.actor, opts["queue"], source="cli")
+        self._say(f"Resumed {opts['queue']}." if changed else f"{opts['queue']} was not paused.")
+
+    # --- API keys ---------------------------------------------------------------------------------------
+
+    def apikey(self, opts: dict) -> None:
+        action = opts["apikey_command"]
+        if action == "create":
+            row, key = services.create_api_key(self.actor, opts["user"], name=opts["name"], source="cli")
+            self._say(f"API key for {row.user.get_username()} (prefix {row.prefix}). "
+                      f"It is shown once; store it now:")
+            self._say(key)
+        elif action == "revoke":
+            row = services.revoke_api_key(self.actor, opts["prefix"], source="cli")
+            self._say(f"Revoked key {row.prefix} of {row.user.get_username()}.")
+        else:
+            rows = ApiKey.objects.select_related("user").order_by("-created_at")
+            self._say(table([(k.prefix, k.user.get_username(), k.name, k.created_at.strftime("%Y-%m-%d %H:%M"),
+                              k.last_used_at.strftime("%Y-%m-%d %H:%M") if k.last_used_at else "-",
+                              "revoked" if k.revoked_at else "active") for k in rows],
+                            ("PREFIX", "USER", "NAME", "CREATED", "LAST-USED", "STATE")))
+
+    # --- operations ---------------------------------------------------------------------------------------
+
+    def operations(self, opts: dict) -> None:
+        ops: list[Operation] = services.list_operations(self.actor, limit=opts["limit"], source="cli")
+        self._say(table([(op.pk, op.kind, op.queue, op.status, f"{op.done:,}/{op.total:,}", op.count,
+                          op.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                          op.created_by.get_username() if op.created_by_id else "-") for op in ops],
+                        ("ID", "KIND", "QUEUE", "STATUS", "PROGRESS", "COUNT", "CREATED", "BY")))

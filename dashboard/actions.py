@@ -1,0 +1,225 @@
+"""Console changes: every one a POST (CSRF-checked) that calls the service layer.
+
+The service functions check the permission, do the work, and write the audit
+entry (``source="console"``); these views only collect the operator's choices,
+ask for confirmation where entries are about to be touched in bulk, and turn
+the outcome into a message on the next page.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from chasqui_core import access, services
+from chasqui_core.models import Operation
+
+from . import selection
+from .forms import BulkForm, DLQFilterForm, ReplayOptionsForm, describe_filter
+from .guards import console_action
+
+SOURCE = "console"
+
+
+def _dlq_url(queue: str, params: dict[str, str] | None = None) -> str:
+    url = reverse("dashboard:dlq", args=[queue])
+    return f"{url}?{urlencode(params)}" if params else url
+
+
+def _back(request: HttpRequest, fallback: str) -> HttpResponseRedirect:
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                                  require_https=request.is_secure()):
+        return HttpResponseRedirect(target)
+    return HttpResponseRedirect(fallback)
+
+
+def _entries(n: int) -> str:
+    return "1 entry" if n == 1 else f"{n:,} entries"
+
+
+# --- pause / resume -------------------------------------------------------------------
+
+
+@console_action
+def pause(request: HttpRequest, name: str) -> HttpResponse:
+    changed = services.pause(request.user, name, source=SOURCE)
+    messages.success(request, f"Queue {name} is paused: workers stop reading it within a heartbeat. Nothing is lost."
+                     if changed else f"Queue {name} was already paused.")
+    return _back(request, reverse("dashboard:queue", args=[name]))
+
+
+@console_action
+def resume(request: HttpRequest, name: str) -> HttpResponse:
+    changed = services.resume(request.user, name, source=SOURCE)
+    messages.success(request, f"Queue {name} is running again." if changed else f"Queue {name} was not paused.")
+    return _back(request, reverse("dashboard:queue", args=[name]))
+
+
+# --- the delayed set ----------------------------------------------------------------------
+
+
+@console_action
+def delayed_run(request: HttpRequest, name: str) -> HttpResponse:
+    job_id = request.POST.get("job_id", "")
+    try:
+        services.run_delayed_now(request.user, name, job_id, source=SOURCE)
+        messages.success(request, f"Job {job_id} is on the queue now.")
+    except (services.NotFound, services.InvalidInput) as exc:
+        messages.error(request, str(exc))
+    return _back(request, reverse("dashboard:queue", args=[name]))
+
+
+@console_action
+def delayed_cancel(request: HttpRequest, name: str) -> HttpResponse:
+    job_id = request.POST.get("job_id", "")
+    try:
+        services.cancel_delayed(request.user, name, job_id, source=SOURCE)
+        messages.success(request, f"Delayed job {job_id} is cancelled: it will not run.")
+    except (services.NotFound, services.InvalidInput) as exc:
+        messages.error(request, str(exc))
+    return _back(request, reverse("dashboard:queue", args=[name]))
+
+
+# --- replay and discard ------------------------------------------------------------------------
+
+
+def _require_action(request: HttpRequest, action: str) -> None:
+    codename = access.REPLAY if action == "replay" else access.DISCARD
+    services.require(request.user, codename, SOURCE)
+
+
+@console_action
+def confirm(request: HttpRequest, name: str) -> HttpResponse:
+    """Say exactly how many entries a bulk action would touch, and ask to go ahead."""
+    name = services.require_queue(name)
+    bulk = BulkForm(request.POST)
+    filters = DLQFilterForm(request.POST)
+    if not filters.is_valid():
+        messages.error(request, " ".join(str(e) for errs in filters.errors.values() for e in errs))
+        return HttpResponseRedirect(_dlq_url(name))
+    params = filters.params()
+    if not bulk.is_valid():
+        for errs in bulk.errors.values():
+            for e in errs:
+                messages.error(request, str(e))
+        return HttpResponseRedirect(_dlq_url(name, params))
+    _require_action(request, bulk.action)
+    ids = bulk.cleaned_data.get("ids") or []
+    if bulk.scope == "matching":
+        try:
+            count = selection.count(request.user, name, filters.dlq_filter, filters.fingerprint)
+        except services.InvalidInput as exc:
+            messages.error(request, str(exc))
+            return HttpResponseRedirect(_dlq_url(name, params))
+    else:
+        count = len(set(ids))
+    ctx = {
+        "nav_queues": services.known_queues(), "section": "dlq", "current_queue": name,
+        "queue": name, "action": bulk.action, "scope": bulk.scope, "ids": ids, "count": count,
+        "filter_params": params, "filter_summary": describe_filter(params),
+        "replay_form": ReplayOptionsForm(), "background": bulk.scope == "matching" and not filters.fingerprint
+        and count > services.background_threshold(), "back": _dlq_url(name, params),
+    }
+    return render(request, "dashboard/confirm.html", ctx)
+
+
+@console_action
+def bulk(request: HttpRequest, name: str, action: str) -> HttpResponse:
+    """Carry out a confirmed replay or discard (ticked ids, or everything matching the filter)."""
+    name = services.require_queue(name)
+    _require_action(request, action)
+    filters = DLQFilterForm(request.POST)
+    params = filters.params() if filters.is_valid() else {}
+    back = _dlq_url(name, params)
+    scope = request.POST.get("scope", "selected")
+    options = ReplayOptionsForm(request.POST) if action == "replay" else None
+    if options is not None and not options.is_valid():
+        messages.error(request, " ".join(str(e) for errs in options.errors.values() for e in errs))
+        return HttpResponseRedirect(back)
+    if not filters.is_valid():
+        messages.error(request, "The filter is not valid any more: nothing was changed.")
+        return HttpResponseRedirect(back)
+
+    ids: list[str] | None = None
+    f = None
+    if scope == "matching" and filters.fingerprint:
+        ids = selection.group_ids(request.user, name, filters.dlq_filter, filters.fingerprint)
+        if not ids:
+            messages.info(request, "No entry matches any more: nothing was changed.")
+            return HttpResponseRedirect(back)
+    elif scope == "matching":
+        f = filters.dlq_filter
+    else:
+        ids = request.POST.getlist("ids")
+        if not ids:
+            messages.error(request, "No entry was ticked: nothing was changed.")
+            return HttpResponseRedirect(back)
+
+    try:
+        if action == "replay":
+            assert options is not None
+            result = services.replay(request.user, name, ids=ids, filter=f, reset_attempts=options.reset_attempts,
+                                     run_at=options.cleaned_data.get("run_at"), source=SOURCE)
+        else:
+            result = services.discard(request.user, name, ids=ids, filter=f, source=SOURCE)
+    except (services.InvalidInput, services.Conflict) as exc:
+        messages.error(request, str(exc))
+        return HttpResponseRedirect(back)
+
+    if isinstance(result, Operation):
+        messages.info(request, f"The {action} runs in the background; you can leave this page.")
+        return HttpResponseRedirect(reverse("dashboard:operation", args=[result.pk]))
+    if action == "replay":
+        when = options.cleaned_data.get("run_at") if options is not None else None
+        where = f"scheduled for {when:%Y-%m-%d %H:%M} UTC" if when else "back on the queue"
+        messages.success(request, f"Replayed {_entries(result)}: "
+                                  f"{'it is' if result == 1 else 'they are'} {where}.")
+    else:
+        messages.success(request, f"Discarded {_entries(result)} for good.")
+    requested = len(ids) if ids is not None else None
+    if requested is not None and result < requested:
+        messages.info(request, f"{requested - result:,} of the chosen entries were already gone "
+                               "(replayed or discarded by someone else) or cannot be decoded.")
+    return HttpResponseRedirect(back)
+
+
+@console_action
+def entry_replay(request: HttpRequest, name: str, entry_id: str) -> HttpResponse:
+    options = ReplayOptionsForm(request.POST)
+    entry_url = reverse("dashboard:entry", args=[name, entry_id])
+    if not options.is_valid():
+        messages.error(request, " ".join(str(e) for errs in options.errors.values() for e in errs))
+        return HttpResponseRedirect(entry_url)
+    try:
+        count = services.replay(request.user, name, ids=[entry_id], reset_attempts=options.reset_attempts,
+                                run_at=options.cleaned_data.get("run_at"), source=SOURCE)
+    except services.InvalidInput as exc:
+        messages.error(request, str(exc))
+        return HttpResponseRedirect(entry_url)
+    if count:
+        when = options.cleaned_data.get("run_at")
+        messages.success(request, f"Entry {entry_id} replayed: the job is "
+                                  f"{f'scheduled for {when:%Y-%m-%d %H:%M} UTC' if when else 'back on the queue'}.")
+    else:
+        messages.info(request, f"Entry {entry_id} was not replayed: it is already gone, or its payload cannot be "
+                               "decoded.")
+    return _back(request, _dlq_url(name))
+
+
+# --- background operations ------------------------------------------------------------------------
+
+
+@console_action
+def operation_cancel(request: HttpRequest, op_id: str) -> HttpResponse:
+    try:
+        op = services.cancel_operation(request.user, op_id, source=SOURCE)
+        messages.success(request, f"Stopping the {op.kind} after its current chunk; what is done stays done.")
+    except services.Conflict as exc:
+        messages.info(request, str(exc))
+    return HttpResponseRedirect(reverse("dashboard:operation", args=[op_id]))

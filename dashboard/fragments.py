@@ -1,0 +1,148 @@
+"""The live parts of console pages, rendered from one reading.
+
+A fragment is a run of top-level elements, each with an ``id`` and
+``hx-swap-oob``: the websocket extension and the polling fallback both swap
+each element into the page in place of the one with the same id. The same
+templates render the first paint of each page, so a page looks the same
+before and after its first live update.
+
+Fragments go to every tab watching a topic, whoever its user is: they hold
+numbers, charts and worker names, never a button (buttons depend on the
+user's permissions and live in the page around the fragment).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.template.loader import render_to_string
+
+from chasqui_core.models import Operation
+
+from .charts import Chart, peaks, series_chart
+from .readings import RATE_SECONDS, QueueLive, Reading
+from .topics import Topic
+
+FIVE_MINUTES = ("5 min ago", "4 min", "3 min", "2 min", "1 min", "now")
+ONE_DAY = ("24 h ago", "18 h", "12 h", "6 h", "now")
+DAY_BINS = 288
+"""The 24-hour charts draw one point per 5 minutes: the peak minute of each."""
+
+
+def fmt_rate(value: float) -> str:
+    if value >= 10_000:
+        return f"{value / 1000:.0f}k"
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}"
+
+
+@dataclass(frozen=True, slots=True)
+class Charts:
+    retries: Chart
+    retries_day: Chart
+    depth: Chart
+    throughput: Chart
+
+
+def _spike_note(live: QueueLive) -> str:
+    values = live.seconds.points["retried"][:-1]
+    recent = values[-10:]
+    before = values[:-10]
+    now = sum(recent) / len(recent) if recent else 0.0
+    base = sum(before) / len(before) if before else 0.0
+    return (f"Spike: {fmt_rate(now)} retries/s over the last 10 s, against {fmt_rate(base)}/s "
+            f"in the minutes before.")
+
+
+def charts_for(live: QueueLive) -> Charts:
+    """The charts of one queue, or of all of them (``live`` is then the sum)."""
+    spike = live.spike("retried")
+    retried = live.seconds.points["retried"]
+    retries = series_chart(
+        retried[:-1] + [None], title="Retries scheduled per second, last 5 minutes",
+        value=f"{fmt_rate(live.rate('retried'))}/s", x_labels=FIVE_MINUTES, highlight_last=11, spike=spike,
+        note=_spike_note(live) if spike else "",
+    )
+    day_spike = live.day_spike("retried")
+    per_minute = live.minutes.points["retried"]
+    retries_day = series_chart(
+        peaks(per_minute, DAY_BINS), title="Retries scheduled per minute, last 24 hours",
+        value=f"{live.day_total('retried'):,} in 24 h", x_labels=ONE_DAY, highlight_last=2, spike=day_spike,
+        note="Spike: the last 5 minutes run well above the 2 hours before." if day_spike else "",
+    )
+    known = [d for d in live.depth if d is not None]
+    depth = series_chart(
+        live.depth, title="Delayed set depth, last 5 minutes", value=f"{live.delayed:,}",
+        x_labels=FIVE_MINUTES, minimum_max=10,
+        note="" if len(known) > 1 else "Depth history starts when the console starts watching.",
+    )
+    throughput = series_chart(
+        live.seconds.points["completed"][:-1] + [None], title="Jobs completed per second, last 5 minutes",
+        value=f"{fmt_rate(live.rate('completed'))}/s", x_labels=FIVE_MINUTES,
+    )
+    return Charts(retries, retries_day, depth, throughput)
+
+
+def overview_context(reading: Reading) -> dict[str, Any]:
+    return {
+        "reading": reading,
+        "total": reading.total,
+        "queues": list(reading.queues.values()),
+        "charts": charts_for(reading.total),
+        "rate_seconds": RATE_SECONDS,
+    }
+
+
+def queue_context(reading: Reading, queue: str) -> dict[str, Any]:
+    live = reading.queues[queue]
+    return {
+        "reading": reading,
+        "q": live,
+        "charts": charts_for(live),
+        "workers": reading.workers_of(queue),
+        "rate_seconds": RATE_SECONDS,
+    }
+
+
+def dlq_context(reading: Reading, queue: str) -> dict[str, Any]:
+    live = reading.queues[queue]
+    return {"reading": reading, "q": live, "rate_seconds": RATE_SECONDS}
+
+
+def operation_context(op: Operation | None) -> dict[str, Any]:
+    percent = 0
+    if op is not None:
+        if op.total:
+            percent = min(100, round(op.done * 100 / op.total))
+        elif op.finished:
+            percent = 100
+    return {"op": op, "percent": percent}
+
+
+TEMPLATES = {
+    "overview": "dashboard/live/overview.html",
+    "queue": "dashboard/live/queue.html",
+    "dlq": "dashboard/live/dlq.html",
+    "operation": "dashboard/live/operation.html",
+}
+
+
+def context(topic: Topic, reading: Reading | None, operations: dict[str, Operation]) -> dict[str, Any]:
+    if topic.kind == "overview":
+        assert reading is not None
+        return overview_context(reading)
+    if topic.kind == "queue":
+        assert reading is not None
+        return queue_context(reading, topic.arg)
+    if topic.kind == "dlq":
+        assert reading is not None
+        return dlq_context(reading, topic.arg)
+    return operation_context(operations.get(topic.arg))
+
+
+def render(topic: Topic, reading: Reading | None, operations: dict[str, Operation]) -> str:
+    ctx = context(topic, reading, operations)
+    ctx["oob"] = True
+    return render_to_string(TEMPLATES[topic.kind], ctx)

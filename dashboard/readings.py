@@ -1,0 +1,234 @@
+"""One reading of every queue's health, as the live console shows it.
+
+The sampler takes a reading about once a second, so ``Reader`` keeps what it
+read before: the per-second and per-minute counter buckets of the past do not
+change, and only the newest couple of buckets are fetched again on each read.
+A reading therefore costs a handful of pipelined round trips whatever the
+window, through the engine's ``inspect`` and ``metrics`` functions.
+
+Delayed-set depth has no counter in Redis (it is a sorted set's size), so its
+history is sampled: each reading adds the depth it saw to a small sorted set
+next to the queue's keys (``{chasqui:<queue>}:console:depth``, score = epoch
+second, trimmed to the live window). Kept in Redis rather than in memory, the
+history is shared by every server process and survives a page reload; it
+has gaps where no console was watching.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from chasqui_core.engine import inspect as inspect_mod
+from chasqui_core.engine import metrics as metrics_mod
+from chasqui_core.engine.inspect import QueueStats, WorkerInfo
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.metrics import FIELDS, Series
+
+SECOND_WINDOW = 300
+"""Seconds in the live charts (the last 5 minutes)."""
+MINUTE_WINDOW = 1440
+"""Minutes in the day charts (the last 24 hours)."""
+RATE_SECONDS = 10
+"""Complete seconds averaged for a live rate: steady enough to read, quick to react."""
+REFETCH = 2
+"""Newest buckets read again on every reading: they may still be filling."""
+DEPTH_TTL = 2 * SECOND_WINDOW
+"""Seconds a queue's depth history outlives its last sample."""
+
+
+def depth_key(queue: str) -> str:
+    """The sorted set of a queue's sampled delayed-set depths (member ``"<second>:<depth>"``)."""
+    return QueueKeys.for_queue(queue).prefix + "console:depth"
+
+
+def _trimmed(series: Series) -> Series:
+    """The series without its last bucket, which is still filling."""
+    return Series(series.queue, series.resolution, series.start_ms, series.step_ms,
+                  {name: values[:-1] for name, values in series.points.items()})
+
+
+def summed(name: str, many: list[Series], resolution: str, window: int, start_ms: int, step_ms: int) -> Series:
+    points = {f: [0] * window for f in FIELDS}
+    for s in many:
+        for f in FIELDS:
+            target, source = points[f], s.points[f]
+            for i, value in enumerate(source):
+                target[i] += value
+    return Series(name, resolution, start_ms, step_ms, points)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLive:
+    """A queue's stats plus its recent history; also used for the sum of all queues."""
+
+    name: str
+    stats: QueueStats | None
+    """None for the sum of all queues."""
+    seconds: Series
+    """SECOND_WINDOW one-second buckets, oldest first; the last one is still filling."""
+    minutes: Series
+    """MINUTE_WINDOW one-minute buckets, oldest first; the last one is still filling."""
+    depth: list[int | None]
+    """Delayed-set depth at each second of ``seconds`` (None where no sample was taken)."""
+    stream_length: int = 0
+    pending: int = 0
+    delayed: int = 0
+    oldest_overdue_age_ms: int = 0
+    dlq: int = 0
+    workers: int = 0
+    paused: bool = False
+
+    def rate(self, counter: str) -> float:
+        """Events per second over the last RATE_SECONDS complete seconds."""
+        values = self.seconds.points[counter][-RATE_SECONDS - 1:-1]
+        return sum(values) / RATE_SECONDS if values else 0.0
+
+    def total(self, counter: str) -> int:
+        """Events in the live window (the last 5 minutes)."""
+        return sum(self.seconds.points[counter])
+
+    def day_total(self, counter: str) -> int:
+        return sum(self.minutes.points[counter])
+
+    def spike(self, counter: str = "retried") -> bool:
+        """The counter runs well above its baseline in the last ten seconds (see ``metrics.spike``)."""
+        return metrics_mod.spike(_trimmed(self.seconds), counter, recent=10, baseline=SECOND_WINDOW - 11)
+
+    def day_spike(self, counter: str = "retried") -> bool:
+        """The counter's last 5 minutes run well above the 2 hours before them."""
+        return metrics_mod.spike(_trimmed(self.minutes), counter, recent=5, baseline=120, min_rate=5.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    now_ms: int
+    """The Redis server's clock when the reading was taken."""
+    queues: dict[str, QueueLive]
+    """By queue name, sorted."""
+    total: QueueLive
+    workers: list[WorkerInfo]
+    """Every known worker, stale ones flagged."""
+
+    def workers_of(self, queue: str) -> list[WorkerInfo]:
+        return [w for w in self.workers if queue in w.queues]
+
+
+@dataclass(slots=True)
+class _Buckets:
+    """Counter buckets of one resolution, by bucket number, per queue."""
+
+    resolution: str
+    window: int
+    step_ms: int
+    data: dict[str, dict[int, dict[str, int]]] = field(default_factory=dict)
+    last: int | None = None
+    """Newest bucket number read so far."""
+
+    def update(self, client, queues: list[str], now_ms: int) -> dict[str, Series]:
+        newest = now_ms // self.step_ms
+        first = newest - self.window + 1
+        missing = [q for q in queues if q not in self.data]
+        if self.last is None or missing or newest - self.last >= self.window:
+            start = first
+        else:
+            start = max(first, self.last - REFETCH + 1)
+        span = newest - start + 1
+        fresh = metrics_mod.multi_series(client, queues, resolution=self.resolution, window=span, now_ms=now_ms)
+        for name, s in fresh.items():
+            buckets = self.data.setdefault(name, {})
+            for i in range(span):
+                buckets[start + i] = {f: s.points[f][i] for f in FIELDS}
+            for old in [b for b in buckets if b < first]:
+                del buckets[old]
+        for gone in [q for q in self.data if q not in fresh]:
+            del self.data[gone]
+        self.last = newest
+        out = {}
+        for name in queues:
+            buckets = self.data[name]
+            points = {f: [buckets.get(b, {}).get(f, 0) for b in range(first, newest + 1)] for f in FIELDS}
+            out[name] = Series(name, self.resolution, first * self.step_ms, self.step_ms, points)
+        return out
+
+
+class Reader:
+    """Takes readings; keeps counter buckets and depth samples between them. Thread-safe."""
+
+    def __init__(self, client) -> None:
+        self.client = client
+        self._seconds = _Buckets("second", SECOND_WINDOW, 1000)
+        self._minutes = _Buckets("minute", MINUTE_WINDOW, 60_000)
+        self._lock = threading.Lock()
+
+    def read(self, queues: list[str]) -> Reading:
+        queues = sorted(set(queues))
+        with self._lock:
+            seconds_now, micros = self.client.time()
+            now_ms = int(seconds_now) * 1000 + int(micros) // 1000
+            stats = {s.name: s for s in inspect_mod.all_queue_stats(self.client, queues)}
+            per_second = self._seconds.update(self.client, queues, now_ms) if queues else {}
+            per_minute = self._minutes.update(self.client, queues, now_ms) if queues else {}
+            workers = inspect_mod.workers(self.client)
+            newest = now_ms // 1000
+            first = newest - SECOND_WINDOW + 1
+            depths = self._sample_depth(queues, stats, first, newest)
+            live: dict[str, QueueLive] = {}
+            for name in queues:
+                st = stats[name]
+                samples = depths[name]
+                live[name] = QueueLive(
+                    name, st, per_second[name], per_minute[name],
+                    [samples.get(s) for s in range(first, newest + 1)],
+                    stream_length=st.stream_length, pending=st.pending, delayed=st.delayed,
+                    oldest_overdue_age_ms=st.oldest_overdue_age_ms, dlq=st.dlq, workers=st.workers,
+                    paused=st.paused,
+                )
+        return Reading(now_ms, live, _total(live, now_ms, workers), workers)
+
+
+    def _sample_depth(self, queues: list[str], stats: dict[str, QueueStats], first: int,
+                      newest: int) -> dict[str, dict[int, int]]:
+        """Record this reading's depths and read back each queue's history, in one round trip."""
+        if not queues:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for name in queues:
+            key = depth_key(name)
+            pipe.zadd(key, {f"{newest}:{stats[name].delayed}": newest})
+            pipe.zremrangebyscore(key, "-inf", first - 1)
+            pipe.expire(key, DEPTH_TTL)
+            pipe.zrangebyscore(key, first, newest)
+        replies = pipe.execute()
+        out: dict[str, dict[int, int]] = {}
+        for i, name in enumerate(queues):
+            samples: dict[int, int] = {}
+            for member in replies[4 * i + 3]:
+                second, _, depth = (member.decode() if isinstance(member, bytes) else member).partition(":")
+                try:
+                    sec, value = int(second), int(depth)
+                except ValueError:
+                    continue
+                samples[sec] = max(value, samples.get(sec, 0))  # two processes may sample the same second
+            out[name] = samples
+        return out
+
+
+def _total(live: dict[str, QueueLive], now_ms: int, workers: list[WorkerInfo]) -> QueueLive:
+    newest_s, newest_m = now_ms // 1000, now_ms // 60_000
+    first_s, first_m = newest_s - SECOND_WINDOW + 1, newest_m - MINUTE_WINDOW + 1
+    items = list(live.values())
+    seconds = summed("all", [q.seconds for q in items], "second", SECOND_WINDOW, first_s * 1000, 1000)
+    minutes = summed("all", [q.minutes for q in items], "minute", MINUTE_WINDOW, first_m * 60_000, 60_000)
+    depth: list[int | None] = []
+    for i in range(SECOND_WINDOW):
+        values = [q.depth[i] for q in items if q.depth[i] is not None]
+        depth.append(sum(values) if values else None)
+    live_workers = sum(1 for w in workers if not w.stale)  # once each, whatever its queues
+    return QueueLive(
+        "all", None, seconds, minutes, depth,
+        stream_length=sum(q.stream_length for q in items), pending=sum(q.pending for q in items),
+        delayed=sum(q.delayed for q in items),
+        oldest_overdue_age_ms=max((q.oldest_overdue_age_ms for q in items), default=0),
+        dlq=sum(q.dlq for q in items), workers=live_workers, paused=False,
+    )

@@ -1,0 +1,161 @@
+"""One sampler per server process: reads Redis once a tick for every tab.
+
+The first websocket that opens starts the sampler (an asyncio task on the
+server's event loop); each tick it takes one reading of all queues in a
+worker thread (pipelined calls, see ``readings``), renders the fragment of
+every topic some socket of this process watches, and sends each to that
+topic's Channels group. When the last socket closes, the task ends. Ten tabs
+on the overview cost the same Redis reads as one.
+
+The polling fallback (``views.live_fragment``) renders through the same
+sampler, so its answers share the reader's cached history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import close_old_connections
+
+from chasqui_core import services
+from chasqui_core.models import Operation
+
+from . import fragments
+from .readings import Reader, Reading
+from .topics import Topic
+
+logger = logging.getLogger("chasqui.console")
+
+MESSAGE_TYPE = "live.fragment"
+"""Channels message type; the consumer's ``live_fragment`` handler receives it."""
+
+
+def interval() -> float:
+    return float(getattr(settings, "CHASQUI_SAMPLER_INTERVAL", 1.0))
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self._reader: Reader | None = None
+        self._reader_lock = threading.Lock()
+        self._counts: Counter[Topic] = Counter()
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self.ticks = 0
+        """Completed ticks since the process started (for tests and debugging)."""
+
+    # --- reading and rendering (sync, any thread) --------------------------------
+
+    @property
+    def reader(self) -> Reader:
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = Reader(services.redis_client())
+            return self._reader
+
+    def read(self, topics: list[Topic] | tuple[Topic, ...] = ()) -> Reading:
+        queues = set(services.known_queues())
+        queues.update(t.queue for t in topics if t.queue)
+        return self.reader.read(sorted(queues))
+
+    def render(self, topics: list[Topic]) -> dict[Topic, str]:
+        """The fragment of each topic, from one reading."""
+        try:
+            needs_redis = any(t.kind != "operation" for t in topics)
+            reading = self.read(topics) if needs_redis else None
+            op_ids = [t.arg for t in topics if t.kind == "operation"]
+            operations = {str(op.pk): op for op in Operation.objects.filter(pk__in=op_ids)} if op_ids else {}
+            return {t: fragments.render(t, reading, operations) for t in topics}
+        finally:
+            close_old_connections()
+
+    # --- the live loop (event loop side) --------------------------------------------
+
+    @property
+    def topics(self) -> list[Topic]:
+        return sorted(self._counts)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def subscribe(self, topic: Topic) -> None:
+        """A socket started watching ``topic``: make sure the loop runs, and tick now."""
+        loop = asyncio.get_running_loop()
+        if self._task is not None and self._task.get_loop() is not loop:
+            # A previous event loop (tests run one per test) ended with its sockets.
+            self._task, self._counts = None, Counter()
+        self._counts[topic] += 1
+        if not self.running:
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._run(), name="chasqui-console-sampler")
+        self.wake()
+
+    def unsubscribe(self, topic: Topic) -> None:
+        self._counts[topic] -= 1
+        if self._counts[topic] <= 0:
+            del self._counts[topic]
+        if not self._counts:
+            self.wake()  # let the loop notice it has nobody left to serve
+
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def tick(self) -> dict[Topic, str]:
+        """Read, render and send once, for the topics watched right now."""
+        topics = self.topics
+        if not topics:
+            return {}
+        rendered = await sync_to_async(self.render, thread_sensitive=False)(topics)
+        layer = get_channel_layer()
+        for topic, html in rendered.items():
+            await layer.group_send(topic.group, {"type": MESSAGE_TYPE, "html": html})
+        self.ticks += 1
+        return rendered
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        wake = self._wake
+        while self._counts:
+            wake.clear()
+            started = time.monotonic()
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a Redis blip must not end live updates for good
+                logger.exception("The console sampler could not take a reading; trying again")
+            pause = max(0.05, interval() - (time.monotonic() - started))
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=pause)
+                await asyncio.sleep(0.05)  # several sockets opening at once share one tick
+            except TimeoutError:
+                pass
+        self._task = None
+
+    async def stop(self) -> None:
+        """Cancel the loop (tests); sockets still open stop getting updates."""
+        task, self._task = self._task, None
+        self._counts.clear()
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+
+_sampler = Sampler()
+
+
+def get_sampler() -> Sampler:
+    """This process's sampler."""
+    return _sampler

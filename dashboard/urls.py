@@ -1,0 +1,52 @@
+"""Console URLs, mounted at the site root."""
+
+from django.urls import path, register_converter
+
+from . import actions, views
+
+
+class QueueName:
+    regex = r"[A-Za-z0-9_.\-]{1,100}"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+class EntryId:
+    """A dead-letter entry id: '<milliseconds>-<sequence>'."""
+
+    regex = r"[0-9]{1,20}-[0-9]{1,20}"
+
+    def to_python(self, value: str) -> str:
+        return value
+
+    def to_url(self, value: str) -> str:
+        return value
+
+
+register_converter(QueueName, "queue")
+register_converter(EntryId, "entry")
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("queues/<queue:name>/", views.queue, name="queue"),
+    path("queues/<queue:name>/pause/", actions.pause, name="pause"),
+    path("queues/<queue:name>/resume/", actions.resume, name="resume"),
+    path("queues/<queue:name>/delayed/run/", actions.delayed_run, name="delayed_run"),
+    path("queues/<queue:name>/delayed/cancel/", actions.delayed_cancel, name="delayed_cancel"),
+    path("queues/<queue:name>/dlq/", views.dlq, name="dlq"),
+    path("queues/<queue:name>/dlq/confirm/", actions.confirm, name="confirm"),
+    path("queues/<queue:name>/dlq/replay/", actions.bulk, {"action": "replay"}, name="replay"),
+    path("queues/<queue:name>/dlq/discard/", actions.bulk, {"action": "discard"}, name="discard"),
+    path("queues/<queue:name>/dlq/<entry:entry_id>/", views.entry, name="entry"),
+    path("queues/<queue:name>/dlq/<entry:entry_id>/replay/", actions.entry_replay, name="entry_replay"),
+    path("operations/<uuid:op_id>/", views.operation, name="operation"),
+    path("operations/<uuid:op_id>/cancel/", actions.operation_cancel, name="operation_cancel"),
+    path("audit/", views.audit, name="audit"),
+    path("live/<path:topic>/", views.live, name="live"),
+]

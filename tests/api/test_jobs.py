@@ -1,0 +1,126 @@
+"""Enqueue by task name, job results, and the task list."""
+
+import asyncio
+import time
+
+import pytest
+from django.tasks import task_backends
+
+from chasqui_core.backend import build_registry
+from chasqui_core.engine.backoff import coerce_backoff
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.worker import Worker
+from chasqui_core.models import AuditEntry
+from tests.django import sample_tasks
+
+from .helpers import stream_jobs
+
+pytestmark = pytest.mark.django_db
+
+ADD = "tests.django.sample_tasks.add"
+
+
+def test_task_list_names_the_enqueueable_tasks(view_api):
+    r = view_api.get("/api/tasks")
+    assert r.status_code == 200
+    by_name = {t["name"]: t for t in r.json()}
+    assert by_name[ADD] == {"name": ADD, "queue": "default", "max_attempts": None, "parameters": ["a", "b"]}
+    assert by_name["tests.django.sample_tasks.flaky"]["parameters"] == ["key", "fail_times"]  # context left out
+    assert "emails.tasks.send_welcome_email" in by_name
+
+
+def test_enqueue_with_options(op_api, operator, redis):
+    r = op_api.post("/api/queues/default/jobs", {"task": ADD, "args": [2, 3], "attempts": 7, "backoff": 250,
+                                                 "job_id": "order-42"})
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["job_id"] == "order-42" and body["queue"] == "default" and body["task"] == ADD
+    [job] = stream_jobs(redis, "default")
+    assert (job.id, job.task, job.args, job.max_attempts) == ("order-42", ADD, [2, 3], 7)
+    assert job.backoff == coerce_backoff(250).to_dict()
+    entry = AuditEntry.objects.get(action="enqueue")
+    assert (entry.queue, entry.count, entry.target_ids, entry.actor_id) == ("default", 1, ["order-42"], operator.pk)
+    assert entry.detail["task"] == ADD
+
+
+def test_enqueue_with_delay_goes_to_the_delayed_set(op_api, redis):
+    r = op_api.post("/api/queues/default/jobs", {"task": ADD, "kwargs": {"a": 1, "b": 2}, "delay_ms": 60_000})
+    assert r.status_code == 201, r.content
+    assert r.json()["run_after"] is not None
+    assert stream_jobs(redis, "default") == []
+    assert redis.zcard(QueueKeys.for_queue("default").delayed) == 1
+
+
+def test_enqueue_on_another_served_queue(op_api, redis):
+    r = op_api.post("/api/queues/emails/jobs", {"task": ADD, "args": [1, 1]})
+    assert r.status_code == 201
+    assert [j.task for j in stream_jobs(redis, "emails")] == [ADD]
+
+
+def test_enqueue_bad_input_is_422_and_enqueues_nothing(op_api, redis):
+    cases = [
+        ({"task": "os.system", "args": ["rm -rf /"]}, "Unknown task"),
+        ({"task": ADD, "args": [1]}, "missing a required argument"),
+        ({"task": ADD, "args": [1, 2], "kwargs": {"c": 3}}, "unexpected keyword"),
+        ({"task": ADD, "args": [1, 2], "attempts": 0}, "attempts"),
+        ({"task": ADD, "args": [1, 2], "delay_ms": -5}, "delay_ms"),
+        ({"task": ADD, "args": [1, 2], "backoff": "sideways"}, "backoff"),
+        ({"task": ADD, "args": [1, 2], "job_id": ""}, "job_id"),
+        ({"task": ADD, "args": [2 ** 70, 1]}, ""),
+        ({"args": [1, 2]}, "task"),
+        ({"task": ADD, "args": "12"}, "args"),
+    ]
+    for body, words in cases:
+        r = op_api.post("/api/queues/default/jobs", body)
+        assert r.status_code == 422, (body, r.content)
+        assert words in r.json()["detail"], (body, r.json())
+    assert stream_jobs(redis, "default") == []
+    assert not AuditEntry.objects.exists()
+
+
+def test_enqueue_on_a_queue_the_backend_does_not_serve(op_api, redis):
+    redis.sadd("chasqui:queues", "legacy")
+    r = op_api.post("/api/queues/legacy/jobs", {"task": ADD, "args": [1, 2]})
+    assert r.status_code == 422
+    assert "not served" in r.json()["detail"]
+
+
+@pytest.fixture
+def result_storage():
+    backend = task_backends["default"]
+    saved = backend.result_ttl, backend.supports_get_result
+    backend.result_ttl, backend.supports_get_result = 60, True
+    yield backend
+    backend.result_ttl, backend.supports_get_result = saved
+
+
+def test_job_result_when_storage_is_off_says_so(view_api):
+    r = view_api.get("/api/jobs/whatever")
+    assert r.status_code == 404
+    assert "RESULT_TTL" in r.json()["detail"]
+
+
+def test_job_result_ready_then_successful(op_api, view_api, result_storage, redis_url):
+    job_id = op_api.post("/api/queues/default/jobs", {"task": ADD, "args": [20, 22]}).json()["job_id"]
+    r = view_api.get(f"/api/jobs/{job_id}")
+    assert r.status_code == 200, r.content
+    assert r.json()["status"] == "READY"
+    sample_tasks.RUNS.clear()
+    worker = Worker(["default"], build_registry(), url=redis_url, install_signal_handlers=False,
+                    promoter_poll_interval=0.02)
+
+    async def run():
+        runner = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 20
+        while not sample_tasks.RUNS and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        worker.request_stop()
+        await runner
+
+    asyncio.run(run())
+    body = view_api.get(f"/api/jobs/{job_id}").json()
+    assert body["status"] == "SUCCESSFUL"
+    assert body["return_value"] == 42
+    assert body["args"] == [20, 22]
+    assert view_api.get("/api/jobs/no-such-job").status_code == 404

@@ -1,0 +1,181 @@
+"""Big replays and discards by filter: background operations, progress, cancel, concurrency."""
+
+import threading
+import time
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from chasqui_core import operations, services
+from chasqui_core.engine.envelope import decode
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.models import AuditEntry, Operation
+
+from .helpers import bulk_dead, dlq_len, stream_jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Q = "default"
+
+
+def poll(api, op_id, timeout=120.0):
+    """Poll the operation until it finishes; returns (final body, progress seen)."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = api.get(f"/api/operations/{op_id}")
+        assert r.status_code == 200, r.content
+        body = r.json()
+        seen.append((body["done"], body["total"]))
+        if body["status"] in ("done", "cancelled", "failed"):
+            operations.wait(uuid.UUID(op_id), 30)
+            return body, seen
+        time.sleep(0.1)
+    raise AssertionError(f"operation {op_id} did not finish in {timeout} s: {seen[-1:]}")
+
+
+def test_replay_of_20000_by_filter_runs_in_background_to_the_end(op_api, operator, redis):
+    bulk_dead(redis, Q, 20_000)
+    dead_job_ids = {decode(f[b"j"]).id for _, f in redis.xrange(QueueKeys.for_queue(Q).dlq)}
+    assert len(dead_job_ids) == 20_000
+    r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {"task": "tests.django.sample_tasks.add"}})
+    assert r.status_code == 202, r.content
+    body = r.json()
+    assert body["background"] is True and body["count"] is None
+    op_id = body["operation"]["id"]
+    final, seen = poll(op_api, op_id)
+    assert final["status"] == "done", final
+    assert (final["done"], final["total"], final["count"]) == (20_000, 20_000, 20_000)
+    dones = [d for d, _ in seen]
+    assert dones == sorted(dones)  # progress only moves forward
+    jobs = stream_jobs(redis, Q)
+    assert len(jobs) == 20_000
+    assert sorted(j.id for j in jobs) == sorted(dead_job_ids)  # each entry back exactly once
+    assert dlq_len(redis, Q) == 0
+    entry = AuditEntry.objects.get(action="replay")
+    assert (entry.count, entry.queue, entry.source, entry.actor_id) == (20_000, Q, "api", operator.pk)
+    assert entry.filter == {"task": "tests.django.sample_tasks.add"}
+    assert entry.detail["operation"] == op_id and entry.detail["status"] == "done"
+    listed = op_api.get("/api/operations", status="done").json()["items"]
+    assert [o["id"] for o in listed] == [op_id]
+
+
+def test_two_concurrent_background_replays_move_each_entry_once(op_api, operator, redis, settings):
+    settings.CHASQUI_BACKGROUND_THRESHOLD = 100
+    bulk_dead(redis, Q, 6_000)
+    first = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}}).json()["operation"]["id"]
+    second = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {"error_class": "ValueError"}}).json()[
+        "operation"]["id"]
+    a, _ = poll(op_api, first)
+    b, _ = poll(op_api, second)
+    assert a["status"] == b["status"] == "done"
+    jobs = stream_jobs(redis, Q)
+    assert len(jobs) == 6_000
+    assert len({j.id for j in jobs}) == 6_000
+    assert a["count"] + b["count"] == 6_000
+    counts = sorted(e.count for e in AuditEntry.objects.filter(action="replay"))
+    assert sum(counts) == 6_000 and len(counts) == 2
+
+
+def test_two_concurrent_inline_replays_move_each_entry_once(operator, redis):
+    bulk_dead(redis, Q, 1_500)
+    barrier = threading.Barrier(2)
+    results, errors = [], []
+
+    def run():
+        try:
+            barrier.wait()
+            results.append(services.replay(operator, Q, filter={}, source="console", background=False))
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    jobs = stream_jobs(redis, Q)
+    assert len(jobs) == len({j.id for j in jobs}) == 1_500
+    assert sum(results) == 1_500
+    assert sorted(e.count for e in AuditEntry.objects.filter(action="replay")) == sorted(results)
+
+
+def test_cancel_stops_between_chunks_and_keeps_what_was_done(op_api, operator, redis, settings, monkeypatch):
+    settings.CHASQUI_BACKGROUND_THRESHOLD = 100
+    bulk_dead(redis, Q, 3_000)
+    reached_chunk = threading.Event()
+    release = threading.Event()
+    original = operations._Progress.__call__
+
+    def held(self, done, total):
+        original(self, done, total)
+        if done >= 500 and not reached_chunk.is_set():  # after the first chunk, wait for the test
+            reached_chunk.set()
+            release.wait(30)
+
+    monkeypatch.setattr(operations._Progress, "__call__", held)
+    op_id = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}}).json()["operation"]["id"]
+    assert reached_chunk.wait(30)
+    r = op_api.post(f"/api/operations/{op_id}/cancel")
+    assert r.status_code == 200, r.content
+    assert r.json()["cancel_requested"] is True
+    release.set()
+    final, _ = poll(op_api, op_id)
+    assert final["status"] == "cancelled"
+    assert 0 < final["count"] < 3_000
+    replayed = len(stream_jobs(redis, Q))
+    assert replayed == final["count"]
+    assert replayed + dlq_len(redis, Q) == 3_000  # nothing lost, nothing half-moved
+    audit = AuditEntry.objects.get(action="replay")
+    assert audit.count == final["count"] and audit.detail["status"] == "cancelled"
+    assert AuditEntry.objects.get(action="cancel_operation").target_ids == [op_id]
+    # finished: cancelling again conflicts
+    again = op_api.post(f"/api/operations/{op_id}/cancel")
+    assert again.status_code == 409
+    assert "finished" in again.json()["detail"]
+
+
+def test_background_discard_by_filter(op_api, redis, settings):
+    settings.CHASQUI_BACKGROUND_THRESHOLD = 100
+    bulk_dead(redis, Q, 800, task="old.task")
+    bulk_dead(redis, Q, 50, task="keep.task")
+    r = op_api.post(f"/api/queues/{Q}/dlq/discard", {"filter": {"task": "old.task"}})
+    assert r.status_code == 202
+    final, _ = poll(op_api, r.json()["operation"]["id"])
+    assert (final["status"], final["count"], final["total"]) == ("done", 800, 800)
+    assert dlq_len(redis, Q) == 50
+    assert stream_jobs(redis, Q) == []
+    assert AuditEntry.objects.get(action="discard").count == 800
+
+
+def test_identical_running_operation_conflicts(op_api, operator, redis, settings):
+    settings.CHASQUI_BACKGROUND_THRESHOLD = 10
+    bulk_dead(redis, Q, 50)
+    running = Operation.objects.create(kind="replay", queue=Q, filter={}, status="running", created_by=operator,
+                                       options={"reset_attempts": True, "run_at_ms": None},
+                                       updated_at=timezone.now())
+    r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}})
+    assert r.status_code == 409
+    assert str(running.pk) in r.json()["detail"]
+    assert dlq_len(redis, Q) == 50
+    # a runner that died long ago does not block for ever
+    Operation.objects.filter(pk=running.pk).update(updated_at=timezone.now() - operations.STALE_AFTER * 2)
+    r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}})
+    assert r.status_code == 202
+    final, _ = poll(op_api, r.json()["operation"]["id"])
+    assert final["count"] == 50
+    assert Operation.objects.get(pk=running.pk).status == "failed"
+
+
+def test_operation_permissions_and_bad_ids(op_api, view_api, operator, redis, settings):
+    settings.CHASQUI_BACKGROUND_THRESHOLD = 10
+    done = Operation.objects.create(kind="discard", queue=Q, status="done", created_by=operator)
+    assert view_api.get(f"/api/operations/{done.pk}").status_code == 200
+    assert view_api.post(f"/api/operations/{done.pk}/cancel").status_code == 403
+    assert op_api.post(f"/api/operations/{done.pk}/cancel").status_code == 409
+    assert op_api.get(f"/api/operations/{uuid.uuid4()}").status_code == 404
+    bad = op_api.get("/api/operations/not-a-uuid")
+    assert bad.status_code == 422
+    assert op_api.get("/api/operations", status="sleeping").status_code == 422

@@ -1,0 +1,106 @@
+"""Queues: stats, one queue, pause/resume, metrics."""
+
+import pytest
+
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.queue import Queue
+from chasqui_core.models import AuditEntry
+
+from .helpers import TASK, add_dead, add_delayed
+
+pytestmark = pytest.mark.django_db
+
+
+def test_list_shows_configured_and_registered_queues_with_live_stats(op_api, redis):
+    q = Queue("default", redis_client=redis)
+    for i in range(3):
+        q.add(TASK, [i, 1])
+    add_delayed(redis, "default")
+    add_dead(redis, "default")
+    add_dead(redis, "other")
+    r = op_api.get("/api/queues")
+    assert r.status_code == 200, r.content
+    by_name = {item["name"]: item for item in r.json()["items"]}
+    assert set(by_name) == {"default", "emails", "other"}
+    assert by_name["default"]["stream_length"] == 3
+    assert by_name["default"]["delayed"] == 1
+    assert by_name["default"]["dlq"] == 1
+    assert by_name["other"]["dlq"] == 1
+    assert by_name["emails"]["stream_length"] == 0
+    assert by_name["default"]["paused"] is False
+
+
+def test_one_queue(view_api, redis):
+    Queue("emails", redis_client=redis).add(TASK, [1, 2])
+    r = view_api.get("/api/queues/emails")
+    assert r.status_code == 200
+    assert r.json()["name"] == "emails"
+    assert r.json()["stream_length"] == 1
+
+
+def test_unknown_queue_is_404(view_api):
+    r = view_api.get("/api/queues/nope")
+    assert r.status_code == 404
+    assert "nope" in r.json()["detail"]
+    assert view_api.get("/api/queues/not%20valid").status_code == 404
+
+
+def test_pause_and_resume_are_audited(op_api, operator, redis):
+    r = op_api.post("/api/queues/emails/pause")
+    assert r.status_code == 200, r.content
+    assert r.json() == {"queue": "emails", "paused": True, "changed": True}
+    assert redis.exists(QueueKeys.for_queue("emails").paused)
+    assert op_api.get("/api/queues/emails").json()["paused"] is True
+    again = op_api.post("/api/queues/emails/pause")
+    assert again.json()["changed"] is False
+    r = op_api.post("/api/queues/emails/resume")
+    assert r.json() == {"queue": "emails", "paused": False, "changed": True}
+    assert not redis.exists(QueueKeys.for_queue("emails").paused)
+    entries = list(AuditEntry.objects.order_by("id"))
+    assert [(e.action, e.queue, e.count, e.source, e.actor_id) for e in entries] == [
+        ("pause", "emails", 1, "api", operator.pk),
+        ("pause", "emails", 0, "api", operator.pk),
+        ("resume", "emails", 1, "api", operator.pk),
+    ]
+    key_prefix = entries[0].detail["key_prefix"]
+    assert op_api.key.startswith(key_prefix)
+    audit = op_api.get("/api/audit").json()["items"]
+    assert audit[-1]["detail"]["key_prefix"] == key_prefix  # shown: a prefix is not a secret
+
+
+def test_viewer_cannot_pause(view_api, redis):
+    r = view_api.post("/api/queues/emails/pause")
+    assert r.status_code == 403
+    assert "pause_queues" in r.json()["detail"]
+    assert not redis.exists(QueueKeys.for_queue("emails").paused)
+    assert not AuditEntry.objects.exists()
+
+
+def test_pause_unknown_queue_is_404(op_api):
+    assert op_api.post("/api/queues/ghost/pause").status_code == 404
+
+
+def test_metrics_per_second_and_per_minute(view_api, redis):
+    q = Queue("default", redis_client=redis)
+    for i in range(4):
+        q.add(TASK, [i, 0])
+    r = view_api.get("/api/queues/default/metrics")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["resolution"] == "second" and body["step_ms"] == 1000
+    assert len(body["points"]["enqueued"]) == 3600
+    assert sum(body["points"]["enqueued"]) == 4
+    assert set(body["fields"]) >= {"enqueued", "completed", "failed", "retried", "dlq"}
+    r = view_api.get("/api/queues/default/metrics", resolution="minute", window=10)
+    assert r.status_code == 200
+    assert len(r.json()["points"]["enqueued"]) == 10
+    assert sum(r.json()["points"]["enqueued"]) == 4
+
+
+def test_metrics_bad_input_is_422(view_api):
+    r = view_api.get("/api/queues/default/metrics", resolution="hour")
+    assert r.status_code == 422
+    assert "resolution" in r.json()["detail"]
+    r = view_api.get("/api/queues/default/metrics", resolution="minute", window=2000)
+    assert r.status_code == 422
+    assert "window" in r.json()["detail"]
