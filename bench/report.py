@@ -162,11 +162,17 @@ _METHOD = """\
   be left in the stream, the pending list, the delayed set or the DLQ.
 - **Latency.** Producer and worker in separate processes. The producer stamps `time.time_ns()` into each job
   right before adding it, at a steady rate; the handler subtracts it from its own clock when it starts. Rates:
-  500 jobs/s, and half of the rate at which the same worker drains a backlog (measured first).
+  500 jobs/s, and half of saturation: the rate at which the worker starts jobs while the producer adds them
+  as fast as it can (measured first, with the same two processes, so it is what this pair sustains on this
+  machine).
 - **Peers.** RQ and arq on the same server in the same run, with settings in their favour (results not kept,
   per-job logging off, arq polling every 10 ms instead of 500 ms). Install them with
   `pip install --no-deps -r requirements-bench.txt` (arq 0.28.0 declares `redis<6` but runs on the project's
   redis-py; `--no-deps` keeps pip from downgrading it). "Chasqui ×N" is Chasqui's median divided by the peer's.
+- **Profiling.** `python -m bench worker-concurrent --profile DIR` samples every worker process with py-spy
+  into `DIR/*.speedscope.json` (open them at speedscope.app); a profiled run's numbers are not representative.
+  Worker rows also give the worker process's CPU time per job, which varies far less than wall-clock rates
+  on a shared machine.
 - **Goals are tracked here, never asserted**: a slow or busy machine must not fail a build.
 """
 
@@ -232,11 +238,13 @@ def markdown(run) -> str:
         "### Details per row",
         "",
     ]
+    previous = ""
     for meas in run.measurements:
         if meas.note or meas.skipped:
             who = "" if meas.system == "chasqui" else f" ({PEER_NAMES.get(meas.system, meas.system)})"
             samples = ", ".join(fmt(x, meas.unit) for x in meas.samples)
-            detail = meas.skipped or meas.note
+            detail = meas.skipped or (meas.note if meas.note != previous else "as above")
+            previous = meas.note
             out.append(f"- **{meas.label}**{who}: {detail}" + (f". Repeats: {samples}." if samples else ""))
     if run.failures:
         out += ["", "### Failed scenarios", ""]

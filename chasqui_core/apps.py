@@ -10,3 +10,15 @@ class ChasquiCoreConfig(AppConfig):
 
     name = "chasqui_core"
     verbose_name = "Chasqui"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
+        post_migrate.connect(_ensure_groups, sender=self)
+
+
+def _ensure_groups(**kwargs) -> None:
+    """Recreate the operator and viewer groups after every migrate (and test database flush)."""
+    from chasqui_core.access import ensure_groups
+
+    ensure_groups()

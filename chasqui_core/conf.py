@@ -32,6 +32,8 @@ class ChasquiSettings:
     PROMOTER_LOCK_TTL_MS: int = 5_000
     SHUTDOWN_TIMEOUT: float = 25.0
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
+    BACKGROUND_THRESHOLD: int = 2000
+    """Filtered DLQ operations touching more entries than this run in the background."""
     MASKED_KEYS: tuple[str, ...] = ("password", "passwd", "secret", "token", "authorization", "api_key", "apikey")
     """Keys whose values are masked in the console and API (case-insensitive, substring match)."""
 
@@ -45,7 +47,7 @@ class ChasquiSettings:
 
 
 _POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE", "MAX_ATTEMPTS", "VISIBILITY_TIMEOUT_MS", "PROMOTER_LOCK_TTL_MS",
-                  "MAX_PAYLOAD_BYTES")
+                  "MAX_PAYLOAD_BYTES", "BACKGROUND_THRESHOLD")
 _POSITIVE_NUMBERS = ("PROMOTER_POLL_INTERVAL", "SHUTDOWN_TIMEOUT")
 
 

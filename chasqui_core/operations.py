@@ -62,8 +62,13 @@ def reap_stale() -> int:
     return reaped
 
 
-def launch(actor, kind: str, queue: str, f: DLQFilter, options: dict[str, Any], source: str) -> Operation:
-    """Record and start a background sweep; Conflict when an identical one is already running."""
+def launch(
+    actor, kind: str, queue: str, f: DLQFilter, options: dict[str, Any], source: str, *, total: int = 0
+) -> Operation:
+    """Record and start a background sweep; Conflict when an identical one is already running.
+
+    ``total`` is the caller's count of matching entries, shown until the sweep counts them itself.
+    """
     from chasqui_core.services import Conflict
 
     reap_stale()
@@ -76,7 +81,7 @@ def launch(actor, kind: str, queue: str, f: DLQFilter, options: dict[str, Any], 
             )
     op = Operation.objects.create(
         kind=kind, queue=queue, filter=wanted, options=options, source=source, status=Operation.Status.PENDING,
-        created_by=actor if actor is not None and getattr(actor, "pk", None) else None,
+        total=total, created_by=actor if actor is not None and getattr(actor, "pk", None) else None,
         updated_at=timezone.now(),
     )
     event = threading.Event()

@@ -49,7 +49,6 @@ SOURCES = ("api", "console", "cli")
 MAX_PAGE = 500
 """Largest page any listing returns."""
 
-DEFAULT_BACKGROUND_THRESHOLD = 2000
 API_KEY_TOUCH_INTERVAL = timedelta(minutes=1)
 
 
@@ -91,10 +90,7 @@ def background_threshold() -> int:
     """Filtered replays/discards matching more entries than this run in the background."""
     from chasqui_core.conf import chasqui_settings
 
-    value = getattr(chasqui_settings(), "BACKGROUND_THRESHOLD", None)
-    if value is None:
-        value = getattr(settings, "CHASQUI_BACKGROUND_THRESHOLD", DEFAULT_BACKGROUND_THRESHOLD)
-    return int(value)
+    return chasqui_settings().BACKGROUND_THRESHOLD
 
 
 def require(actor, codename: str, source: str = "api") -> None:
@@ -554,13 +550,15 @@ def _bulk(actor, kind: str, queue: str, ids, filter, options: dict, source: str,
         return count
 
     f = coerce_filter(filter)
+    matching = None
     if background is None:
         with engine_errors:
-            background = dl.count_matching(f) > background_threshold()
+            matching = dl.count_matching(f)
+        background = matching > background_threshold()
     if background:
         from chasqui_core import operations
 
-        return operations.launch(actor, kind, queue, f, options, source)
+        return operations.launch(actor, kind, queue, f, options, source, total=matching or 0)
 
     tracker = _Tracker(progress, should_stop)
     with engine_errors:

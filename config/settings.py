@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "ninja",  # serves the API docs' scripts locally, no CDN
     "dashboard",
     "api",
     "emails",

@@ -52,8 +52,7 @@ def _spike_note(live: QueueLive) -> str:
     before = values[:-10]
     now = sum(recent) / len(recent) if recent else 0.0
     base = sum(before) / len(before) if before else 0.0
-    return (f"Spike: {fmt_rate(now)} retries/s over the last 10 s, against {fmt_rate(base)}/s "
-            f"in the minutes before.")
+    return f"Spike: {fmt_rate(now)} retries/s over the last 10 s, against {fmt_rate(base)}/s before."
 
 
 def charts_for(live: QueueLive) -> Charts:
@@ -70,13 +69,13 @@ def charts_for(live: QueueLive) -> Charts:
     retries_day = series_chart(
         peaks(per_minute, DAY_BINS), title="Retries scheduled per minute, last 24 hours",
         value=f"{live.day_total('retried'):,} in 24 h", x_labels=ONE_DAY, highlight_last=2, spike=day_spike,
-        note="Spike: the last 5 minutes run well above the 2 hours before." if day_spike else "",
+        note="Spike: the last 5 minutes run well above the 2 hours before them." if day_spike else "",
     )
     known = [d for d in live.depth if d is not None]
     depth = series_chart(
         live.depth, title="Delayed set depth, last 5 minutes", value=f"{live.delayed:,}",
         x_labels=FIVE_MINUTES, minimum_max=10,
-        note="" if len(known) > 1 else "Depth history starts when the console starts watching.",
+        note="" if len(known) > 1 else "Depth is sampled while a console page is open: history starts now.",
     )
     throughput = series_chart(
         live.seconds.points["completed"][:-1] + [None], title="Jobs completed per second, last 5 minutes",

@@ -18,6 +18,8 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from chasqui_core import access, services
 
@@ -27,7 +29,7 @@ def forbidden(request: HttpRequest, message: str) -> HttpResponse:
 
 
 def console_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Login plus the view permission; 404 for unknown queues, 403 for refused changes."""
+    """Login plus the view permission; 404 for unknown queues, 403 for refused changes, 503 without Redis."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
@@ -49,6 +51,8 @@ def console_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
             return forbidden(request, str(exc) or "You do not have permission to do this.")
         except services.NotFound as exc:
             return render(request, "dashboard/not_found.html", {"message": str(exc)}, status=404)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            return render(request, "dashboard/unavailable.html", {"message": str(exc)}, status=503)
 
     return wrapper
 

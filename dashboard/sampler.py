@@ -33,6 +33,9 @@ from .topics import Topic
 
 logger = logging.getLogger("chasqui.console")
 
+ERROR_LOG_INTERVAL = 30
+"""Seconds between two logged failures of the sampler, so an outage does not flood the log."""
+
 MESSAGE_TYPE = "live.fragment"
 """Channels message type; the consumer's ``live_fragment`` handler receives it."""
 
@@ -48,6 +51,7 @@ class Sampler:
         self._counts: Counter[Topic] = Counter()
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
+        self._last_error = float("-inf")
         self.ticks = 0
         """Completed ticks since the process started (for tests and debugging)."""
 
@@ -132,7 +136,11 @@ class Sampler:
             except asyncio.CancelledError:
                 raise
             except Exception:  # a Redis blip must not end live updates for good
-                logger.exception("The console sampler could not take a reading; trying again")
+                now = time.monotonic()
+                if now - self._last_error >= ERROR_LOG_INTERVAL:
+                    self._last_error = now
+                    logger.exception("The console sampler could not take a reading; it keeps trying "
+                                     "(logged at most every %d s)", ERROR_LOG_INTERVAL)
             pause = max(0.05, interval() - (time.monotonic() - started))
             try:
                 await asyncio.wait_for(wake.wait(), timeout=pause)

@@ -16,7 +16,7 @@ from django.shortcuts import render
 from django.urls import reverse
 
 from chasqui_core import services
-from chasqui_core.engine.dlq import REASONS, DeadJob
+from chasqui_core.engine.dlq import DeadJob
 from chasqui_core.models import AuditEntry
 
 from . import fragments
@@ -100,7 +100,7 @@ def dlq(request: HttpRequest, name: str) -> HttpResponse:
         **_base(request, "dlq", name), **_live(topic), **fragments.dlq_context(reading, name),
         "form": form, "filter_params": params, "filtered": bool(params),
         "view": view, "page": page, "groups": groups, "error": error, "cursor": cursor,
-        "fingerprint": fingerprint, "tasks": _task_names(request), "reasons": REASONS,
+        "fingerprint": fingerprint, "tasks": _task_names(request),
         "filter_summary": describe_filter(params),
     }
     return render(request, "dashboard/dlq.html", ctx)
@@ -160,7 +160,7 @@ def entry(request: HttpRequest, name: str, entry_id: str) -> HttpResponse:
         raise services.NotFound(str(exc)) from None
     ctx = {
         **_base(request, "dlq", name), "dead": dead, "job": dead.job, "generations": generations(dead),
-        "replay_form": ReplayOptionsForm(), "back": request.GET.get("back", ""),
+        "replay_form": ReplayOptionsForm(),
     }
     return render(request, "dashboard/entry.html", ctx)
 

@@ -43,6 +43,7 @@ def test_replay_of_20000_by_filter_runs_in_background_to_the_end(op_api, operato
     assert r.status_code == 202, r.content
     body = r.json()
     assert body["background"] is True and body["count"] is None
+    assert body["operation"]["total"] == 20_000
     op_id = body["operation"]["id"]
     final, seen = poll(op_api, op_id)
     assert final["status"] == "done", final
@@ -62,7 +63,7 @@ def test_replay_of_20000_by_filter_runs_in_background_to_the_end(op_api, operato
 
 
 def test_two_concurrent_background_replays_move_each_entry_once(op_api, operator, redis, settings):
-    settings.CHASQUI_BACKGROUND_THRESHOLD = 100
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 100}
     bulk_dead(redis, Q, 6_000)
     first = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}}).json()["operation"]["id"]
     second = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {"error_class": "ValueError"}}).json()[
@@ -103,7 +104,7 @@ def test_two_concurrent_inline_replays_move_each_entry_once(operator, redis):
 
 
 def test_cancel_stops_between_chunks_and_keeps_what_was_done(op_api, operator, redis, settings, monkeypatch):
-    settings.CHASQUI_BACKGROUND_THRESHOLD = 100
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 100}
     bulk_dead(redis, Q, 3_000)
     reached_chunk = threading.Event()
     release = threading.Event()
@@ -138,7 +139,7 @@ def test_cancel_stops_between_chunks_and_keeps_what_was_done(op_api, operator, r
 
 
 def test_background_discard_by_filter(op_api, redis, settings):
-    settings.CHASQUI_BACKGROUND_THRESHOLD = 100
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 100}
     bulk_dead(redis, Q, 800, task="old.task")
     bulk_dead(redis, Q, 50, task="keep.task")
     r = op_api.post(f"/api/queues/{Q}/dlq/discard", {"filter": {"task": "old.task"}})
@@ -151,7 +152,7 @@ def test_background_discard_by_filter(op_api, redis, settings):
 
 
 def test_identical_running_operation_conflicts(op_api, operator, redis, settings):
-    settings.CHASQUI_BACKGROUND_THRESHOLD = 10
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
     bulk_dead(redis, Q, 50)
     running = Operation.objects.create(kind="replay", queue=Q, filter={}, status="running", created_by=operator,
                                        options={"reset_attempts": True, "run_at_ms": None},
@@ -170,7 +171,7 @@ def test_identical_running_operation_conflicts(op_api, operator, redis, settings
 
 
 def test_operation_permissions_and_bad_ids(op_api, view_api, operator, redis, settings):
-    settings.CHASQUI_BACKGROUND_THRESHOLD = 10
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
     done = Operation.objects.create(kind="discard", queue=Q, status="done", created_by=operator)
     assert view_api.get(f"/api/operations/{done.pk}").status_code == 200
     assert view_api.post(f"/api/operations/{done.pk}/cancel").status_code == 403

@@ -268,7 +268,7 @@ def test_error_groups_with_actions_per_group(operator, redis):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_big_operation_runs_in_the_background_with_progress(operator, redis, settings):
-    settings.CHASQUI_BACKGROUND_THRESHOLD = 10
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
     for i in range(60):
         add_dead(redis, Q, failed_job(messages=(f"boom {i}",)))
     c = _client(operator)
@@ -363,3 +363,40 @@ def test_pages_of_a_dlq_with_200000_entries(viewer, redis):
     filtered = c.get(f"/queues/{Q}/dlq/?q=row+199990+failed").content.decode()
     assert _entries(filtered) == [ids[199_990]]
     assert elapsed < 10  # generous: the goal is well under 300 ms, measured by the bench
+
+
+# --- live figures on the pages ------------------------------------------------------------------
+
+
+def _server_second(redis) -> int:
+    seconds, _ = redis.time()
+    return int(seconds)
+
+
+def test_a_retry_spike_is_flagged_on_the_overview_and_the_queue(viewer, redis):
+    Queue("billing", redis_client=redis).add("billing.tasks.charge", [1])
+    metrics = QueueKeys.for_queue("billing").metrics
+    now = _server_second(redis)
+    for back in range(1, 200):
+        redis.hincrby(f"{metrics}s:{now - back}", "retried", 40 if back <= 12 else (1 if back % 10 == 0 else 0))
+    c = _client(viewer)
+    overview = c.get("/").content.decode()
+    row = re.search(r'<tr id="queue-row-billing".*?</tr>', overview, re.S)[0]
+    assert "badge-spike" in row
+    assert "Spike: " in overview and "retries/s over the last 10 s" in overview
+    assert 'class="area spike"' in overview
+    calm = re.search(r'<tr id="queue-row-emails".*?</tr>', overview, re.S)[0]
+    assert "badge-spike" not in calm
+    queue_page = c.get("/queues/billing/").content.decode()
+    assert "retry spike" in queue_page
+
+
+def test_without_redis_the_console_says_so(viewer, settings):
+    from django.tasks import task_backends
+
+    settings.CHASQUI = {"REDIS_URL": "redis://127.0.0.1:1/0"}  # nothing listens on port 1
+    for backend in task_backends.all():
+        backend._client = None
+    response = _client(viewer).get("/")
+    assert response.status_code == 503
+    assert b"Redis is unreachable" in response.content

@@ -119,7 +119,10 @@ def test_home_redirects_anonymous_users_to_login(client) -> None:
 
 
 def test_home_for_a_logged_in_user(client, django_user_model) -> None:
+    from django.contrib.auth.models import Group
+
     user = django_user_model.objects.create_user(username="ana", password="pw-for-tests")
+    user.groups.add(Group.objects.get(name="Chasqui viewers"))
     client.force_login(user)
     response = client.get("/")
     assert response.status_code == 200
