@@ -3,7 +3,7 @@ background operations."""
 
 from django.contrib import admin
 
-from chasqui_core.models import ApiKey, AuditEntry, Operation
+from chasqui_core.models import ApiKey, AuditEntry, Operation, OutboxEntry
 
 
 @admin.register(AuditEntry)
@@ -62,3 +62,14 @@ class OperationAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+
+@admin.register(OutboxEntry)
+class OutboxEntryAdmin(admin.ModelAdmin):
+    """Jobs committed but not yet relayed to Redis (normally empty)."""
+
+    list_display = ("job_id", "queue", "created_at", "attempts", "last_error")
+    list_filter = ("queue",)
+    search_fields = ("job_id",)
+    readonly_fields = ("queue", "job_id", "when", "created_at", "attempts", "last_error")
+    exclude = ("payload",)

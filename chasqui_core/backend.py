@@ -29,9 +29,9 @@ from django.utils.module_loading import autodiscover_modules
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
 from chasqui_core.engine.connection import connect
-from chasqui_core.engine.envelope import new_job_id
+from chasqui_core.engine.envelope import now_ms
 from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry, JobContext
 
 logger = logging.getLogger("chasqui.backend")
@@ -95,10 +95,11 @@ class ChasquiBackend(BaseTaskBackend):
         options = dict(self.options)
         self.result_ttl = options.pop("RESULT_TTL", 0)
         self.enqueue_on_commit = options.pop("ENQUEUE_ON_COMMIT", False)
+        self.outbox = options.pop("OUTBOX", False)
         if options:
             raise ImproperlyConfigured(
                 f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {', '.join(sorted(options))}; "
-                "known keys: ENQUEUE_ON_COMMIT, RESULT_TTL (engine settings go in settings.CHASQUI)"
+                "known keys: ENQUEUE_ON_COMMIT, OUTBOX, RESULT_TTL (engine settings go in settings.CHASQUI)"
             )
         if isinstance(self.result_ttl, bool) or not isinstance(self.result_ttl, int) or self.result_ttl < 0:
             raise ImproperlyConfigured(
@@ -123,15 +124,12 @@ class ChasquiBackend(BaseTaskBackend):
             queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES)
         return queue
 
-    def _options(self, task: ChasquiTask) -> dict[str, Any]:
-        return {
-            "job_id": task.job_id,
-            "run_at": task.run_after,
-            "attempts": task.job_attempts,
-            "backoff": task.job_backoff,
-            "result_ttl": self.result_ttl,
-            "meta": {"backend": self.alias},
-        }
+    def _options(self, task: Task) -> dict[str, Any]:
+        options: dict[str, Any] = {"run_at": task.run_after, "result_ttl": self.result_ttl,
+                                   "meta": {"backend": self.alias}}
+        if isinstance(task, ChasquiTask):
+            options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff)
+        return options
 
     def _result(self, task: Task, job_id: str, args, kwargs) -> TaskResult:
         return TaskResult(
@@ -152,30 +150,48 @@ class ChasquiBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args, kwargs) -> TaskResult:
         self.validate_task(task)
         queue = self.queue(task.queue_name)
-        options = self._options(task) if isinstance(task, ChasquiTask) else {"run_at": task.run_after, "result_ttl": self.result_ttl}
-        options["job_id"] = options.get("job_id") or new_job_id()
-        queue.build(_spec(task, args, kwargs, options))  # validate now, even when deferred to commit
-        result = self._result(task, options["job_id"], args, kwargs)
+        # validated and encoded now, even when sent later: bad input fails in the caller
+        built = queue.build(JobSpec(task.module_path, args, kwargs, **self._options(task)))
+        result = self._result(task, built[3], args, kwargs)
 
         def send() -> None:
-            queue.add(task.module_path, args, kwargs, **options)
-            self._store_ready(queue, options["job_id"], task, args, kwargs)
-            object.__setattr__(result, "enqueued_at", timezone.now())
-            task_enqueued.send(type(self), task_result=result)
+            queue.add_built(built)
+            self._sent(queue, task, args, kwargs, result)
 
-        if self.enqueue_on_commit and connection.in_atomic_block:
+        if connection.in_atomic_block and self.outbox:
+            self._to_outbox(queue, built, task, args, kwargs, result)
+        elif connection.in_atomic_block and self.enqueue_on_commit:
             transaction.on_commit(send)
         else:
             send()
         return result
 
+    def _sent(self, queue: Queue, task: Task, args, kwargs, result: TaskResult) -> None:
+        self._store_ready(queue, result.id, task, args, kwargs)
+        object.__setattr__(result, "enqueued_at", timezone.now())
+        task_enqueued.send(type(self), task_result=result)
+
+    def _to_outbox(self, queue: Queue, built, task: Task, args, kwargs, result: TaskResult) -> None:
+        from chasqui_core.models import OutboxEntry
+        from chasqui_core.outbox import relay_after_commit
+
+        uid, when, payload, job_id = built
+        if when.startswith("+"):  # relative delays count from now, not from the relay
+            when = "@" + str(now_ms() + int(when[1:]))
+        row = OutboxEntry.objects.create(queue=queue.name, job_id=job_id, payload=payload, when=when)
+
+        def after_commit() -> None:
+            relay_after_commit(row.id)
+            self._sent(queue, task, args, kwargs, result)
+
+        transaction.on_commit(after_commit)
+
     async def aenqueue(self, task: Task, args, kwargs) -> TaskResult:
-        if self.enqueue_on_commit or self.result_ttl:
+        if self.enqueue_on_commit or self.outbox or self.result_ttl:
             return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
         self.validate_task(task)
         queue = self.queue(task.queue_name)
-        options = self._options(task) if isinstance(task, ChasquiTask) else {"run_at": task.run_after}
-        enqueued = await queue.aadd(task.module_path, args, kwargs, **options)
+        enqueued = await queue.aadd(task.module_path, args, kwargs, **self._options(task))
         result = self._result(task, enqueued.job_id, args, kwargs)
         object.__setattr__(result, "enqueued_at", timezone.now())
         await task_enqueued.asend(type(self), task_result=result)
@@ -230,12 +246,6 @@ class ChasquiBackend(BaseTaskBackend):
 
             return [Error(str(exc), id="chasqui.E001")]
         return []
-
-
-def _spec(task: Task, args, kwargs, options: dict[str, Any]):
-    from chasqui_core.engine.queue import JobSpec
-
-    return JobSpec(task.module_path, args, kwargs, **options)
 
 
 _discovered = False

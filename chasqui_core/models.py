@@ -168,3 +168,31 @@ class Operation(models.Model):
     @property
     def finished(self) -> bool:
         return self.status in self.FINISHED
+
+
+class OutboxEntry(models.Model):
+    """A job written in the same database transaction as the data it is about.
+
+    With the backend's ``OUTBOX`` option on, an enqueue inside
+    ``transaction.atomic()`` becomes a row here instead of a Redis write. The
+    row commits or rolls back with the caller's data; once committed it is
+    relayed to Redis right away, or, if Redis is down at that moment, by the
+    outbox relay that every worker runs. Relaying is idempotent: the job's id
+    is its idempotency key.
+    """
+
+    queue = models.CharField(max_length=100)
+    job_id = models.CharField(max_length=200, unique=True)
+    payload = models.BinaryField()
+    when = models.CharField(max_length=32, blank=True, help_text="'' = now, '@<epoch ms>' = delayed until")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name = "outbox entry"
+        verbose_name_plural = "outbox"
+
+    def __str__(self) -> str:
+        return f"{self.job_id} → {self.queue}"

@@ -107,7 +107,8 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # a file, not SQLite's default in-memory test database. Workers share it
     # with the web process, so wait for locks rather than fail at once.
     VAR_DIR.mkdir(parents=True, exist_ok=True)
-    DATABASES["default"].setdefault("TEST", {})["NAME"] = str(VAR_DIR / "test-db.sqlite3")
+    # One file per test run, so two runs side by side do not share it.
+    DATABASES["default"].setdefault("TEST", {})["NAME"] = str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("timeout", 20)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -200,7 +200,10 @@ class Queue:
         **options: Any,
     ) -> Enqueued:
         """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta."""
-        built = self.build(JobSpec(task, args, kwargs or {}, **options))
+        return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
+
+    def add_built(self, built: tuple[str, str, bytes, str]) -> Enqueued:
+        """Send one job returned by ``build`` (validate now, send later: on commit, say)."""
         self._register()
         if not built[0] and not built[1]:
             return self._add_ready(built)
@@ -245,6 +248,20 @@ class Queue:
         if error is not None:
             raise error
         return replies
+
+    def add_encoded(self, items: Sequence[tuple[str, str, bytes]]) -> list[Enqueued]:
+        """Add jobs encoded earlier by ``build``: (job id, when, payload) triples.
+
+        The job id doubles as the idempotency key, so sending the same job
+        twice (a relay retrying after a lost reply) adds it once.
+        """
+        self._register()
+        out: list[Enqueued] = []
+        for start in range(0, len(items), self.chunk_size):
+            chunk = [(job_id, when, payload, job_id) for job_id, when, payload in items[start:start + self.chunk_size]]
+            reply = self._scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
+            out += self._results(chunk, reply)
+        return out
 
     def add_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
         """Add many jobs, one round trip per chunk of ``chunk_size``.

@@ -31,6 +31,19 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _outbox_relay():
+    """Every worker relays the transactional outbox when a backend uses it."""
+    from django.tasks import task_backends
+
+    from chasqui_core.backend import ChasquiBackend
+
+    if any(isinstance(b, ChasquiBackend) and b.outbox for b in task_backends.all()):
+        from chasqui_core.outbox import OutboxRelay
+
+        return OutboxRelay().start()
+    return None
+
+
 class Command(BaseCommand):
     help = "Run a Chasqui worker for the given queues (Django Tasks of this project only)."
 
@@ -83,7 +96,12 @@ class Command(BaseCommand):
         self.stdout.write(f"Chasqui worker {worker.id}: queues {', '.join(options['queues'])}, "
                           f"{len(registry)} task(s), concurrency {worker.concurrency}")
         self.stdout.flush()
-        asyncio.run(worker.run())
+        relay = _outbox_relay()
+        try:
+            asyncio.run(worker.run())
+        finally:
+            if relay is not None:
+                relay.stop()
         if worker.unfinished_sync_jobs:
             # Threads cannot be cancelled; their entries stay pending and are reclaimed.
             self.stdout.write(f"{worker.unfinished_sync_jobs} job(s) were still running; exiting anyway")
