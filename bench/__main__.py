@@ -46,6 +46,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def _shown(argv: list[str]) -> list[str]:
+    """The arguments that shape the results, for the record (where the JSON went does not)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--json", "--profile"):
+            skip = True
+        elif not arg.startswith(("--json=", "--profile=")):
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
@@ -56,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         os.environ[PROFILE_DIR_ENV] = os.path.abspath(args.profile)
     selected = [BY_NAME[n] for n in args.scenarios] if args.scenarios else list(SCENARIOS)
-    command = "python -m bench" + ("" if not argv else " " + shlex.join(argv))
+    command = "python -m bench" + ("" if not argv else " " + shlex.join(_shown(argv)))
     try:
         run = runner.run(selected, smoke=args.smoke, repeats=args.repeats, url=os.environ.get("REDIS_URL") or None,
                          allow_flush=args.flush, command=command)

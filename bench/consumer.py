@@ -23,6 +23,7 @@ from chasqui_core.engine.queue import JobSpec, Queue
 from .child import Child
 from .handlers import TASK_OF
 from .results import RATE, BenchError, Measurement
+from .stats import median
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +73,10 @@ def check_settled(client, queue: str, n: int) -> None:
         )
 
 
-def drain_rates(ctx, setup: WorkerSetup, n: int, *, warmup: bool = True) -> list[dict]:
-    """Run one worker process through a warm-up drain and ``ctx.repeats`` measured drains."""
+def drains(ctx, setup: WorkerSetup, n: int) -> list[dict]:
+    """Run one worker process through a warm-up drain and ``ctx.repeats`` measured drains of ``n`` jobs."""
     q = Queue(ctx.queue, redis_client=ctx.client)
-    sizes = ([ctx.warmup_size(n)] if warmup else []) + [n] * ctx.repeats
+    sizes = [ctx.warmup_size(n)] + [n] * ctx.repeats
     config = {"url": ctx.url, "queue": ctx.queue, "handler": setup.handler, "concurrency": setup.concurrency}
     replies = []
     with Child("drain", config) as child:
@@ -84,7 +85,7 @@ def drain_rates(ctx, setup: WorkerSetup, n: int, *, warmup: bool = True) -> list
             preload(q, size, setup.handler, setup.delayed)
             reply = child.request({"n": size}, timeout=max(120.0, size / 100))
             check_settled(ctx.client, ctx.queue, size)
-            if i or not warmup:
+            if i:  # the first drain is the warm-up
                 replies.append(reply)
     return replies
 
@@ -92,8 +93,8 @@ def drain_rates(ctx, setup: WorkerSetup, n: int, *, warmup: bool = True) -> list
 def run_setup(ctx, name: str) -> list[Measurement]:
     setup = SETUPS[name]
     n = ctx.size(setup.full, setup.smoke)
-    replies = drain_rates(ctx, setup, n)
-    cpu_us = sorted(r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies)[len(replies) // 2]
+    replies = drains(ctx, setup, n)
+    cpu_us = median([r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies])
     note = f"{setup.note}; the worker process used {cpu_us:.1f} µs of CPU per job (median)"
     return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note)]
 

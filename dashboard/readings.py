@@ -129,8 +129,8 @@ class _Buckets:
         newest = now_ms // self.step_ms
         first = newest - self.window + 1
         missing = [q for q in queues if q not in self.data]
-        if self.last is None or missing or newest - self.last >= self.window:
-            start = first
+        if self.last is None or missing or not 0 <= newest - self.last < self.window:
+            start = first  # first reading, a new queue, a long pause, or a server clock that went back
         else:
             start = max(first, self.last - REFETCH + 1)
         span = newest - start + 1
@@ -153,7 +153,7 @@ class _Buckets:
 
 
 class Reader:
-    """Takes readings; keeps counter buckets and depth samples between them. Thread-safe."""
+    """Takes readings, keeping the counter buckets already read between them. Thread-safe."""
 
     def __init__(self, client) -> None:
         self.client = client
