@@ -117,6 +117,11 @@ class ChasquiBackend(BaseTaskBackend):
             self._client = connect(chasqui_settings().redis_url)
         return self._client
 
+    def reset_connections(self) -> None:
+        """Forget clients and queues, so the next call connects with the current settings."""
+        self._client = None
+        self._queues = {}
+
     def queue(self, name: str) -> Queue:
         queue = self._queues.get(name)
         if queue is None:

@@ -14,6 +14,8 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
 from chasqui_core.engine.connection import DEFAULT_URL
@@ -80,5 +82,24 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
     return ChasquiSettings(**raw)
 
 
+_current: ChasquiSettings | None = None
+
+
 def chasqui_settings() -> ChasquiSettings:
-    return load()
+    """The validated settings, read once (and again after a settings change in tests)."""
+    global _current
+    if _current is None:
+        _current = load()
+    return _current
+
+
+@receiver(setting_changed)
+def _settings_changed(*, setting: str, **kwargs: Any) -> None:
+    global _current
+    if setting in ("CHASQUI", "REDIS_URL"):
+        _current = None
+        from django.tasks import task_backends
+
+        for backend in task_backends.all():
+            if hasattr(backend, "reset_connections"):
+                backend.reset_connections()
