@@ -197,7 +197,7 @@ class ErrorGroup:
     tasks: list[str]
 
 
-_FILTER_FIELDS = ("task", "reason", "error_class", "error_text", "since_ms", "until_ms")
+_FILTER_FIELDS = ("task", "reason", "error_class", "error_text", "fingerprint", "since_ms", "until_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,13 +216,15 @@ class DLQFilter:
     """Exact class name, or its last dotted part ("ValueError" matches "builtins.ValueError")."""
     error_text: str | None = None
     """Case-insensitive text found in the last error message or any message of the history."""
+    fingerprint: str | None = None
+    """Exact error fingerprint (see ``fingerprint()``): one group of the "group by error" view."""
     since_ms: int | None = None
     """Died at or after this time (epoch ms)."""
     until_ms: int | None = None
     """Died before this time (epoch ms)."""
 
     def __post_init__(self) -> None:
-        for name in ("task", "reason", "error_class", "error_text"):
+        for name in ("task", "reason", "error_class", "error_text", "fingerprint"):
             value = getattr(self, name)
             if value is None:
                 continue
@@ -230,7 +232,7 @@ class DLQFilter:
                 raise TypeError(f"DLQ filter {name} must be text, got {type(value).__name__}")
             if not value.strip():
                 object.__setattr__(self, name, None)
-            elif name != "error_text":
+            elif name not in ("error_text", "fingerprint"):
                 object.__setattr__(self, name, value.strip())
         if self.reason is not None and self.reason not in REASONS:
             raise ValueError(f"Unknown dead-letter reason {self.reason!r}: use one of {', '.join(REASONS)}")
@@ -247,7 +249,8 @@ class DLQFilter:
         return all(getattr(self, name) is None for name in _FILTER_FIELDS)
 
     def _time_only(self) -> bool:
-        return self.task is None and self.reason is None and self.error_class is None and self.error_text is None
+        return (self.task is None and self.reason is None and self.error_class is None and self.error_text is None
+                and self.fingerprint is None)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _FILTER_FIELDS if getattr(self, name) is not None}
@@ -287,6 +290,8 @@ class DLQFilter:
             return False
         if self.error_class is not None and not _class_matches(self.error_class, job.error_class):
             return False
+        if self.fingerprint is not None and job.fingerprint != self.fingerprint:
+            return False
         if self.error_text is not None:
             needle = self.error_text.casefold()
             if needle not in job.error.casefold() and not any(
@@ -309,6 +314,8 @@ class DLQFilter:
         if self.reason is not None and _field(fields, b"reason") != self.reason:
             return False
         if self.error_class is not None and not _class_matches(self.error_class, _field(fields, b"error_class")):
+            return False
+        if self.fingerprint is not None and fingerprint(_field(fields, b"error_class"), _field(fields, b"error")) != self.fingerprint:
             return False
         undecided = False
         if self.task is not None:

@@ -485,3 +485,24 @@ def test_client_must_return_bytes(redis_url):
 
     with pytest.raises(ValueError, match="decode_responses=False"):
         DeadLetters(redis_lib.Redis.from_url(redis_url, decode_responses=True), Q)
+
+
+def test_filter_by_fingerprint_acts_on_one_error_group(redis):
+    from chasqui_core.engine.dlq import DLQFilter, DeadLetters, fingerprint
+
+    pipe = redis.pipeline()
+    for i in range(30):
+        job = Job(id=f"job-{i}", task="t", args=[i])
+        message = f"user {i} not found" if i % 3 else f"timeout after {i} s"
+        pipe.xadd(QueueKeys.for_queue("fp").dlq, {"j": job.encode(), "reason": "retries_exhausted", "task": "t",
+                                                   "job_id": job.id, "source_id": "1-0", "error_class": "LookupError",
+                                                   "error": message})
+    pipe.execute()
+    dead = DeadLetters(redis, "fp")
+    [biggest, *_] = dead.groups()
+    assert biggest.count == 20 and biggest.fingerprint == fingerprint("LookupError", "user 7 not found")
+    only = DLQFilter(fingerprint=biggest.fingerprint)
+    assert dead.count_matching(only) == 20
+    assert DLQFilter.from_dict(only.to_dict()) == only
+    assert dead.discard_matching(only) == 20
+    assert dead.count() == 10
