@@ -21,7 +21,6 @@ import signal
 import socket
 import threading
 import time
-import traceback as tb
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +39,7 @@ from .retry import RetryPolicy, decide
 from .scripts import Scripts
 from .settler import Settler
 from .sync_lane import FAILED, OK, SyncLane
+from .tracebacks import format_exception
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -178,6 +178,7 @@ class Worker:
         self._held: dict[bytes, tuple[QueueKeys, float]] = {}
         self._running = 0
         self._lane: SyncLane | None = None  # started on the first sync job
+        self._reader_ids: dict[str, int] = {}
 
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -195,6 +196,7 @@ class Worker:
             await self._stop.wait()
         finally:
             logger.info("worker %s stopping", self.id)
+            await self._unblock_readers(readers)
             await asyncio.gather(*readers, return_exceptions=True)
             # jobs fetched but never started go back to the stream, as they were
             unstarted = list(self._inbox)
@@ -248,37 +250,70 @@ class Worker:
     # --- reading ----------------------------------------------------------------
 
     async def _read_loop(self, keys: QueueKeys) -> None:
-        streams = {keys.stream: ">"}
-        while not self._stop.is_set():
-            if self._paused[keys.queue]:
-                await self._sleep_unless_stopped(0.5)
-                continue
-            room = self.prefetch - self.buffered
-            if room < min(self.batch_size, self.prefetch) // 2 + 1:
-                self._room.clear()
-                await self._wait_room()
-                continue
-            try:
-                reply = await self.client.xreadgroup(GROUP, self.id, streams, count=min(self.batch_size, room),
-                                                     block=self.block_ms)
-            except ResponseError as exc:
-                if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate it
-                    await self._setup()
+        """Fetch batches for one queue on a connection of its own.
+
+        The connection is the reader's alone, so shutdown can cut its BLOCK
+        short with CLIENT UNBLOCK, and the XREADGROUP command is packed once
+        per batch size and its raw reply read without redis-py's reply
+        reshaping: this runs once per batch on the hot path.
+        """
+        reader = aconnect(self.url, single_connection_client=True)
+        packed: dict[int, Any] = {}
+        try:
+            while not self._stop.is_set():
+                if self._paused[keys.queue]:
+                    await self._sleep_unless_stopped(0.5)
                     continue
-                raise
-            except (ConnectionError, OSError) as exc:
-                logger.warning("reading %s failed (%s); retrying", keys.queue, exc)
-                await self._sleep_unless_stopped(1.0)
-                continue
-            except Exception as exc:
-                if "Connection" in type(exc).__name__ or "Timeout" in type(exc).__name__:
-                    logger.warning("reading %s failed (%s); retrying", keys.queue, exc)
-                    await self._sleep_unless_stopped(1.0)
+                room = self.prefetch - self.buffered
+                if room < min(self.batch_size, self.prefetch) // 2 + 1:
+                    self._room.clear()
+                    await self._wait_room()
                     continue
-                raise
-            if reply:
-                for _stream, entries in reply:
-                    self._accept(keys, entries, 1)
+                count = min(self.batch_size, room)
+                try:
+                    conn = reader.connection
+                    if conn is None or keys.queue not in self._reader_ids:
+                        self._reader_ids[keys.queue] = await reader.client_id()
+                        conn = reader.connection
+                        packed.clear()
+                    command = packed.get(count)
+                    if command is None:
+                        command = packed[count] = conn.pack_command(
+                            "XREADGROUP", "GROUP", GROUP, self.id, "COUNT", count, "BLOCK", self.block_ms,
+                            "STREAMS", keys.stream, ">")
+                    await conn.send_packed_command(command, check_health=False)
+                    reply = await conn.read_response()
+                except ResponseError as exc:
+                    if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate it
+                        await self._setup()
+                        continue
+                    raise
+                except Exception as exc:
+                    if isinstance(exc, (ConnectionError, OSError)) or "Connection" in type(exc).__name__ \
+                            or "Timeout" in type(exc).__name__:
+                        logger.warning("reading %s failed (%s); retrying", keys.queue, exc)
+                        self._reader_ids.pop(keys.queue, None)
+                        await reader.connection.disconnect() if reader.connection else None
+                        await self._sleep_unless_stopped(1.0)
+                        continue
+                    raise
+                if reply:
+                    # a map of stream -> entries under RESP3, a list of pairs under RESP2
+                    for entries in reply.values() if type(reply) is dict else (pair[1] for pair in reply):
+                        self._accept(keys, entries, 1)
+        finally:
+            self._reader_ids.pop(keys.queue, None)
+            await reader.aclose()
+
+    async def _unblock_readers(self, readers: list[asyncio.Task]) -> None:
+        """Wake readers blocked in XREADGROUP so shutdown does not wait out BLOCK."""
+        while not all(r.done() for r in readers):
+            for client_id in list(self._reader_ids.values()):
+                try:
+                    await self.client.client_unblock(client_id)
+                except Exception:
+                    pass
+            await asyncio.wait(readers, timeout=0.05)
 
     async def _wait_room(self) -> None:
         waiter = asyncio.ensure_future(self._room.wait())
@@ -302,7 +337,13 @@ class Worker:
                 continue
             if entry_id in self._held:
                 continue  # already ours: a lease that lapsed while this worker still held the entry
-            payload = fields.get(b"j")
+            if type(fields) is list:  # raw reply: [field, value, ...]
+                payload = fields[1] if len(fields) == 2 and fields[0] == b"j" else None
+                if payload is None:
+                    fields = dict(zip(fields[::2], fields[1::2]))
+                    payload = fields.get(b"j")
+            else:
+                payload = fields.get(b"j")
             if payload is None:
                 self.settler.dead(keys, entry_id, msgpack.packb({k.decode(errors="replace"): v for k, v in fields.items()}),
                                   "decode_failed", error_class="DecodeError",
@@ -421,7 +462,7 @@ class Worker:
         runs_made = job.attempt + d.deliveries
         record = error_record(
             attempt=runs_made, exc_class=_exc_class(exc), message=str(exc),
-            traceback="".join(tb.format_exception(exc)), worker=self.id, started_at=started, finished_at=finished,
+            traceback=format_exception(exc), worker=self.id, started_at=started, finished_at=finished,
         )
         decision = decide(job, exc, runs_made, d.handler, self.policy)
         if decision.retry:

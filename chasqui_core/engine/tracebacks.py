@@ -1,0 +1,59 @@
+"""Tracebacks for the error history, cheap enough to take on every failure.
+
+``traceback.format_exception`` on Python 3.11+ re-parses each frame's source
+to draw the ``^^^`` markers, which made formatting cost more than the rest of
+a failed run. The history needs file, line, function and source line per
+frame, and the chain of causes, so that is all this builds.
+"""
+
+from __future__ import annotations
+
+import linecache
+import traceback
+
+_CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
+MAX_FRAMES = 100
+
+
+def format_exception(exc: BaseException) -> str:
+    chain: list[tuple[BaseException, str]] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    link = ""
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append((current, link))
+        if current.__cause__ is not None:
+            current, link = current.__cause__, _CAUSE
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, link = current.__context__, _CONTEXT
+        else:
+            current = None
+    parts: list[str] = []
+    # oldest first, as Python prints them; each link is printed before the exception it leads to
+    for position, (err, _) in enumerate(reversed(chain)):
+        if position:
+            parts.append(chain[len(chain) - position][1])
+        parts.append(_frames(err))
+        parts.extend(traceback.format_exception_only(type(err), err))
+    return "".join(parts)
+
+
+def _frames(err: BaseException) -> str:
+    tb = err.__traceback__
+    if tb is None:
+        return ""
+    lines = ["Traceback (most recent call last):\n"]
+    count = 0
+    while tb is not None and count < MAX_FRAMES:
+        code = tb.tb_frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}\n')
+        source = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+        if source:
+            lines.append(f"    {source}\n")
+        tb = tb.tb_next
+        count += 1
+    if tb is not None:
+        lines.append("  ...\n")
+    return "".join(lines)

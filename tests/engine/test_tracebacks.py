@@ -1,0 +1,42 @@
+import traceback
+
+from chasqui_core.engine.tracebacks import format_exception
+
+
+def _inner(x):
+    return {}[x]
+
+
+def _outer():
+    try:
+        _inner("missing")
+    except KeyError as exc:
+        raise RuntimeError("lookup failed") from exc
+
+
+def test_format_matches_the_standard_shape_with_causes():
+    try:
+        _outer()
+    except RuntimeError as exc:
+        ours = format_exception(exc)
+        standard = "".join(traceback.format_exception(exc))
+    assert ours.count("Traceback (most recent call last):") == 2
+    assert "The above exception was the direct cause" in ours
+    assert "KeyError: 'missing'" in ours and ours.rstrip().endswith("RuntimeError: lookup failed")
+    assert 'in _inner\n    return {}[x]\n' in ours
+    # the same frames, in the same order, as the standard library prints
+    frames = [line for line in standard.splitlines() if line.startswith("  File ")]
+    assert frames == [line for line in ours.splitlines() if line.startswith("  File ")]
+
+
+def test_context_chain_and_exceptions_without_traceback():
+    try:
+        try:
+            raise ValueError("first")
+        except ValueError:
+            raise TypeError("second")
+    except TypeError as exc:
+        text = format_exception(exc)
+    assert "During handling of the above exception" in text
+    assert text.index("ValueError: first") < text.index("TypeError: second")
+    assert format_exception(OSError("bare")) == "OSError: bare\n"
