@@ -42,14 +42,6 @@ class _Batch:
         return len(self.done) + self.n_retries + self.n_dead + self.n_requeues
 
 
-def _event_fields(fields: dict[str, Any]) -> list[Any]:
-    flat: list[Any] = [len(fields) * 2]
-    for k, v in fields.items():
-        flat.append(k)
-        flat.append(v)
-    return flat
-
-
 class Settler:
     def __init__(
         self,
@@ -100,11 +92,7 @@ class Settler:
               task: str, attempt: int, error_class: str, error: str, duration_ms: int,
               result: tuple[str, int, bytes] | None = None) -> None:
         batch = self._batch(keys)
-        batch.retries += [entry_id, delay_ms, payload]
-        batch.retries += _event_fields({
-            "type": events.RETRY_SCHEDULED, "job_id": job_id, "task": task, "attempt": attempt,
-            "backoff_ms": delay_ms, "duration_ms": duration_ms, "error_class": error_class, "error": error[:500],
-        })
+        batch.retries += (entry_id, delay_ms, payload, job_id, task, attempt, duration_ms, error_class, error[:500])
         batch.n_retries += 1
         if result is not None:
             batch.results += result
@@ -119,11 +107,8 @@ class Settler:
              task: str = "", error_class: str = "", error: str = "", handler_failed: bool = False,
              duration_ms: int = 0, result: tuple[str, int, bytes] | None = None) -> None:
         batch = self._batch(keys)
-        batch.dead += [entry_id, payload, reason, task, job_id, error_class, error[:2000], 1 if handler_failed else 0]
-        batch.dead += _event_fields({
-            "type": events.DLQ, "job_id": job_id, "task": task, "reason": reason,
-            "error_class": error_class, "error": error[:500], "duration_ms": duration_ms,
-        })
+        batch.dead += (entry_id, payload, reason, task, job_id, error_class, error[:2000], 1 if handler_failed else 0,
+                       duration_ms)
         batch.n_dead += 1
         if result is not None:
             batch.results += result

@@ -13,11 +13,11 @@
 -- ARGV[4] completed-event blob (msgpack list of [job id, task, ms]; "" for none)
 -- ARGV[5] number of completed entries C, then C stream ids
 -- then    number of stored results R, then R triples: key, ttl ms, value
--- then    number of retries N, then per retry: stream id, delay ms, payload,
---         event field count F, F event field/value items
--- then    number of dead jobs D, then per job: stream id, payload, reason,
---         task, job id, error class, error message, counts-as-failure (0/1),
---         event field count F, F event field/value items
+-- then    number of retries N, then per retry 9 items: stream id, delay ms,
+--         payload, job id, task, attempt, duration ms, error class, error message
+-- then    number of dead jobs D, then per job 9 items: stream id, payload,
+--         reason, task, job id, error class, error message,
+--         counts-as-failure (0/1), duration ms
 -- then    number of requeues Q, then Q pairs: stream id, payload
 -- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1}
 
@@ -35,13 +35,6 @@ local function settle(id)
   return false
 end
 
-local function emit(count_index)
-  local f = tonumber(ARGV[count_index])
-  if f > 0 then
-    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', unpack(ARGV, count_index + 1, count_index + f))
-  end
-  return count_index + f + 1
-end
 
 -- successes
 local completed = 0
@@ -78,10 +71,11 @@ for k = 1, n do
     redis.call('ZADD', delayed, at, payload)
     retried = retried + 1
     if earliest < 0 or at < earliest then earliest = at end
-    i = emit(i + 3)
-  else
-    i = i + 3 + tonumber(ARGV[i + 3]) + 1
+    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'retry_scheduled', 'job_id', ARGV[i + 3],
+      'task', ARGV[i + 4], 'attempt', ARGV[i + 5], 'backoff_ms', ARGV[i + 1], 'duration_ms', ARGV[i + 6],
+      'error_class', ARGV[i + 7], 'error', ARGV[i + 8])
   end
+  i = i + 9
 end
 
 -- dead jobs
@@ -94,10 +88,10 @@ for k = 1, d do
       'job_id', ARGV[i + 4], 'source_id', id, 'error_class', ARGV[i + 5], 'error', ARGV[i + 6])
     dead = dead + 1
     failed_dead = failed_dead + tonumber(ARGV[i + 7])
-    i = emit(i + 8)
-  else
-    i = i + 8 + tonumber(ARGV[i + 8]) + 1
+    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', ARGV[i + 4], 'task', ARGV[i + 3],
+      'reason', ARGV[i + 2], 'error_class', ARGV[i + 5], 'error', ARGV[i + 6], 'duration_ms', ARGV[i + 8])
   end
+  i = i + 9
 end
 
 -- requeues (fetched but never started, at shutdown)
