@@ -83,27 +83,35 @@ def _packb(obj: Any) -> bytes:
     return _packer.pack(obj)
 
 
+_unpackb = msgpack.unpackb
+
+
 def decode(data: bytes) -> Job:
+    """Read an envelope; raise DecodeError, with the reason in words, for anything else.
+
+    Runs once per delivered job, so the well-formed case costs one unpack,
+    one constructor call and a few exact type checks.
+    """
     try:
-        raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
+        raw = _unpackb(data)
     except Exception as exc:  # msgpack raises several unrelated types
         raise DecodeError(f"not a msgpack job envelope ({type(exc).__name__}: {exc})") from None
-    if not isinstance(raw, list) or not raw:
+    if type(raw) is not list or not raw:
         raise DecodeError("not a job envelope: expected a msgpack array")
     if raw[0] != VERSION:
         raise DecodeError(f"unsupported envelope version {raw[0]!r} (this worker reads {VERSION})")
     if len(raw) != 14:
         raise DecodeError(f"malformed envelope: {len(raw)} fields, expected 14")
-    (_, job_id, task, args, kwargs, attempt, created, max_attempts, backoff, errors, replays,
-     result_ttl, deaths, meta) = raw
-    if not isinstance(job_id, str) or not isinstance(task, str) or not task:
+    job = Job(*raw[1:])
+    if type(job.id) is not str or type(job.task) is not str or not job.task:
         raise DecodeError("malformed envelope: job id and task name must be strings")
-    if not isinstance(args, list) or not isinstance(kwargs, dict):
+    if type(job.args) is not list or type(job.kwargs) is not dict:
         raise DecodeError("malformed envelope: args must be a list and kwargs a map")
-    if not isinstance(attempt, int) or attempt < 0 or not isinstance(errors, list):
+    if type(job.attempt) is not int or job.attempt < 0 or type(job.errors) is not list:
         raise DecodeError("malformed envelope: bad attempt count or error history")
-    return Job(job_id, task, args, kwargs, attempt, created, max_attempts, backoff, errors,
-               replays, result_ttl, deaths, meta or {})
+    if job.meta is None:
+        job.meta = {}
+    return job
 
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"

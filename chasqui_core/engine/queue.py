@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
+import msgpack
 import redis
 import redis.asyncio as aredis
 
@@ -27,6 +28,9 @@ from .scripts import Scripts
 DEFAULT_UNIQUE_TTL_MS = 24 * 3600 * 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_CHUNK_SIZE = 1000
+
+
+_pack_items = msgpack.Packer(use_bin_type=False).pack
 
 
 class PayloadTooLarge(ValueError):
@@ -157,10 +161,11 @@ class Queue:
         return (job_id or "", when, payload, jid)
 
     def _argv(self, built: list) -> list:
-        argv: list = [self.keys.unique, self.unique_ttl_ms, self.keys.metrics]
+        flat: list = []
         for uid, when, payload, _ in built:
-            argv += (uid, when, payload)
-        return argv
+            flat += (uid, when, payload)
+        # str type for every item: the scripting engine's msgpack reads raw strings
+        return [self.keys.unique, self.unique_ttl_ms, self.keys.metrics, _pack_items(flat)]
 
     def _results(self, built: list, replies: list) -> list[Enqueued]:
         name = self.name

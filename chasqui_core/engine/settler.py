@@ -168,7 +168,8 @@ class Settler:
         argv: list[Any] = [GROUP, keys.metrics, events.EVENTS_MAXLEN,
                            msgpack.packb(b.completed) if b.completed else b""]
         argv.append(len(b.done))
-        argv += b.done
+        if b.done:
+            argv.append(b" ".join(b.done))
         argv.append(len(b.results) // 3)
         argv += b.results
         argv.append(b.n_retries)

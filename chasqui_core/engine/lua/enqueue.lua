@@ -5,7 +5,9 @@
 -- ARGV[1]  prefix of idempotency markers ({chasqui:<q>}:unique:)
 -- ARGV[2]  idempotency window in ms
 -- ARGV[3]  prefix of the metrics counters ({chasqui:<q>}:m:)
--- ARGV[4..] triples: job id ("" when the caller gave none), when, payload
+-- ARGV[4] the jobs, one msgpack array of triples laid flat (one argument per
+--         chunk instead of three per job keeps the call cheap to send):
+--         job id ("" when the caller gave none), when, payload
 --           when = ""      -> ready now (XADD)
 --                  "+<ms>" -> delayed by ms from the server's clock (ZADD)
 --                  "@<ms>" -> delayed until an absolute epoch ms (ZADD)
@@ -18,8 +20,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 local added = 0
-for i = 4, #ARGV, 3 do
-  local id, when, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+local items = cmsgpack.unpack(ARGV[4])
+for i = 1, #items, 3 do
+  local id, when, payload = items[i], items[i + 1], items[i + 2]
   local fresh = true
   if id ~= '' then
     fresh = redis.call('SET', unique_prefix .. id, '1', 'NX', 'PX', unique_ttl)

@@ -11,7 +11,8 @@
 -- ARGV[2] prefix of the metrics counters ({chasqui:<q>}:m:)
 -- ARGV[3] approximate cap of the events stream
 -- ARGV[4] completed-event blob (msgpack list of [job id, task, ms]; "" for none)
--- ARGV[5] number of completed entries C, then C stream ids
+-- ARGV[5] number of completed entries C, then their stream ids joined by spaces
+--         in one argument (one argument instead of C keeps the call cheap to send)
 -- then    number of stored results R, then R triples: key, ttl ms, value
 -- then    number of retries N, then per retry 9 items: stream id, delay ms,
 --         payload, job id, task, attempt, duration ms, error class, error message
@@ -41,14 +42,14 @@ local completed = 0
 local c = tonumber(ARGV[i]); i = i + 1
 if c > 0 then
   local ids = {}
-  for k = i, i + c - 1 do ids[#ids + 1] = ARGV[k] end
+  for id in string.gmatch(ARGV[i], '%S+') do ids[#ids + 1] = id end
   -- chunk to stay clear of Lua's unpack limit
   for s = 1, #ids, 4000 do
     local e = math.min(s + 3999, #ids)
     completed = completed + redis.call('XACK', stream, group, unpack(ids, s, e))
     redis.call('XDEL', stream, unpack(ids, s, e))
   end
-  i = i + c
+  i = i + 1
   if ARGV[4] ~= '' and completed > 0 then
     redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'completed', 'count', completed, 'jobs', ARGV[4])
   end
