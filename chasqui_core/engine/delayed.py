@@ -138,7 +138,9 @@ def cancel(client, queue: str, job_id: str) -> bool:
     if job is None:
         return False
     keys = QueueKeys.for_queue(queue)
-    return Scripts(client).delayed_move(keys=[keys.delayed, keys.stream], args=["cancel", job.member]) == 1
+    # a cancelled job frees its id: the same job id may be added again at once
+    return Scripts(client).delayed_move(keys=[keys.delayed, keys.stream],
+                                        args=["cancel", job.member, keys.unique + job.job_id]) == 1
 
 
 def run_now(client, queue: str, job_id: str) -> str | None:

@@ -143,3 +143,15 @@ def test_run_now_puts_the_job_on_the_stream(redis):
     assert delayed.cancel(redis, "sched", target.job_id) is False
     assert delayed.run_now(redis, "sched", "never-existed") is None
     assert redis.xlen(KEYS.stream) == 1
+
+
+def test_cancel_frees_a_caller_given_job_id(redis):
+    from chasqui_core.engine import delayed
+    from chasqui_core.engine.queue import Queue
+
+    queue = Queue("freeing", redis_client=redis)
+    assert not queue.add("t", [1], job_id="order-7", delay=60_000).duplicate
+    assert queue.add("t", [1], job_id="order-7", delay=60_000).duplicate
+    assert delayed.cancel(redis, "freeing", "order-7")
+    again = queue.add("t", [2], job_id="order-7", delay=60_000)
+    assert not again.duplicate and again.delayed

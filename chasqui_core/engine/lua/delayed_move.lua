@@ -3,6 +3,7 @@
 -- KEYS[1] delayed   KEYS[2] stream
 -- ARGV[1] "run" (move to the stream now) or "cancel" (remove it)
 -- ARGV[2] the member (encoded job) as stored in the delayed set
+-- ARGV[3] (cancel) the job's idempotency marker, deleted so its id can be used again
 -- Returns the new stream id for "run", 1 for "cancel", or 0 when the member
 -- was no longer there (already promoted, run or cancelled).
 
@@ -11,5 +12,8 @@ if redis.call('ZREM', KEYS[1], ARGV[2]) == 0 then
 end
 if ARGV[1] == 'run' then
   return redis.call('XADD', KEYS[2], '*', 'j', ARGV[2])
+end
+if ARGV[3] then
+  redis.call('DEL', ARGV[3])
 end
 return 1
