@@ -27,8 +27,8 @@ router = Router(tags=["dlq"])
 
 
 def _filter(q: DLQQuery) -> DLQFilter:
-    return services.build_filter(task=q.task, reason=q.reason, error_class=q.error_class,
-                                 error_text=q.error_text, since=q.since, until=q.until)
+    return services.build_filter(task=q.task, reason=q.reason, error_class=q.error_class, error_text=q.error_text,
+                                 fingerprint=q.fingerprint, since=q.since, until=q.until)
 
 
 def _bulk_response(result: int | Operation):
@@ -39,8 +39,8 @@ def _bulk_response(result: int | Operation):
 
 @router.get("/{queue}/dlq", response={200: DLQPageOut, **READ}, summary="Page through dead jobs")
 def list_dead(request: HttpRequest, queue: str, q: Query[DLQPageQuery]):
-    """Newest first, filtered by task, reason, error class, error text and time range; pass
-    ``next_cursor`` back as ``cursor`` for older entries. Needs view_queues."""
+    """Newest first, filtered by task, reason, error class, error text, error group (``fingerprint``) and
+    time range; pass ``next_cursor`` back as ``cursor`` for older entries. Needs view_queues."""
     page = services.dlq_page(request.auth, queue, filter=_filter(q), cursor=q.cursor, limit=q.limit)
     return DLQPageOut(items=[DeadJobSummaryOut.from_dead(d) for d in page.items], next_cursor=page.next_cursor,
                       scanned=page.scanned)
@@ -57,8 +57,9 @@ def dead_groups(request: HttpRequest, queue: str, q: Query[DLQQuery]):
 @router.post("/{queue}/dlq/replay", response={200: BulkOut, 202: BulkOut, **CHANGE},
              summary="Replay dead jobs by ids or by filter")
 def replay(request: HttpRequest, queue: str, payload: ReplayIn):
-    """Give ``ids`` or a ``filter``. Filters matching more than a few thousand entries run in the
-    background: the answer is 202 with an operation to poll at /api/operations/{id}. Needs replay_jobs."""
+    """Give ``ids`` or a ``filter`` (``{"fingerprint": ...}`` is one error group). Filters matching more
+    than a few thousand entries run in the background: the answer is 202 with an operation to poll at
+    /api/operations/{id}. Needs replay_jobs."""
     result = services.replay(
         request.auth, queue, ids=payload.ids,
         filter=_filter(payload.filter) if payload.filter is not None else None,

@@ -190,6 +190,9 @@ class DLQQuery(Schema):
     reason: Reason | None = None
     error_class: str | None = Field(None, max_length=300, description="Class name, with or without module.")
     error_text: str | None = Field(None, max_length=1000, description="Text in any error message (case-insensitive).")
+    fingerprint: str | None = Field(None, max_length=1000,
+                                    description="One error group: a fingerprint exactly as /dlq/groups or an entry "
+                                                "gives it.")
     since: datetime | None = Field(None, description="Died at or after (ISO 8601; no zone means UTC).")
     until: datetime | None = Field(None, description="Died before (ISO 8601; no zone means UTC).")
 

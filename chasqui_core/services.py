@@ -250,17 +250,23 @@ def build_filter(
     reason: str | None = None,
     error_class: str | None = None,
     error_text: str | None = None,
+    fingerprint: str | None = None,
     since: datetime | int | None = None,
     until: datetime | int | None = None,
 ) -> DLQFilter:
-    """A DLQFilter from what a person typed; times are datetimes (naive = UTC) or epoch ms."""
+    """A DLQFilter from what a person typed; times are datetimes (naive = UTC) or epoch ms.
+
+    ``fingerprint`` is one error group exactly as ``dlq_groups`` (or an entry's
+    ``fingerprint``) gives it: acting on a group is an ordinary filtered operation.
+    """
     since_ms, until_ms = _ms(since, "since"), _ms(until, "until")
     with engine_errors:
         return DLQFilter(task=task, reason=reason, error_class=error_class, error_text=error_text,
-                         since_ms=since_ms, until_ms=until_ms)
+                         fingerprint=fingerprint, since_ms=since_ms, until_ms=until_ms)
 
 
 def coerce_filter(value: DLQFilter | Mapping[str, Any] | None) -> DLQFilter:
+    """A DLQFilter from a filter, its ``to_dict()`` form (``fingerprint`` included), or None (everything)."""
     if value is None:
         return DLQFilter()
     if isinstance(value, DLQFilter):

@@ -19,7 +19,6 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from chasqui_core import access, services
 from chasqui_core.models import Operation
 
-from . import selection
 from .forms import BulkForm, DLQFilterForm, ReplayOptionsForm, describe_filter
 from .guards import console_action
 
@@ -113,7 +112,7 @@ def confirm(request: HttpRequest, name: str) -> HttpResponse:
     ids = bulk.cleaned_data.get("ids") or []
     if bulk.scope == "matching":
         try:
-            count = selection.count(request.user, name, filters.dlq_filter, filters.fingerprint)
+            count = services.dlq_count(request.user, name, filter=filters.dlq_filter, source=SOURCE)
         except services.InvalidInput as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(_dlq_url(name, params))
@@ -123,8 +122,8 @@ def confirm(request: HttpRequest, name: str) -> HttpResponse:
         "nav_queues": services.known_queues(), "section": "dlq", "current_queue": name,
         "queue": name, "action": bulk.action, "scope": bulk.scope, "ids": ids, "count": count,
         "filter_params": params, "filter_summary": describe_filter(params),
-        "replay_form": ReplayOptionsForm(), "background": bulk.scope == "matching" and not filters.fingerprint
-        and count > services.background_threshold(), "back": _dlq_url(name, params),
+        "replay_form": ReplayOptionsForm(), "back": _dlq_url(name, params),
+        "background": bulk.scope == "matching" and count > services.background_threshold(),
     }
     return render(request, "dashboard/confirm.html", ctx)
 
@@ -148,12 +147,7 @@ def bulk(request: HttpRequest, name: str, action: str) -> HttpResponse:
 
     ids: list[str] | None = None
     f = None
-    if scope == "matching" and filters.fingerprint:
-        ids = selection.group_ids(request.user, name, filters.dlq_filter, filters.fingerprint)
-        if not ids:
-            messages.info(request, "No entry matches any more: nothing was changed.")
-            return HttpResponseRedirect(back)
-    elif scope == "matching":
+    if scope == "matching":
         f = filters.dlq_filter
     else:
         ids = request.POST.getlist("ids")

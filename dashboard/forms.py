@@ -58,7 +58,7 @@ class DLQFilterForm(forms.Form):
                 self.engine_filter = services.build_filter(
                     task=data.get("task") or None, reason=data.get("reason") or None,
                     error_class=data.get("error_class") or None, error_text=data.get("q") or None,
-                    since=_aware(since), until=_aware(until),
+                    fingerprint=data.get("fp") or None, since=_aware(since), until=_aware(until),
                 )
             except services.InvalidInput as exc:
                 raise forms.ValidationError(str(exc)) from None
@@ -93,7 +93,8 @@ class DLQFilterForm(forms.Form):
 
 FILTER_LABELS = {"task": "task", "reason": "reason", "error_class": "error class", "q": "error text",
                  "since": "died after", "until": "died before", "fp": "error group",
-                 "error_text": "error text", "since_ms": "died after", "until_ms": "died before"}
+                 "error_text": "error text", "fingerprint": "error group", "since_ms": "died after",
+                 "until_ms": "died before"}
 
 
 def describe_filter(params: dict[str, object]) -> list[tuple[str, str]]:

@@ -23,7 +23,6 @@ from . import fragments
 from .forms import DLQFilterForm, ReplayOptionsForm, describe_filter
 from .guards import console_page
 from .sampler import get_sampler
-from .selection import page as dlq_page
 from .topics import BadTopic, Topic
 
 DLQ_PAGE_SIZE = 50
@@ -75,15 +74,36 @@ def _task_names(request: HttpRequest) -> list[str]:
     return [t.name for t in services.task_list(request.user, source="console")]
 
 
+@dataclass(frozen=True, slots=True)
+class FilterChip:
+    """One active DLQ filter as shown above the entries, with the link that drops it."""
+
+    key: str
+    label: str
+    value: str
+    remove_url: str
+
+
+def filter_chips(request: HttpRequest, name: str, params: dict[str, str]) -> list[FilterChip]:
+    """A chip per active filter; its link is the same view without that filter (and back at the newest page)."""
+    base = reverse("dashboard:dlq", args=[name])
+    chips = []
+    for key, (label, value) in zip(params, describe_filter(params)):
+        query = request.GET.copy()
+        for dropped in (key, "cursor"):
+            query.pop(dropped, None)
+        chips.append(FilterChip(key, label, value, f"{base}?{query.urlencode()}" if query else base))
+    return chips
+
+
 @console_page
 def dlq(request: HttpRequest, name: str) -> HttpResponse:
     name = services.require_queue(name)
     topic = Topic("dlq", name)
     form = DLQFilterForm(request.GET)
     valid = form.is_valid()
-    fingerprint = form.fingerprint
     params = form.params()
-    view = "groups" if request.GET.get("view") == "groups" and not fingerprint else "list"
+    view = "groups" if request.GET.get("view") == "groups" and not form.fingerprint else "list"
     cursor = request.GET.get("cursor") or None
     page = groups = None
     error = ""
@@ -92,7 +112,8 @@ def dlq(request: HttpRequest, name: str) -> HttpResponse:
             if view == "groups":
                 groups = services.dlq_groups(request.user, name, filter=form.dlq_filter, source="console")
             else:
-                page = dlq_page(request.user, name, form.dlq_filter, fingerprint, cursor=cursor, limit=DLQ_PAGE_SIZE)
+                page = services.dlq_page(request.user, name, filter=form.dlq_filter, cursor=cursor,
+                                         limit=DLQ_PAGE_SIZE, source="console")
         except services.InvalidInput as exc:
             error = str(exc)
     reading = get_sampler().read([topic])
@@ -100,8 +121,7 @@ def dlq(request: HttpRequest, name: str) -> HttpResponse:
         **_base(request, "dlq", name), **_live(topic), **fragments.dlq_context(reading, name),
         "form": form, "filter_params": params, "filtered": bool(params),
         "view": view, "page": page, "groups": groups, "error": error, "cursor": cursor,
-        "fingerprint": fingerprint, "tasks": _task_names(request),
-        "filter_summary": describe_filter(params),
+        "tasks": _task_names(request), "filter_chips": filter_chips(request, name, params),
     }
     return render(request, "dashboard/dlq.html", ctx)
 

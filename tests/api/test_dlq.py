@@ -7,7 +7,7 @@ import pytest
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.models import AuditEntry
 
-from .helpers import add_dead, bulk_dead, dead_job, dlq_len, stream_jobs
+from .helpers import TASK, add_dead, bulk_dead, dead_job, dlq_len, stream_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -94,6 +94,32 @@ def test_groups(view_api, redis):
     assert groups[0]["tasks"] == ["tests.django.sample_tasks.add"]
     only = view_api.get(f"/api/queues/{Q}/dlq/groups", error_class="TimeoutError").json()["items"]
     assert [g["count"] for g in only] == [1]
+    one = view_api.get(f"/api/queues/{Q}/dlq/groups", fingerprint=groups[0]["fingerprint"]).json()["items"]
+    assert [(g["fingerprint"], g["count"]) for g in one] == [("LookupError: user <n> not found", 3)]
+
+
+def test_list_filtered_by_fingerprint(view_api, redis):
+    lookups = [add_dead(redis, Q, messages=(f"user {i} not found",), cls="LookupError") for i in range(3)]
+    add_dead(redis, Q, messages=("user 9 not found",), cls="KeyError")  # same message, other class
+    add_dead(redis, Q, messages=("user 9 gone",), cls="LookupError")  # same class, other message
+    [group] = [g for g in view_api.get(f"/api/queues/{Q}/dlq/groups").json()["items"] if g["count"] == 3]
+    r = view_api.get(f"/api/queues/{Q}/dlq", fingerprint=group["fingerprint"])
+    assert r.status_code == 200, r.content
+    items = r.json()["items"]
+    assert [i["entry_id"] for i in items] == lookups[::-1]
+    assert {i["fingerprint"] for i in items} == {"LookupError: user <n> not found"}
+    # exact match only: no prefix, no case folding; combined with the other filters
+    assert view_api.get(f"/api/queues/{Q}/dlq", fingerprint="LookupError: user <n>").json()["items"] == []
+    assert view_api.get(f"/api/queues/{Q}/dlq", fingerprint="lookuperror: user <n> not found").json()["items"] == []
+    assert view_api.get(f"/api/queues/{Q}/dlq", fingerprint=group["fingerprint"],
+                        task="other.task").json()["items"] == []
+    paged = view_api.get(f"/api/queues/{Q}/dlq", fingerprint=group["fingerprint"], limit=2).json()
+    rest = view_api.get(f"/api/queues/{Q}/dlq", fingerprint=group["fingerprint"], limit=2,
+                        cursor=paged["next_cursor"]).json()
+    assert [i["entry_id"] for i in paged["items"] + rest["items"]] == lookups[::-1]
+    assert rest["next_cursor"] is None
+    long = view_api.get(f"/api/queues/{Q}/dlq", fingerprint="x" * 1001)
+    assert long.status_code == 422 and "fingerprint" in long.json()["detail"]
 
 
 def test_replay_by_ids_resets_attempts_and_is_audited(op_api, operator, redis):
@@ -141,6 +167,33 @@ def test_replay_by_filter_inline(op_api, redis):
     assert entry.filter == {"task": "b.task"}
 
 
+def test_replay_and_discard_one_error_group_by_fingerprint(op_api, redis):
+    timeouts = [add_dead(redis, Q, messages=(f"gateway timed out for order {i}",), cls="TimeoutError")
+                for i in range(4)]
+    others = [add_dead(redis, Q, messages=("gateway timed out",), cls="TimeoutError"),
+              add_dead(redis, Q, messages=("gateway timed out for order 7",), cls="OSError")]
+    declined = [add_dead(redis, Q, messages=(f"card {i} declined",), cls="CardDeclined") for i in range(2)]
+    groups = {g["fingerprint"]: g["count"] for g in op_api.get(f"/api/queues/{Q}/dlq/groups").json()["items"]}
+    fp = "TimeoutError: gateway timed out for order <n>"
+    assert groups[fp] == 4
+    r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {"fingerprint": fp}, "reset_attempts": False})
+    assert r.status_code == 200, r.content
+    assert r.json() == {"background": False, "count": 4, "operation": None}
+    left = {e.decode() for e, _ in redis.xrange(QueueKeys.for_queue(Q).dlq)}
+    assert left == set(others + declined) and left.isdisjoint(timeouts)  # exactly the group's entries went
+    jobs = stream_jobs(redis, Q)
+    assert sorted(j.errors[-1]["message"] for j in jobs) == [f"gateway timed out for order {i}" for i in range(4)]
+    assert all(j.max_attempts == j.attempt + 1 for j in jobs)
+    entry = AuditEntry.objects.get(action="replay")
+    assert (entry.count, entry.filter) == (4, {"fingerprint": fp})
+    gone = op_api.post(f"/api/queues/{Q}/dlq/discard",
+                       {"filter": {"fingerprint": "CardDeclined: card <n> declined", "task": TASK}})
+    assert gone.status_code == 200 and gone.json()["count"] == 2
+    assert {e.decode() for e, _ in redis.xrange(QueueKeys.for_queue(Q).dlq)} == set(others)
+    assert AuditEntry.objects.get(action="discard").filter == {"fingerprint": "CardDeclined: card <n> declined",
+                                                               "task": TASK}
+
+
 def test_discard_by_ids_filter_and_one(op_api, redis):
     ids = bulk_dead(redis, Q, 5, task="a.task")
     bulk_dead(redis, Q, 3, task="b.task")
@@ -162,6 +215,7 @@ def test_replay_and_discard_bad_input_is_422(op_api, redis):
         ({"ids": []}, "ids"),
         ({"ids": ["nonsense"]}, "entry id"),
         ({"filter": {"reason": "bored"}}, "reason"),
+        ({"filter": {"fingerprint": "x" * 1001}}, "fingerprint"),
         ({"filter": {"since": "2021-01-02T00:00:00Z", "until": "2021-01-01T00:00:00Z"}}, "since"),
         ({"filter": {}, "reset_attempts": "maybe"}, "reset_attempts"),
         ({"filter": {}, "run_at": "soon"}, "run_at"),

@@ -151,6 +151,27 @@ def test_background_discard_by_filter(op_api, redis, settings):
     assert AuditEntry.objects.get(action="discard").count == 800
 
 
+def test_a_big_error_group_replays_in_the_background_by_fingerprint(op_api, redis, settings):
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 100}
+    group = bulk_dead(redis, Q, 300, cls="TimeoutError", message="order {i} timed out")
+    bulk_dead(redis, Q, 40, cls="ValueError", message="order {i} timed out")  # same message, other class
+    bulk_dead(redis, Q, 40, cls="TimeoutError", message="order {i} rejected")  # same class, other message
+    fp = "TimeoutError: order <n> timed out"
+    r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {"fingerprint": fp}})
+    assert r.status_code == 202, r.content
+    body = r.json()
+    assert body["operation"]["filter"] == {"fingerprint": fp} and body["operation"]["total"] == 300
+    final, _ = poll(op_api, body["operation"]["id"])
+    assert (final["status"], final["count"], final["done"], final["total"]) == ("done", 300, 300, 300)
+    left = {e.decode() for e, _ in redis.xrange(QueueKeys.for_queue(Q).dlq)}
+    assert len(left) == 80 and left.isdisjoint(group)
+    jobs = stream_jobs(redis, Q)
+    assert len(jobs) == 300 and {j.errors[-1]["class"] for j in jobs} == {"TimeoutError"}
+    assert all(j.errors[-1]["message"].endswith(" timed out") for j in jobs)
+    entry = AuditEntry.objects.get(action="replay")
+    assert (entry.count, entry.filter) == (300, {"fingerprint": fp})
+
+
 def test_identical_running_operation_conflicts(op_api, operator, redis, settings):
     settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
     bulk_dead(redis, Q, 50)

@@ -52,7 +52,10 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 @pytest.fixture(scope="module", autouse=True)
 def _chromium():
     if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install -y chromium)")
+        message = f"{CHROMIUM} is missing: `make test` installs it when run as root (apt-get install -y chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # CI must run the browser tests
+        pytest.skip(message)
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import time
 from datetime import timedelta
+from html import escape, unescape
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from django.test import Client
@@ -244,6 +246,23 @@ def test_discard_everything_matching_states_how_many(operator, redis):
     assert AuditEntry.objects.get().filter == {"error_text": "timed out"}
 
 
+def _group_links(html: str) -> list[str]:
+    """The "Entries" link of each group row, in table order."""
+    return [unescape(h) for h in re.findall(r'<a class="button small secondary" href="([^"]+)">Entries</a>', html)]
+
+
+def _target(url: str) -> tuple[str, dict[str, str]]:
+    """A link's path and its query parameters, whatever way they are encoded."""
+    parts = urlsplit(url)
+    return parts.path, dict(parse_qsl(parts.query))
+
+
+def _chips(html: str) -> dict[str, str]:
+    """Active filter chips on a DLQ page: the filter's name and the link that removes it."""
+    return {key: unescape(href) for key, href in re.findall(
+        r'<span class="chip" data-filter="([^"]+)"[^>]*>.*?<a class="chip-remove" href="([^"]+)"', html)}
+
+
 def test_error_groups_with_actions_per_group(operator, redis):
     ids = _mixed_dlq(redis)
     c = _client(operator)
@@ -256,14 +275,83 @@ def test_error_groups_with_actions_per_group(operator, redis):
         (3, "RuntimeError: SMTP server said &lt;n&gt;"),
     ]
     fp = "TimeoutError: gateway timed out for order <n>"
-    listed = c.get(f"/queues/{Q}/dlq/", {"fp": fp}).content.decode()
-    assert sorted(_entries(listed)) == sorted(ids["timeout"])
+    entries_link = _group_links(html)[1]
+    assert _target(entries_link) == (f"/queues/{Q}/dlq/", {"fp": fp})
+    listed = c.get(entries_link).content.decode()
+    assert _entries(listed) == ids["timeout"][::-1]
+    assert _chips(listed) == {"fp": f"/queues/{Q}/dlq/"}
+    assert "error group:</span> TimeoutError: gateway timed out for order &lt;n&gt;" in listed
+    unfiltered = c.get(_chips(listed)["fp"]).content.decode()
+    assert len(_entries(unfiltered)) == 11 and _chips(unfiltered) == {}
+
     confirm = c.post(f"/queues/{Q}/dlq/confirm/", {"intent": "replay-matching", "fp": fp}).content.decode()
-    assert "Replay 4 entries?" in confirm
-    c.post(f"/queues/{Q}/dlq/replay/", {"scope": "matching", "fp": fp, "attempts": "one", "when": "now"})
+    assert "Replay 4 entries?" in confirm and 'data-confirm-count="4"' in confirm
+    assert 'name="scope" value="matching"' in confirm and "live progress bar" not in confirm
+    assert f'name="fp" value="{escape(fp)}"' in confirm and 'name="ids"' not in confirm
+    narrowed = c.post(f"/queues/{Q}/dlq/confirm/", {"intent": "discard-matching", "fp": fp, "q": "order 2"})
+    assert "Discard 1 entry for good?" in narrowed.content.decode()
+    assert redis.xlen(KEYS.dlq) == 11  # nothing happens before confirming
+
+    done = c.post(f"/queues/{Q}/dlq/replay/", {"scope": "matching", "fp": fp, "attempts": "one", "when": "now"})
+    assert done.status_code == 302 and _target(done["Location"]) == (f"/queues/{Q}/dlq/", {"fp": fp})
     assert {e.decode() for e, _ in redis.xrange(KEYS.dlq)} == set(ids["declined"] + ids["smtp"])
     jobs = [decode(f[b"j"]) for _, f in redis.xrange(KEYS.stream)]
     assert len(jobs) == 4 and all(j.max_attempts == j.attempt + 1 for j in jobs)  # exactly one more run
+    [entry] = AuditEntry.objects.all()
+    assert (entry.action, entry.count, entry.filter, entry.target_ids) == ("replay", 4, {"fingerprint": fp}, [])
+
+
+def test_an_error_group_keeps_the_other_filters_and_each_chip_removes_one(operator, redis):
+    ids = _mixed_dlq(redis)
+    c = _client(operator)
+    html = c.get(f"/queues/{Q}/dlq/", {"view": "groups", "task": "billing.charge"}).content.decode()
+    assert len(_group_links(html)) == 2  # the SMTP group is another task
+    fp = "CardDeclined: card of customer <n> declined"
+    assert f'<input type="hidden" name="fp" value="{escape(fp)}">' in html
+    link = next(h for h in _group_links(html) if "CardDeclined" in h)
+    assert _target(link) == (f"/queues/{Q}/dlq/", {"task": "billing.charge", "fp": fp})
+    listed = c.get(link).content.decode()
+    assert _entries(listed) == ids["declined"][::-1]
+    chips = _chips(listed)
+    assert {key: _target(url) for key, url in chips.items()} == {
+        "task": (f"/queues/{Q}/dlq/", {"fp": fp}), "fp": (f"/queues/{Q}/dlq/", {"task": "billing.charge"})}
+    assert _entries(c.get(chips["task"]).content.decode()) == ids["declined"][::-1]
+    without_group = c.get(chips["fp"]).content.decode()
+    assert sorted(_entries(without_group)) == sorted(ids["declined"] + ids["timeout"])
+    confirm = c.post(f"/queues/{Q}/dlq/confirm/", {"intent": "discard-matching", "task": "billing.charge",
+                                                   "fp": fp}).content.decode()
+    assert "Discard 4 entries for good?" in confirm
+    c.post(f"/queues/{Q}/dlq/discard/", {"scope": "matching", "task": "billing.charge", "fp": fp})
+    assert {e.decode() for e, _ in redis.xrange(KEYS.dlq)} == set(ids["timeout"] + ids["smtp"])
+    assert AuditEntry.objects.get().filter == {"task": "billing.charge", "fingerprint": fp}
+    none_left = c.post(f"/queues/{Q}/dlq/confirm/", {"intent": "discard-matching", "fp": fp}).content.decode()
+    assert "Nothing matches any more" in none_left
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_big_error_group_runs_in_the_background(operator, redis, settings):
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
+    group = [add_dead(redis, Q, failed_job(cls="TimeoutError", messages=(f"order {i} timed out",)))
+             for i in range(30)]
+    others = [add_dead(redis, Q, failed_job(cls="TimeoutError", messages=(f"order {i} refused",)))
+              for i in range(15)]
+    fp = "TimeoutError: order <n> timed out"
+    c = _client(operator)
+    html = c.get(f"/queues/{Q}/dlq/?view=groups").content.decode()
+    assert f'<input type="hidden" name="fp" value="{escape(fp)}">' in html
+    confirm = c.post(f"/queues/{Q}/dlq/confirm/", {"intent": "replay-matching", "fp": fp}).content.decode()
+    assert "Replay 30 entries?" in confirm and "live progress bar" in confirm
+    response = c.post(f"/queues/{Q}/dlq/replay/", {"scope": "matching", "fp": fp, "attempts": "reset",
+                                                   "when": "now"})
+    op = Operation.objects.get()
+    assert response["Location"] == f"/operations/{op.pk}/"
+    assert (op.kind, op.filter, op.total) == ("replay", {"fingerprint": fp}, 30)
+    assert operations.wait(op.pk, timeout=30)
+    page = c.get(f"/operations/{op.pk}/").content.decode()
+    assert 'data-status="done"' in page and "error group:</span> TimeoutError: order &lt;n&gt; timed out" in page
+    assert re.search(r"<strong data-done>30</strong> of <strong data-total>30</strong>", page)
+    assert {e.decode() for e, _ in redis.xrange(KEYS.dlq)} == set(others)
+    assert redis.xlen(KEYS.stream) == 30 and len(group) == 30
 
 
 @pytest.mark.django_db(transaction=True)
