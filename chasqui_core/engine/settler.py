@@ -21,6 +21,9 @@ from .keys import GROUP, QueueKeys
 
 logger = logging.getLogger("chasqui.worker")
 
+_pack_items = msgpack.Packer(use_bin_type=False).pack
+"""str types only: the scripting engine's msgpack reads raw strings, not bin."""
+
 SETTLE_TRIES = 30
 """About a minute of retries (capped exponential waits) before outcomes are left to reclaim."""
 
@@ -173,9 +176,11 @@ class Settler:
         argv.append(len(b.results) // 3)
         argv += b.results
         argv.append(b.n_retries)
-        argv += b.retries
+        if b.n_retries:
+            argv.append(_pack_items(b.retries))
         argv.append(b.n_dead)
-        argv += b.dead
+        if b.n_dead:
+            argv.append(_pack_items(b.dead))
         argv.append(b.n_requeues)
         argv += b.requeues
         kwargs = dict(keys=[keys.stream, keys.delayed, keys.dlq, keys.events], args=argv)

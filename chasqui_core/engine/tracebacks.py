@@ -36,8 +36,24 @@ def format_exception(exc: BaseException) -> str:
         if position:
             parts.append(chain[len(chain) - position][1])
         parts.append(_frames(err))
-        parts.extend(traceback.format_exception_only(type(err), err))
+        parts.append(_exception_only(err))
     return "".join(parts)
+
+
+def _exception_only(err: BaseException) -> str:
+    """The last line(s) of a traceback: ``module.Class: message``, then any notes."""
+    if isinstance(err, SyntaxError):  # has its own layout (the offending line and a caret)
+        return "".join(traceback.format_exception_only(type(err), err))
+    cls = type(err)
+    name = cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
+    try:
+        message = str(err)
+    except Exception:
+        message = "<exception str() failed>"
+    text = f"{name}: {message}\n" if message else f"{name}\n"
+    for note in getattr(err, "__notes__", None) or ():
+        text += f"{note}\n"
+    return text
 
 
 def _frames(err: BaseException) -> str:

@@ -14,11 +14,13 @@
 -- ARGV[5] number of completed entries C, then their stream ids joined by spaces
 --         in one argument (one argument instead of C keeps the call cheap to send)
 -- then    number of stored results R, then R triples: key, ttl ms, value
--- then    number of retries N, then per retry 9 items: stream id, delay ms,
---         payload, job id, task, attempt, duration ms, error class, error message
--- then    number of dead jobs D, then per job 9 items: stream id, payload,
---         reason, task, job id, error class, error message,
---         counts-as-failure (0/1), duration ms
+-- then    number of retries N and, when N > 0, one msgpack array of 9 items per
+--         retry laid flat: stream id, delay ms, payload, job id, task, attempt,
+--         duration ms, error class, error message
+-- then    number of dead jobs D and, when D > 0, one msgpack array of 9 items per
+--         job laid flat: stream id, payload, reason, task, job id, error class,
+--         error message, counts-as-failure (0/1), duration ms
+-- (one packed argument per section keeps a batch cheap to send)
 -- then    number of requeues Q, then Q pairs: stream id, payload
 -- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1}
 
@@ -65,34 +67,38 @@ end
 -- retries
 local retried, earliest = 0, -1
 local n = tonumber(ARGV[i]); i = i + 1
-for k = 1, n do
-  local id, delay, payload = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
-  if settle(id) then
-    local at = now + delay
-    redis.call('ZADD', delayed, at, payload)
-    retried = retried + 1
-    if earliest < 0 or at < earliest then earliest = at end
-    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'retry_scheduled', 'job_id', ARGV[i + 3],
-      'task', ARGV[i + 4], 'attempt', ARGV[i + 5], 'backoff_ms', ARGV[i + 1], 'duration_ms', ARGV[i + 6],
-      'error_class', ARGV[i + 7], 'error', ARGV[i + 8])
+if n > 0 then
+  local r = cmsgpack.unpack(ARGV[i]); i = i + 1
+  for j = 1, #r, 9 do
+    local id, delay, payload = r[j], tonumber(r[j + 1]), r[j + 2]
+    if settle(id) then
+      local at = now + delay
+      redis.call('ZADD', delayed, at, payload)
+      retried = retried + 1
+      if earliest < 0 or at < earliest then earliest = at end
+      redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'retry_scheduled', 'job_id', r[j + 3],
+        'task', r[j + 4], 'attempt', r[j + 5], 'backoff_ms', delay, 'duration_ms', r[j + 6],
+        'error_class', r[j + 7], 'error', r[j + 8])
+    end
   end
-  i = i + 9
 end
 
 -- dead jobs
 local dead, failed_dead = 0, 0
 local d = tonumber(ARGV[i]); i = i + 1
-for k = 1, d do
-  local id = ARGV[i]
-  if settle(id) then
-    redis.call('XADD', dlq, '*', 'j', ARGV[i + 1], 'reason', ARGV[i + 2], 'task', ARGV[i + 3],
-      'job_id', ARGV[i + 4], 'source_id', id, 'error_class', ARGV[i + 5], 'error', ARGV[i + 6])
-    dead = dead + 1
-    failed_dead = failed_dead + tonumber(ARGV[i + 7])
-    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', ARGV[i + 4], 'task', ARGV[i + 3],
-      'reason', ARGV[i + 2], 'error_class', ARGV[i + 5], 'error', ARGV[i + 6], 'duration_ms', ARGV[i + 8])
+if d > 0 then
+  local r = cmsgpack.unpack(ARGV[i]); i = i + 1
+  for j = 1, #r, 9 do
+    local id = r[j]
+    if settle(id) then
+      redis.call('XADD', dlq, '*', 'j', r[j + 1], 'reason', r[j + 2], 'task', r[j + 3],
+        'job_id', r[j + 4], 'source_id', id, 'error_class', r[j + 5], 'error', r[j + 6])
+      dead = dead + 1
+      failed_dead = failed_dead + tonumber(r[j + 7])
+      redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', r[j + 4], 'task', r[j + 3],
+        'reason', r[j + 2], 'error_class', r[j + 5], 'error', r[j + 6], 'duration_ms', r[j + 8])
+    end
   end
-  i = i + 9
 end
 
 -- requeues (fetched but never started, at shutdown)
