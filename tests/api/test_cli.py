@@ -94,6 +94,17 @@ def test_dlq_discard_with_filters(redis):
     assert [e.count for e in AuditEntry.objects.order_by("id")] == [4, 2]
 
 
+def test_dlq_groups_print_fingerprints_that_select_one_group(redis):
+    from chasqui_core.engine.dlq import fingerprint
+
+    bulk_dead(redis, Q, 3, cls="TimeoutError", message="gateway timed out after {i} s")
+    bulk_dead(redis, Q, 2, cls="ValueError")
+    group = fingerprint("TimeoutError", "gateway timed out after 1 s")
+    assert group in run("dlq", "groups", Q)
+    assert "Discarded 3 entries" in run("dlq", "discard", Q, "--fingerprint", group, "--yes")
+    assert dlq_len(redis, Q) == 2
+
+
 def test_dlq_actions_need_a_selection_and_a_confirmation(redis):
     bulk_dead(redis, Q, 2)
     with pytest.raises(CommandError, match="Nothing selected"):

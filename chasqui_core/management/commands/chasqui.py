@@ -200,6 +200,7 @@ class Command(BaseCommand):
         parser.add_argument("--reason", choices=REASONS)
         parser.add_argument("--error-class", help="Exception class, with or without module.")
         parser.add_argument("--error-text", help="Text in any error message (case-insensitive).")
+        parser.add_argument("--fingerprint", help="One error group, as `dlq groups` prints it.")
         parser.add_argument("--since", help="Died at or after: ISO 8601 or a span ago (30m, 1h, 2d).")
         parser.add_argument("--until", help="Died before: ISO 8601 or a span ago.")
 
@@ -273,6 +274,7 @@ class Command(BaseCommand):
         until = parse_when(opts["until"]) if opts.get("until") else None
         return services.build_filter(task=opts.get("task"), reason=opts.get("reason"),
                                      error_class=opts.get("error_class"), error_text=opts.get("error_text"),
+                                     fingerprint=opts.get("fingerprint"),
                                      since=since, until=until)
 
     def dlq(self, opts: dict) -> None:
@@ -283,8 +285,8 @@ class Command(BaseCommand):
         if action == "groups":
             groups = services.dlq_groups(self.actor, queue, filter=self._filter(opts), source="cli")
             self._say(table([(g.count, _fmt_ms(g.first_seen_ms), _fmt_ms(g.last_seen_ms), ",".join(g.tasks),
-                              _short(mask_text(g.fingerprint), 70)) for g in groups],
-                            ("COUNT", "FIRST-SEEN", "LAST-SEEN", "TASKS", "ERROR")))
+                              mask_text(g.fingerprint)) for g in groups],
+                            ("COUNT", "FIRST-SEEN", "LAST-SEEN", "TASKS", "ERROR (use with --fingerprint)")))
             return
         self._act(action, queue, opts)
 
