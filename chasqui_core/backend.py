@@ -10,11 +10,11 @@ never imported.
 from __future__ import annotations
 
 import logging
+from inspect import iscoroutinefunction
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone as dt_timezone
 from typing import Any
 
-import msgpack
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connection, transaction
@@ -33,6 +33,7 @@ from chasqui_core.engine.envelope import now_ms
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry, JobContext
+from chasqui_core.engine.results import decode_result, encode_result
 
 logger = logging.getLogger("chasqui.backend")
 
@@ -145,9 +146,8 @@ class ChasquiBackend(BaseTaskBackend):
 
     def _store_ready(self, queue: Queue, job_id: str, task: Task, args, kwargs) -> None:
         if self.result_ttl:
-            blob = msgpack.packb({"id": job_id, "task": task.module_path, "status": "READY", "args": list(args),
-                                  "kwargs": dict(kwargs), "enqueued_at": int(timezone.now().timestamp() * 1000),
-                                  "errors": []})
+            blob = encode_result(job_id=job_id, task=task.module_path, status="READY", args=args,
+                                 kwargs=dict(kwargs), enqueued_at=now_ms())
             queue.redis.set(queue.keys.result + job_id, blob, px=self.result_ttl * 1000, nx=True)
 
     # --- enqueue ---------------------------------------------------------------------
@@ -219,15 +219,12 @@ class ChasquiBackend(BaseTaskBackend):
         raise TaskResultDoesNotExist(result_id)
 
     def _decode_result(self, result_id: str, blob: bytes) -> TaskResult:
-        data = msgpack.unpackb(blob)
+        data = decode_result(blob)
         discover_tasks()
         task = TASK_REGISTRY.get(data["task"])
         if task is None:
             raise TaskResultDoesNotExist(f"{result_id} belongs to task {data['task']!r}, unknown to this project")
-        errors = [
-            TaskError(exception_class_path=e.get("class", ""), traceback=e.get("traceback", ""))
-            for e in data.get("errors", [])
-        ]
+        errors = _task_errors(data.get("errors", []))
         worker_ids = [e.get("worker", "") for e in data.get("errors", [])]
         if data.get("status") == "SUCCESSFUL":
             worker_ids.append(data.get("worker", ""))
@@ -265,8 +262,9 @@ def discover_tasks() -> dict[str, ChasquiTask]:
     return TASK_REGISTRY
 
 
-def _context(task: Task, ctx: JobContext) -> TaskContext:
-    return TaskContext(task_result=_running_result(task, ctx))
+def _task_errors(records: list[dict[str, Any]]) -> list[TaskError]:
+    """The engine's error history as Django's TaskError list."""
+    return [TaskError(exception_class_path=e.get("class", ""), traceback=e.get("traceback", "")) for e in records]
 
 
 def _running_result(task: Task, ctx: JobContext) -> TaskResult:
@@ -276,32 +274,26 @@ def _running_result(task: Task, ctx: JobContext) -> TaskResult:
         task=task, id=job.id, status=TaskResultStatus.RUNNING, enqueued_at=_ms_to_dt(job.created_at),
         started_at=now, finished_at=None, last_attempted_at=now, args=job.args, kwargs=job.kwargs,
         backend=job.meta.get("backend", "default"),
-        errors=[TaskError(exception_class_path=e.get("class", ""), traceback=e.get("traceback", "")) for e in job.errors],
+        errors=_task_errors(job.errors),
         worker_ids=[e.get("worker", "") for e in job.errors] + [""] * (ctx.deliveries - 1) + [ctx.worker_id],
     )
     return result
 
 
-def build_registry(queue_names: list[str] | None = None) -> HandlerRegistry:
+def build_registry() -> HandlerRegistry:
     """The handlers a worker may run: the project's Django Tasks, nothing else."""
     registry = HandlerRegistry()
     for name, task in discover_tasks().items():
         registry.register(name, _handler(task), takes_context=True, max_attempts=task.max_attempts,
-                          backoff=task.backoff, is_async=_is_async(task))
+                          backoff=task.backoff)
     return registry
-
-
-def _is_async(task: Task) -> bool:
-    from inspect import iscoroutinefunction
-
-    return iscoroutinefunction(task.func)
 
 
 def _handler(task: ChasquiTask):
     """Wrap a Django Task for the engine: context, signals, and DB connection hygiene."""
     sender = ChasquiBackend
 
-    if _is_async(task):
+    if iscoroutinefunction(task.func):
         async def run_async(ctx: JobContext, *args, **kwargs):
             result = _running_result(task, ctx)
             await task_started.asend(sender, task_result=result)

@@ -12,7 +12,7 @@ import time
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import msgpack
@@ -212,8 +212,12 @@ class Queue:
         self._register()
         if not built[0] and not built[1]:
             return self._add_ready(built)
-        reply = self._scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv([built]))
-        return self._results([built], reply)[0]
+        return self._enqueue_chunk([built])[0]
+
+    def _enqueue_chunk(self, chunk: list) -> list[Enqueued]:
+        """One ``enqueue.lua`` call for built jobs."""
+        reply = self._scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
+        return self._results(chunk, reply)
 
     def _add_ready(self, built: tuple[str, str, bytes, str]) -> Enqueued:
         """The common single add (ready now, no caller id): plain commands, no script.
@@ -263,9 +267,8 @@ class Queue:
         self._register()
         out: list[Enqueued] = []
         for start in range(0, len(items), self.chunk_size):
-            chunk = [(job_id, when, payload, job_id) for job_id, when, payload in items[start:start + self.chunk_size]]
-            reply = self._scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
-            out += self._results(chunk, reply)
+            out += self._enqueue_chunk(
+                [(job_id, when, payload, job_id) for job_id, when, payload in items[start:start + self.chunk_size]])
         return out
 
     def add_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
@@ -274,11 +277,10 @@ class Queue:
         Every job of a chunk is validated before the chunk is sent, so a bad job
         raises before any job of its chunk reaches Redis.
         """
-        self._register()
         out: list[Enqueued] = []
         for chunk in self._chunks(jobs):
-            reply = self._scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
-            out += self._results(chunk, reply)
+            self._register()
+            out += self._enqueue_chunk(chunk)
         return out
 
     # --- asyncio API ------------------------------------------------------------
@@ -299,21 +301,15 @@ class Queue:
         kwargs: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> Enqueued:
-        built = [self.build(JobSpec(task, args, kwargs or {}, **options))]
-        client, scripts = self._async()
-        if not self._registered:
-            await client.sadd(QUEUES_REGISTRY, self.name)
-            self._registered = True
-        reply = await scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(built))
-        return self._results(built, reply)[0]
+        return (await self.aadd_bulk([JobSpec(task, args, kwargs or {}, **options)]))[0]
 
     async def aadd_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
         client, scripts = self._async()
-        if not self._registered:
-            await client.sadd(QUEUES_REGISTRY, self.name)
-            self._registered = True
         out: list[Enqueued] = []
-        for chunk in self._chunks(jobs):
+        for chunk in self._chunks(jobs):  # validated before anything is written
+            if not self._registered:
+                await client.sadd(QUEUES_REGISTRY, self.name)
+                self._registered = True
             reply = await scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
             out += self._results(chunk, reply)
         return out

@@ -23,7 +23,8 @@ PANIC_AFTER_DEATHS = 2
 @dataclass(frozen=True, slots=True)
 class Reclaimed:
     entry_id: bytes
-    fields: dict[bytes, bytes]
+    fields: list[bytes]
+    """The entry's fields as the server sends them: [name, value, ...]."""
     deliveries: int
 
 
@@ -53,7 +54,5 @@ async def reclaim(
     )
     out = []
     for i in range(0, len(flat), 3):
-        raw = flat[i + 1]
-        fields = {raw[k]: raw[k + 1] for k in range(0, len(raw), 2)}
-        out.append(Reclaimed(flat[i], fields, int(flat[i + 2])))
+        out.append(Reclaimed(flat[i], flat[i + 1], int(flat[i + 2])))
     return next_cursor, out

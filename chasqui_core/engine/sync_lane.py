@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .envelope import check_json_types, now_ms
-from .registry import JobContext
 
 OK, FAILED, REQUEUE = 0, 1, 2
 
@@ -87,11 +86,7 @@ class SyncLane:
         started = now_ms()
         t0 = time.perf_counter()
         try:
-            if handler.takes_context:
-                ctx = JobContext(job, d.keys.queue, self.worker_id, d.entry_id.decode(), d.deliveries)
-                result = handler.fn(ctx, *job.args, **job.kwargs)
-            else:
-                result = handler.fn(*job.args, **job.kwargs)
+            result = handler.fn(*d.handler_args(self.worker_id), **job.kwargs)
             if job.result_ttl:
                 check_json_types(result, "return value")
         except Exception as exc:

@@ -35,6 +35,7 @@ from .promoter import Promoter
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES
 from .recovery import PANIC_AFTER_DEATHS, extend_leases, reclaim
 from .registry import Handler, HandlerRegistry, JobContext
+from .results import encode_result
 from .retry import RetryPolicy, decide
 from .scripts import Scripts
 from .settler import Settler
@@ -53,6 +54,13 @@ class Delivery:
     handler: Handler
     deliveries: int = 1
 
+    def handler_args(self, worker_id: str) -> tuple | list:
+        """Positional arguments for the handler: a JobContext first when it asked for one."""
+        if self.handler.takes_context:
+            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), self.deliveries)
+            return (ctx, *self.job.args)
+        return self.job.args
+
 
 @dataclass(slots=True)
 class WorkerStats:
@@ -68,13 +76,10 @@ def _exc_class(exc: BaseException) -> str:
 
 
 def _result_blob(job: Job, status: str, *, started: int, finished: int, worker: str,
-                 return_value: Any = None, errors: list | None = None) -> bytes:
-    return msgpack.packb({
-        "id": job.id, "task": job.task, "status": status, "args": job.args, "kwargs": job.kwargs,
-        "enqueued_at": job.created_at, "started_at": started, "finished_at": finished,
-        "last_attempted_at": started, "errors": errors if errors is not None else job.errors,
-        "worker": worker, "attempts": job.attempt + 1, "return_value": return_value,
-    })
+                 return_value: Any = None) -> bytes:
+    return encode_result(job_id=job.id, task=job.task, status=status, args=job.args, kwargs=job.kwargs,
+                         enqueued_at=job.created_at, errors=job.errors, started_at=started, finished_at=finished,
+                         worker=worker, return_value=return_value)
 
 
 class Worker:
@@ -161,7 +166,6 @@ class Worker:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        self._reading_done = asyncio.Event()
         self.client = aconnect(self.url, health_check_interval=30)
         self.scripts = Scripts(self.client)
         self.settler = Settler(self.client, self.scripts, flush_size=max(100, self.batch_size),
@@ -205,8 +209,7 @@ class Worker:
                 self._lane.stopping = True
                 unstarted += self._lane.take_unstarted()
             for d in unstarted:
-                self._held.pop(d.entry_id, None)
-                self.settler.requeue(d.keys, d.entry_id, d.payload)
+                self._requeue(d)
             for _ in slots:
                 self._inbox.append(None)  # type: ignore[arg-type]
             self._inbox_ready.set()
@@ -397,8 +400,7 @@ class Worker:
             if self._stop.is_set():
                 # Stopping: the reader may still be blocked in XREADGROUP, and
                 # a job not started by now must not start; it goes back as it was.
-                self._held.pop(delivery.entry_id, None)
-                self.settler.requeue(delivery.keys, delivery.entry_id, delivery.payload)
+                self._requeue(delivery)
                 continue
             if self.buffered <= self.prefetch // 2:
                 self._room.set()
@@ -413,12 +415,7 @@ class Worker:
         started = now_ms()
         t0 = time.perf_counter()
         try:
-            if handler.takes_context:
-                ctx = JobContext(job, d.keys.queue, self.id, d.entry_id.decode(), d.deliveries)
-                args = (ctx, *job.args)
-            else:
-                args = job.args
-            result = await handler.fn(*args, **job.kwargs)
+            result = await handler.fn(*d.handler_args(self.id), **job.kwargs)
             if job.result_ttl:
                 check_json_types(result, "return value")
         except asyncio.CancelledError:
@@ -428,6 +425,11 @@ class Worker:
             return
         self._succeeded(d, result, started, int((time.perf_counter() - t0) * 1000))
 
+    def _requeue(self, d: Delivery) -> None:
+        """Put a fetched job that never started back on the stream, as it was."""
+        self._held.pop(d.entry_id, None)
+        self.settler.requeue(d.keys, d.entry_id, d.payload)
+
     def _on_sync_outcomes(self, outcomes: list) -> None:
         for kind, d, value, started, duration in outcomes:
             if kind == OK:
@@ -435,8 +437,7 @@ class Worker:
             elif kind == FAILED:
                 self._failed(d, value, started, duration)
             else:
-                self._held.pop(d.entry_id, None)
-                self.settler.requeue(d.keys, d.entry_id, d.payload)
+                self._requeue(d)
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 

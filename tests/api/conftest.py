@@ -18,8 +18,7 @@ from tests.django import sample_tasks  # noqa: F401  (registers the sample tasks
 def _fresh_backend(redis):
     """Each test gets a flushed Redis and a backend client connected to it."""
     for backend in task_backends.all():
-        backend._client = None
-        backend._queues.clear()
+        backend.reset_connections()
     yield
 
 

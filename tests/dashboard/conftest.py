@@ -14,8 +14,7 @@ from dashboard.sampler import get_sampler
 def _fresh_state(redis):
     """Flushed Redis (via ``redis``), new backend clients, and a sampler without cached history."""
     for backend in task_backends.all():
-        backend._client = None
-        backend._queues.clear()
+        backend.reset_connections()
     sampler = get_sampler()
     sampler._reader = None
     yield

@@ -6,12 +6,10 @@ import asyncio
 import os
 import subprocess
 import sys
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
-import msgpack
 import pytest
 from django.core.management import get_commands
 from django.db import transaction
@@ -36,8 +34,7 @@ EMAILS = QueueKeys.for_queue("emails")
 def _clean(redis):
     sample_tasks.RUNS.clear()
     for backend in task_backends.all():
-        backend._client = None
-        backend._queues.clear()
+        backend.reset_connections()
     yield
 
 

@@ -18,19 +18,11 @@ from chasqui_core.engine.queue import Queue
 from tests.engine.worker_app import (
     DONE_SUFFIX,
     RUNS_KEY,
-    Workers,
     dlq_entries,
     read_runs,
     settled,
     wait_for,
 )
-
-
-@pytest.fixture
-def workers(redis, redis_url, tmp_path):
-    procs = Workers(redis_url, tmp_path)
-    yield procs
-    procs.close()
 
 
 def kill(proc) -> float:

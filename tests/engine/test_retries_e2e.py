@@ -16,7 +16,6 @@ from tests.engine.worker_app import (
     RUNS_KEY,
     TASK_BACKOFF_MS,
     TASK_MAX_ATTEMPTS,
-    Workers,
     dlq_entries,
     read_runs,
     runs_by_job,
@@ -26,13 +25,6 @@ from tests.engine.worker_app import (
 
 ALWAYS = {"n": 1_000_000}
 """kwargs of a fail_n_times job that never succeeds."""
-
-
-@pytest.fixture
-def workers(redis, redis_url, tmp_path):
-    procs = Workers(redis_url, tmp_path)
-    yield procs
-    procs.close()
 
 
 def runs_of(client, job_id, key=RUNS_KEY):

@@ -22,20 +22,12 @@ from chasqui_core.engine.worker import Worker
 from tests.engine.worker_app import (
     DONE_SUFFIX,
     RUNS_KEY,
-    Workers,
     dlq_entries,
     read_runs,
     runs_by_job,
     settled,
     wait_for,
 )
-
-
-@pytest.fixture
-def workers(redis, redis_url, tmp_path):
-    procs = Workers(redis_url, tmp_path)
-    yield procs
-    procs.close()
 
 
 def duplicates(by_job, expected_runs=1):

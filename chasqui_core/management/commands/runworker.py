@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from chasqui_core.backend import build_registry
 from chasqui_core.conf import chasqui_settings
-from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
+from chasqui_core.engine.backoff import coerce_backoff
 from chasqui_core.engine.errors import InvalidQueueName
 from chasqui_core.engine.keys import validate_queue_name
 from chasqui_core.engine.retry import RetryPolicy
