@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import select
 import socket
 import time
 from typing import Any
@@ -120,6 +121,7 @@ class Link(Lane):
         self.cache: dict[str, Any] = {}
         """Commands packed once for this link's lane (the owner's to fill)."""
         self._reader = hiredis.Reader(replyError=redis.ResponseError)
+        self._poller = select.poll()
 
     @property
     def server(self) -> str:
@@ -157,9 +159,16 @@ class Link(Lane):
         if not self.raw:
             conn.send_packed_command(packed, check_health=False)
             return
+        if conn._sock is not None and self._poller.poll(0):
+            # something to read before anything was asked: the server closed the
+            # connection (a restart). Reconnect rather than send into it, so a
+            # failure here is known not to have run.
+            self.reset()
         if conn._sock is None:
             conn.connect()
             self._reader = hiredis.Reader(replyError=redis.ResponseError)
+            self._poller = select.poll()
+            self._poller.register(conn._sock, select.POLLIN)
         try:
             conn._sock.sendall(packed)
         except socket.timeout:
