@@ -127,7 +127,7 @@ class ChasquiBackend(BaseTaskBackend):
         queue = self._queues.get(name)
         if queue is None:
             conf = chasqui_settings()
-            queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES)
+            queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES, retry_for=conf.ENQUEUE_RETRY_SECONDS)
         return queue
 
     def _options(self, task: Task) -> dict[str, Any]:

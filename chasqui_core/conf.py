@@ -36,6 +36,8 @@ class ChasquiSettings:
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
     BACKGROUND_THRESHOLD: int = 2000
     """Filtered DLQ operations touching more entries than this run in the background."""
+    ENQUEUE_RETRY_SECONDS: float = 5.0
+    """How long enqueue() keeps retrying while Redis is unavailable (restart, failover); 0 turns retries off."""
     MASKED_KEYS: tuple[str, ...] = ("password", "passwd", "secret", "token", "authorization", "api_key", "apikey")
     """Keys whose values are masked in the console and API (case-insensitive, substring match)."""
 
@@ -67,6 +69,11 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
     for key in _POSITIVE_NUMBERS:
         if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], (int, float)) or raw[key] <= 0):
             raise ImproperlyConfigured(f"settings.CHASQUI[{key!r}] must be a number above 0, got {raw[key]!r}")
+    if "ENQUEUE_RETRY_SECONDS" in raw:
+        value = raw["ENQUEUE_RETRY_SECONDS"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
+            raise ImproperlyConfigured(
+                f"settings.CHASQUI['ENQUEUE_RETRY_SECONDS'] must be a number of seconds from 0 to 3600, got {value!r}")
     if "REDIS_URL" in raw and not isinstance(raw["REDIS_URL"], str):
         raise ImproperlyConfigured("settings.CHASQUI['REDIS_URL'] must be a string such as 'redis://127.0.0.1:6379/0'")
     if "MASKED_KEYS" in raw:
