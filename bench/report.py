@@ -190,6 +190,7 @@ _SCENARIOS = """\
 | `worker-sync` | one worker process, concurrency 10, sync (`def`) noop handler run in threads |
 | `worker-retry` | every job fails once, is retried after 1 ms, then succeeds; successes per second |
 | `worker-delayed-e2e` | a backlog preloaded in the delayed set, all due: promoted and consumed |
+| `promoter` | a delayed set of due jobs drained into the stream by the `Promoter` alone (no worker reading) |
 | `latency` | enqueue → handler start, p50 / p99 / p99.9, at 500 jobs/s and at half of saturation |
 | `memory` | peak RSS (`VmHWM`, else `ru_maxrss`) of a fresh worker process draining the backlog; alone and with Django set up |
 | `dlq-page` | `DeadLetters.page(limit=50)`, the console's DLQ page, on 200,000 and 1,000,000 dead jobs |
