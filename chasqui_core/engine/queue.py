@@ -214,6 +214,16 @@ class Queue:
             return self._add_ready(built)
         return self._enqueue_chunk([built])[0]
 
+    def add_built_many(self, built: Sequence[tuple[str, str, bytes, str]]) -> list[Enqueued]:
+        """Send jobs returned by ``build``, one round trip per chunk of ``chunk_size``."""
+        if len(built) == 1:
+            return [self.add_built(built[0])]
+        self._register()
+        out: list[Enqueued] = []
+        for start in range(0, len(built), self.chunk_size):
+            out += self._enqueue_chunk(list(built[start:start + self.chunk_size]))
+        return out
+
     def _enqueue_chunk(self, chunk: list) -> list[Enqueued]:
         """One ``enqueue.lua`` call for built jobs."""
         reply = self._scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
@@ -304,12 +314,20 @@ class Queue:
         return (await self.aadd_bulk([JobSpec(task, args, kwargs or {}, **options)]))[0]
 
     async def aadd_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
-        client, scripts = self._async()
         out: list[Enqueued] = []
-        for chunk in self._chunks(jobs):  # validated before anything is written
-            if not self._registered:
-                await client.sadd(QUEUES_REGISTRY, self.name)
-                self._registered = True
+        for chunk in self._chunks(jobs):  # each chunk validated before it is written
+            out += await self.aadd_built_many(chunk)
+        return out
+
+    async def aadd_built_many(self, built: Sequence[tuple[str, str, bytes, str]]) -> list[Enqueued]:
+        """Send jobs returned by ``build`` from async code, one round trip per chunk."""
+        client, scripts = self._async()
+        if not self._registered:
+            await client.sadd(QUEUES_REGISTRY, self.name)
+            self._registered = True
+        out: list[Enqueued] = []
+        for start in range(0, len(built), self.chunk_size):
+            chunk = list(built[start:start + self.chunk_size])
             reply = await scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
             out += self._results(chunk, reply)
         return out
