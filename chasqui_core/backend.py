@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime, timezone as dt_timezone
 from typing import Any
 
@@ -24,6 +24,7 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
+from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
 
 from chasqui_core.conf import chasqui_settings
@@ -99,6 +100,50 @@ class ChasquiTask(Task):
         return [await backend.aenqueue(self, list(args), dict(kwargs)) for args, kwargs in calls]
 
 
+_READY_FIELDS = ("task", "id", "status", "enqueued_at", "started_at", "finished_at", "last_attempted_at", "args",
+                 "kwargs", "backend", "errors", "worker_ids")
+_FLAT = frozenset({str, int, float, bool, type(None)})
+_set = object.__setattr__
+
+
+def ready_result(task: Task, job_id: str, args, kwargs, backend: str) -> TaskResult:
+    """The READY TaskResult an enqueue returns, built for the price of its fields.
+
+    TaskResult's own constructor runs ``normalize_json`` over the arguments,
+    matching each value against abstract base classes; here they have passed
+    ``check_json_types`` already, so flat arguments (the usual case) are
+    copied as they are and only nested ones go through Django's normaliser.
+    """
+    if not _FAST_READY:
+        return TaskResult(task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=None, started_at=None,
+                          finished_at=None, last_attempted_at=None, args=list(args), kwargs=dict(kwargs),
+                          backend=backend, errors=[], worker_ids=[])
+    args = list(args)
+    kwargs = dict(kwargs)
+    if not _FLAT.issuperset(map(type, args)) or (kwargs and not _FLAT.issuperset(map(type, kwargs.values()))):
+        args, kwargs = normalize_json(args), normalize_json(kwargs)
+    result = object.__new__(TaskResult)
+    _set(result, "task", task)
+    _set(result, "id", job_id)
+    _set(result, "status", TaskResultStatus.READY)
+    _set(result, "enqueued_at", None)
+    _set(result, "started_at", None)
+    _set(result, "finished_at", None)
+    _set(result, "last_attempted_at", None)
+    _set(result, "args", args)
+    _set(result, "kwargs", kwargs)
+    _set(result, "backend", backend)
+    _set(result, "errors", [])
+    _set(result, "worker_ids", [])
+    _set(result, "_return_value", None)
+    return result
+
+
+_FAST_READY = [(f.name, f.init, f.default) for f in fields(TaskResult)] == [
+    *((name, True, MISSING) for name in _READY_FIELDS), ("_return_value", False, None)]
+"""Only while TaskResult has exactly these fields; a Django that adds one gets its own constructor."""
+
+
 def ms_to_datetime(ms: int | None) -> datetime | None:
     return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc) if ms else None
 
@@ -127,6 +172,7 @@ class ChasquiBackend(BaseTaskBackend):
         self.supports_get_result = self.result_ttl > 0
         self._client = None
         self._queues: dict[str, Queue] = {}
+        self._validated: dict[int, Task] = {}
 
     # --- plumbing -----------------------------------------------------------------
 
@@ -156,11 +202,7 @@ class ChasquiBackend(BaseTaskBackend):
         return options
 
     def _result(self, task: Task, job_id: str, args, kwargs) -> TaskResult:
-        return TaskResult(
-            task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=None, started_at=None,
-            finished_at=None, last_attempted_at=None, args=list(args), kwargs=dict(kwargs),
-            backend=self.alias, errors=[], worker_ids=[],
-        )
+        return ready_result(task, job_id, args, kwargs, self.alias)
 
     def _store_ready(self, queue: Queue, task: Task, results: list[TaskResult]) -> None:
         """Record READY outcomes for ``get_result()``, one pipelined write for the batch."""
@@ -194,17 +236,22 @@ class ChasquiBackend(BaseTaskBackend):
             queue.add_built_many(built)
             self._sent(queue, task, results)
 
-        if connection.in_atomic_block and self.outbox:
-            self._to_outbox(queue, built, task, results)
-        elif connection.in_atomic_block and self.enqueue_on_commit:
-            transaction.on_commit(send)
+        if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
+            if self.outbox:
+                self._to_outbox(queue, built, task, results)
+            else:
+                transaction.on_commit(send)
         else:
             send()
         return results
 
     def _build(self, task: Task, calls: Iterable[tuple[Any, Any]], one: bool) -> tuple[Queue, list, list[TaskResult]]:
         """Validate and encode every call (validated now, even when sent later: bad input fails in the caller)."""
-        self.validate_task(task)
+        if self._validated.get(id(task)) is not task:
+            self.validate_task(task)
+            if len(self._validated) >= 1024:
+                self._validated.clear()
+            self._validated[id(task)] = task  # a task is immutable: valid once, valid for this backend's life
         queue = self.queue(task.queue_name)
         options = self._options(task)
         spec = JobSpec(task.module_path, (), {}, **options)
