@@ -76,11 +76,17 @@ class TaskSignal:
         self._seen = list(signal.receivers)
 
     def wanted(self, status: TaskResultStatus) -> bool:
-        """Would a result with this status reach a receiver that acts on it?"""
+        """Would a result with this status reach a receiver that acts on it?
+
+        Runs twice per job, so it is written out plainly rather than with any().
+        """
         self._refresh()
         if not self._plain:
             return True
-        return any(_logger.isEnabledFor(level_of(status)) for _, level_of in self._logging)
+        for _, level_of in self._logging:
+            if _logger.isEnabledFor(level_of(status)):
+                return True
+        return False
 
     def send(self, task_result: TaskResult) -> None:
         """From synchronous code (a worker thread, a view)."""
