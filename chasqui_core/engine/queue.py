@@ -356,6 +356,11 @@ class Queue:
         finally:
             self._links.append(link)
 
+    def add_built_many(self, built: Sequence[tuple[str, str, bytes, str]]) -> list[Enqueued]:
+        """Send jobs returned by ``build``, one round trip per chunk of ``chunk_size``."""
+        size = self.chunk_size
+        return self._write_chunks(list(built[start:start + size]) for start in range(0, len(built), size))
+
     def add_encoded(self, items: Sequence[tuple[str, str, bytes]]) -> list[Enqueued]:
         """Add jobs encoded earlier by ``build``: (job id, when, payload) triples.
 
@@ -418,11 +423,19 @@ class Queue:
         return (await self.aadd_bulk([JobSpec(task, args, kwargs or {}, **options)]))[0]
 
     async def aadd_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
+        return await self._asend(self._chunks(jobs))
+
+    async def aadd_built_many(self, built: Sequence[tuple[str, str, bytes, str]]) -> list[Enqueued]:
+        """Send jobs returned by ``build`` from async code, one round trip per chunk."""
+        size = self.chunk_size
+        return await self._asend(list(built[start:start + size]) for start in range(0, len(built), size))
+
+    async def _asend(self, chunks: Iterable[list]) -> list[Enqueued]:
         client, scripts = self._async()
         out: list[Enqueued] = []
         lane = self._alanes.pop() if self._alanes else Lane()  # one lane per concurrent caller
         try:
-            for chunk in self._chunks(jobs):  # validated before anything is written
+            for chunk in chunks:  # each validated before anything of it is written
                 out += await self._awrite(client, scripts, lane, chunk)
         except EnqueueUnavailable as exc:
             exc.added = out

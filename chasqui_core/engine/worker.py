@@ -36,7 +36,7 @@ from .queue import DEFAULT_MAX_PAYLOAD_BYTES
 from .recovery import PANIC_AFTER_DEATHS, extend_leases, reclaim
 from .registry import Handler, HandlerRegistry, JobContext
 from .results import encode_result
-from .retry import RetryPolicy, decide
+from .retry import RetryPolicy, budget, decide
 from .scripts import Scripts
 from .settler import Settler
 from .sync_lane import FAILED, OK, SyncLane
@@ -53,11 +53,14 @@ class Delivery:
     job: Job
     handler: Handler
     deliveries: int = 1
+    max_attempts: int = 0
+    """The job's budget of runs (see retry.budget), for the JobContext."""
 
     def handler_args(self, worker_id: str) -> tuple | list:
         """Positional arguments for the handler: a JobContext first when it asked for one."""
         if self.handler.takes_context:
-            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), self.deliveries)
+            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), self.deliveries,
+                             self.max_attempts)
             return (ctx, *self.job.args)
         return self.job.args
 
@@ -374,7 +377,8 @@ class Worker:
                                   error=f"no task named {job.task!r} is registered in this worker")
                 continue
             self._held[entry_id] = (keys, now)
-            delivery = Delivery(keys, entry_id, payload, job, handler, deliveries)
+            delivery = Delivery(keys, entry_id, payload, job, handler, deliveries,
+                                budget(job, handler, self.policy))
             if handler.is_async:
                 self._inbox.append(delivery)
                 accepted += 1

@@ -12,7 +12,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from chasqui_core.backend import build_registry
+from chasqui_core.task_runner import build_registry
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import coerce_backoff
 from chasqui_core.engine.errors import InvalidQueueName
