@@ -30,7 +30,7 @@ from django.utils.module_loading import autodiscover_modules
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
 from chasqui_core.engine.connection import connect
-from chasqui_core.engine.envelope import now_ms
+from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.results import decode_result, encode_result
@@ -165,9 +165,11 @@ class ChasquiBackend(BaseTaskBackend):
                 f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {', '.join(sorted(options))}; "
                 "known keys: ENQUEUE_ON_COMMIT, OUTBOX, RESULT_TTL (engine settings go in settings.CHASQUI)"
             )
-        if isinstance(self.result_ttl, bool) or not isinstance(self.result_ttl, int) or self.result_ttl < 0:
+        if (isinstance(self.result_ttl, bool) or not isinstance(self.result_ttl, int)
+                or not 0 <= self.result_ttl <= MAX_RESULT_TTL):
             raise ImproperlyConfigured(
-                f"TASKS[{alias!r}]['OPTIONS']['RESULT_TTL'] must be a number of seconds (0 turns result storage off)"
+                f"TASKS[{alias!r}]['OPTIONS']['RESULT_TTL'] must be a number of seconds up to {MAX_RESULT_TTL} "
+                "(0 turns result storage off)"
             )
         self.supports_get_result = self.result_ttl > 0
         self._client = None

@@ -33,6 +33,8 @@ class ChasquiSettings:
     PROMOTER_POLL_INTERVAL: float = 0.1
     PROMOTER_LOCK_TTL_MS: int = 5_000
     SHUTDOWN_TIMEOUT: float = 25.0
+    DEAD_WORKER_GRACE_MS: int = 600_000
+    """Workers silent this long are removed from the consumer group and the workers list, once their jobs are reclaimed."""
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
     BACKGROUND_THRESHOLD: int = 2000
     """Filtered DLQ operations touching more entries than this run in the background."""
@@ -51,7 +53,7 @@ class ChasquiSettings:
 
 
 _POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE", "MAX_ATTEMPTS", "VISIBILITY_TIMEOUT_MS", "PROMOTER_LOCK_TTL_MS",
-                  "MAX_PAYLOAD_BYTES", "BACKGROUND_THRESHOLD")
+                  "MAX_PAYLOAD_BYTES", "BACKGROUND_THRESHOLD", "DEAD_WORKER_GRACE_MS")
 _POSITIVE_NUMBERS = ("PROMOTER_POLL_INTERVAL", "SHUTDOWN_TIMEOUT")
 
 

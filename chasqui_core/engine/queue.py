@@ -29,7 +29,7 @@ from redis.backoff import NoBackoff
 
 from .backoff import BackoffSpec, coerce_backoff
 from .connection import aconnect, connect, server_of, url_of
-from .envelope import check_json_types, new_job_id, now_ms, pack_job
+from .envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
 from .errors import EnqueueUnavailable
 from .keys import QUEUES_REGISTRY, QueueKeys
 from .link import Lane, Link, Retrier, unavailable
@@ -170,8 +170,9 @@ class Queue:
             raise ValueError("job_id must be a non-empty string of at most 200 characters")
         when = "" if spec.delay is None and spec.run_at is None else _when(spec.delay, spec.run_at)
         result_ttl = spec.result_ttl
-        if type(result_ttl) is not int or result_ttl < 0:
-            raise ValueError(f"result_ttl must be a whole number of seconds, got {result_ttl!r}")
+        if type(result_ttl) is not int or not 0 <= result_ttl <= MAX_RESULT_TTL:
+            raise ValueError(f"result_ttl must be a whole number of seconds from 0 to {MAX_RESULT_TTL}, "
+                             f"got {result_ttl!r}")
         meta = dict(spec.meta) if spec.meta else {}
         if meta:
             check_json_types(meta, "meta")

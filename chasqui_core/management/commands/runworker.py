@@ -90,6 +90,7 @@ class Command(BaseCommand):
             promoter_lock_ttl_ms=conf.PROMOTER_LOCK_TTL_MS,
             shutdown_timeout=options["shutdown_timeout"] or conf.SHUTDOWN_TIMEOUT,
             max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
+            dead_worker_grace_ms=conf.DEAD_WORKER_GRACE_MS,
         )
         if not logging.getLogger("chasqui").handlers and not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
