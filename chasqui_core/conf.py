@@ -18,6 +18,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
+from chasqui_core.engine import redact
 from chasqui_core.engine.connection import DEFAULT_URL
 
 
@@ -40,8 +41,10 @@ class ChasquiSettings:
     """Filtered DLQ operations touching more entries than this run in the background."""
     ENQUEUE_RETRY_SECONDS: float = 5.0
     """How long enqueue() keeps retrying while Redis is unavailable (restart, failover); 0 turns retries off."""
-    MASKED_KEYS: tuple[str, ...] = ("password", "passwd", "secret", "token", "authorization", "api_key", "apikey")
-    """Keys whose values are masked in the console and API (case-insensitive, substring match)."""
+    MASKED_KEYS: tuple[str, ...] = ()
+    """More key names whose values are masked (case-insensitive, substring match), on top of the built-in
+    list in chasqui_core.engine.redact.SECRET_KEYS (password, pwd, token, api_key, private_key, session,
+    cookie, authorization, credentials...)."""
 
     @property
     def redis_url(self) -> str:
@@ -99,6 +102,7 @@ def chasqui_settings() -> ChasquiSettings:
     global _current
     if _current is None:
         _current = load()
+        redact.add_keys(_current.MASKED_KEYS)
     return _current
 
 
