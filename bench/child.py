@@ -41,6 +41,23 @@ PROGRAMS = {
 # --- the parent's side ---------------------------------------------------------------
 
 
+def profiler_for(name: str, pid: int) -> subprocess.Popen | None:
+    """Sample process ``pid`` with py-spy into the profile folder, when ``--profile`` asked for one."""
+    folder = os.environ.get(PROFILE_DIR_ENV)
+    if not folder:
+        return None
+    beside = Path(sys.executable).with_name("py-spy")
+    pyspy = str(beside) if beside.exists() else shutil.which("py-spy")
+    if pyspy is None:
+        print(f"   (no profile: py-spy is not installed; {PROFILE_HINT})", file=sys.stderr)
+        return None
+    os.makedirs(folder, exist_ok=True)
+    out = Path(folder) / f"{name}-{pid}.speedscope.json"
+    print(f"   profiling the {name} process {pid} into {out}", file=sys.stderr)
+    return subprocess.Popen([pyspy, "record", "--pid", str(pid), "--rate", "250", "--format", "speedscope",
+                             "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 class Child:
     """A running benchmark process. Use as a context manager: it is always stopped."""
 
@@ -58,19 +75,7 @@ class Child:
         self._profiler = self._start_profiler()
 
     def _start_profiler(self) -> subprocess.Popen | None:
-        folder = os.environ.get(PROFILE_DIR_ENV)
-        if not folder:
-            return None
-        beside = Path(sys.executable).with_name("py-spy")
-        pyspy = str(beside) if beside.exists() else shutil.which("py-spy")
-        if pyspy is None:
-            print(f"   (no profile: py-spy is not installed; {PROFILE_HINT})", file=sys.stderr)
-            return None
-        os.makedirs(folder, exist_ok=True)
-        out = Path(folder) / f"{self.program}-{self.pid}.speedscope.json"
-        print(f"   profiling the {self.program} process {self.pid} into {out}", file=sys.stderr)
-        return subprocess.Popen([pyspy, "record", "--pid", str(self.pid), "--rate", "250", "--format", "speedscope",
-                                 "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return profiler_for(self.program, self.pid)
 
     @property
     def pid(self) -> int:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 from chasqui_core.engine.queue import JobSpec, Queue
 
 from .handlers import NOOP
 from .results import RATE, Measurement
-from .stats import median
 
 
 def queue_add(ctx) -> list[Measurement]:
@@ -53,37 +51,3 @@ def queue_add_delayed(ctx) -> list[Measurement]:
     n = ctx.size(20_000, 500)
     return [Measurement("queue-add-delayed", "queue-add-delayed", RATE, ctx.rates(once, n), jobs=n,
                         note="Queue.add(delay=60 s), one job per call")]
-
-
-def _django_task():
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    import django
-
-    django.setup()
-    from . import django_tasks
-
-    return django_tasks.noop
-
-
-def task_enqueue(ctx) -> list[Measurement]:
-    task = _django_task()
-    enqueue = task.enqueue
-
-    def once(n: int) -> tuple[int, float, float]:
-        calls = []
-        t0 = time.perf_counter()
-        for i in range(n):
-            c0 = time.perf_counter_ns()
-            enqueue(i)
-            calls.append(time.perf_counter_ns() - c0)
-        seconds = time.perf_counter() - t0
-        return n, seconds, median(calls) / 1000
-
-    n = ctx.size(10_000, 300)
-    runs = ctx.repeat(once, n)
-    return [
-        Measurement("task-enqueue", "task-enqueue (loop)", RATE, [jobs / s for jobs, s, _ in runs], jobs=n,
-                    note=f"Django @task(...).enqueue() {n} times in a row ({task.module_path})"),
-        Measurement("task-enqueue", "task-enqueue (one call, median)", "µs", [us for _, _, us in runs], jobs=n,
-                    lower_is_better=True, note="time of a single enqueue() call"),
-    ]

@@ -11,7 +11,8 @@ from .results import Measurement
 DASH = "—"
 PEERS = ("rq", "arq")
 PEER_NAMES = {"rq": "RQ", "arq": "arq"}
-COLUMNS = ("Scenario", "Chasqui (median)", "of Redis ceiling", "RQ", "arq", "Reference engine (published)", "Goal")
+COLUMNS = ("Scenario", "Chasqui (median)", "of Redis ceiling", "of engine twin", "RQ", "arq",
+           "Reference engine (published)", "Goal")
 
 REFERENCE_MACHINE = "Rust engine, 8-core Apple M3, Redis 8.6 on loopback"
 
@@ -56,6 +57,15 @@ def _peer_cell(peer: Measurement | None, ours: Measurement | None) -> str:
     return cell
 
 
+def _twin_cell(o: Measurement | None, ours: dict[str, Measurement]) -> str:
+    from .scenarios import TWINS
+
+    twin = ours.get(TWINS.get(o.label, "")) if o is not None else None
+    if o is None or twin is None or not o.median or not twin.median:
+        return DASH
+    return f"{o.median / twin.median:.2f} of {twin.label}"
+
+
 def rows(run) -> list[tuple[str, ...]]:
     from .scenarios import goal
 
@@ -76,13 +86,13 @@ def rows(run) -> list[tuple[str, ...]]:
             peers[(m.label, m.system)] = m
     out = []
     if top is not None:
-        out.append((top.label, fmt(top.median, top.unit), "1.00", DASH, DASH, DASH, DASH))
+        out.append((top.label, fmt(top.median, top.unit), "1.00", DASH, DASH, DASH, DASH, DASH))
     for label in order:
         o = ours.get(label)
         g = goal(label)
         fraction = f"{o.median / ceiling:.3f}" if o and o.is_rate and o.median and ceiling else DASH
         out.append((
-            label, fmt(o.median, o.unit) if o else DASH, fraction,
+            label, fmt(o.median, o.unit) if o else DASH, fraction, _twin_cell(o, ours),
             *(_peer_cell(peers.get((label, p)), o) for p in PEERS),
             g.reference or DASH, g.target or DASH,
         ))
@@ -184,12 +194,16 @@ _SCENARIOS = """\
 | `queue-add` | `Queue.add`, one job per call, sync client |
 | `queue-add-bulk` | `Queue.add_bulk` in chunks of 1,000, building the `JobSpec`s included |
 | `queue-add-delayed` | `Queue.add(delay=...)`, one job per call |
-| `task-enqueue` | Django `@task(...).enqueue()`: the time of one call, and calls in a loop |
+| `django-enqueue` | Django `@task(...).enqueue()`: the time of one call, and calls in a loop (twin: `queue-add`) |
+| `django-enqueue-many` | Django `task.enqueue_many(calls)`, 1,000 `(args, kwargs)` calls at a time (twin: `queue-add-bulk`) |
 | `worker-generic` | one worker, concurrency 1, async noop handler |
 | `worker-concurrent` | one worker process, concurrency 100, async noop handler |
 | `worker-sync` | one worker process, concurrency 10, sync (`def`) noop handler run in threads |
 | `worker-retry` | every job fails once, is retried after 1 ms, then succeeds; successes per second |
 | `worker-delayed-e2e` | a backlog preloaded in the delayed set, all due: promoted and consumed |
+| `runworker-async` | the real `python manage.py runworker` process, async noop Django task, concurrency 100, timed from its first job to its last (twin: `worker-concurrent`) |
+| `runworker-sync` | the same with a `def` noop task, concurrency 10 threads (twin: `worker-sync`) |
+| `runworker-retry` | the same with an async task that fails on its first run (1 ms backoff) and then succeeds; successes per second (twin: `worker-retry`) |
 | `promoter` | a delayed set of due jobs drained into the stream by the `Promoter` alone (no worker reading) |
 | `latency` | enqueue → handler start, p50 / p99 / p99.9, at 500 jobs/s and at half of saturation |
 | `memory` | peak RSS (`VmHWM`, else `ru_maxrss`) of a fresh worker process draining the backlog; alone and with Django set up |
@@ -231,7 +245,7 @@ def markdown(run) -> str:
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
     out += [
         "",
-        f"*of Redis ceiling*: the rate divided by this run's ceiling (first row). *Reference engine*: its published "
+        f"*of Redis ceiling*: the rate divided by this run's ceiling (first row). *of engine twin*: a Django-path row divided by the engine row it mirrors, in the same run. *Reference engine*: its published "
         f"numbers ({REFERENCE_MACHINE}), a different machine, for context. Popular Python queues on Redis (RQ, arq, "
         "SAQ, Celery, Dramatiq) publish 0.2k–13k noop jobs/s per setup. *Goal*: issue 5's targets for one Python "
         "process on a 2-core machine with Redis on loopback.",

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from . import consumer, dlq_page, latency, memory, peers, producer, promoter
+from . import consumer, django_path, dlq_page, latency, memory, peers, producer, promoter
 from .results import Measurement
 
 
@@ -27,7 +27,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("queue-add", "sequential single adds (sync API)", producer.queue_add),
     Scenario("queue-add-bulk", "add_bulk in chunks", producer.queue_add_bulk),
     Scenario("queue-add-delayed", "sequential single delayed adds", producer.queue_add_delayed),
-    Scenario("task-enqueue", "Django @task(...).enqueue(), one call and in a loop", producer.task_enqueue),
+    Scenario("django-enqueue", "Django @task(...).enqueue(), one call and in a loop", django_path.django_enqueue),
+    Scenario("django-enqueue-many", "Django task.enqueue_many, 1,000 calls at a time", django_path.django_enqueue_many),
     Scenario("worker-generic", "one worker, concurrency 1, async noop handler",
              partial(consumer.run_setup, name="worker-generic")),
     Scenario("worker-concurrent", "one worker process, concurrency 100, async noop handler",
@@ -38,6 +39,12 @@ SCENARIOS: tuple[Scenario, ...] = (
              partial(consumer.run_setup, name="worker-retry")),
     Scenario("worker-delayed-e2e", "a preloaded delayed set, all due, promoted and consumed",
              partial(consumer.run_setup, name="worker-delayed-e2e")),
+    Scenario("runworker-async", "python manage.py runworker, async noop task, concurrency 100",
+             partial(django_path.runworker, name="runworker-async")),
+    Scenario("runworker-sync", "python manage.py runworker, sync noop task, concurrency 10",
+             partial(django_path.runworker, name="runworker-sync")),
+    Scenario("runworker-retry", "python manage.py runworker, every job fails once then succeeds",
+             partial(django_path.runworker, name="runworker-retry")),
     Scenario("promoter", "a preloaded delayed set, all due, drained into the stream by the promoter alone",
              promoter.run),
     Scenario("latency", "enqueue -> handler start, producer and worker in separate processes", latency.run),
@@ -61,6 +68,11 @@ GOALS: dict[str, Goal] = {
     "worker-concurrent": Goal("≥ 100,000 jobs/s", "419,004 jobs/s (Rust handler); 46,740 jobs/s (Python handler)"),
     "worker-sync": Goal("≥ 30,000 jobs/s"),
     "worker-retry": Goal("≥ 50,000 jobs/s", "116,542 jobs/s"),
+    "django-enqueue (loop)": Goal("≥ 80% of queue-add"),
+    "django-enqueue-many": Goal("≥ 100,000 jobs/s"),
+    "runworker-async": Goal("≥ 80% of worker-concurrent and ≥ 60,000 jobs/s"),
+    "runworker-sync": Goal("≥ 30,000 jobs/s"),
+    "runworker-retry": Goal("≥ 20,000 jobs/s"),
     "promoter": Goal("≥ 500,000 jobs/s"),
     "worker-delayed-e2e": Goal("≥ 90% of worker-concurrent", "755,034 jobs/s"),
     latency.label("p50", latency.LOW_RATE): Goal("≤ 0.5 ms"),
@@ -69,6 +81,16 @@ GOALS: dict[str, Goal] = {
     dlq_page.label(200_000): Goal("< 300 ms"),
     dlq_page.label(1_000_000): Goal("< 300 ms"),
 }
+
+
+TWINS: dict[str, str] = {
+    "django-enqueue (loop)": "queue-add",
+    "django-enqueue-many": "queue-add-bulk",
+    "runworker-async": "worker-concurrent",
+    "runworker-sync": "worker-sync",
+    "runworker-retry": "worker-retry",
+}
+"""Each Django-path row and the engine row it is measured against (the report shows the fraction)."""
 
 
 def goal(label: str) -> Goal:
