@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.audit import router as audit_router
-from api.auth import ApiKeyAuth, SessionAuth
+from api.auth import ApiKeyAuth, SessionAuth, TooManyAttempts
 from api.delayed import router as delayed_router
 from api.dlq import router as dlq_router
 from api.jobs import router as jobs_router
@@ -64,6 +64,13 @@ def _error(request: HttpRequest, status: int, detail: str, **extra) -> HttpRespo
 def _unauthenticated(request, exc):
     response = _error(request, 401, "Authentication required: log in, or send 'Authorization: Bearer <API key>'")
     response["WWW-Authenticate"] = 'Bearer realm="chasqui"'
+    return response
+
+
+@api.exception_handler(TooManyAttempts)
+def _too_many(request, exc):
+    response = _error(request, 429, str(exc))
+    response["Retry-After"] = str(exc.retry_after)
     return response
 
 

@@ -3,6 +3,7 @@
 from django.http import HttpRequest
 from ninja import Query, Router
 
+from api.auth import needs
 from api.errors import READ
 from api.schemas import AuditOut, AuditPageOut, AuditQuery
 from chasqui_core import services
@@ -10,7 +11,7 @@ from chasqui_core import services
 router = Router(tags=["audit"])
 
 
-@router.get("", response={200: AuditPageOut, **READ}, summary="List audit entries")
+@router.get("", response={200: AuditPageOut, **READ}, summary="List audit entries", auth=needs("view_queues"))
 def list_audit(request: HttpRequest, q: Query[AuditQuery]):
     """Newest first, filtered by action, queue, actor, source and time. Needs view_queues."""
     page = services.audit_log(request.auth, action=q.action, queue=q.queue, actor_name=q.actor,

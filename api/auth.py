@@ -6,19 +6,63 @@ session; because a browser sends its cookie with any request a page makes,
 every change (POST, PUT, PATCH, DELETE) by session must carry the CSRF token.
 A key in a header is never sent by a browser on its own, so key requests need
 no token. A caller with neither gets 401.
+
+Each endpoint names the permission it needs (``needs("replay_jobs")``), and
+it is checked here, right after authentication and before the request's
+parameters and body are read: a caller without the permission learns nothing
+from 404s or validation errors, only 403. Wrong keys are counted per client
+address; past ``API_KEY_FAILURE_LIMIT`` in ``API_KEY_FAILURE_WINDOW`` seconds
+the address gets 429 without its keys being looked at.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from ninja.errors import HttpError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
+from django.core.cache import cache
+
+from chasqui_core import services
 from chasqui_core.services import authenticate_api_key
+
+
+class TooManyAttempts(Exception):
+    """Too many wrong API keys from one address: answered 429 with Retry-After."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"Too many requests with a wrong API key from this address; try again in {retry_after} s")
+        self.retry_after = retry_after
+
+
+def _client_address(request: HttpRequest) -> str:
+    return request.META.get("REMOTE_ADDR", "") or "unknown"
+
+
+def _failures_key(request: HttpRequest) -> str:
+    return f"api-key-failures:{_client_address(request)}"
+
+
+def _check_not_blocked(request: HttpRequest) -> None:
+    limit = getattr(settings, "API_KEY_FAILURE_LIMIT", 20)
+    failures = cache.get(_failures_key(request))
+    if failures is not None and failures[0] >= limit:
+        window = getattr(settings, "API_KEY_FAILURE_WINDOW", 300)
+        raise TooManyAttempts(max(1, int(failures[1] + window - time.time())))
+
+
+def _count_failure(request: HttpRequest) -> None:
+    """One more wrong key from this address, in a window that starts at the first one."""
+    window = getattr(settings, "API_KEY_FAILURE_WINDOW", 300)
+    key = _failures_key(request)
+    count, since = cache.get(key) or (0, time.time())
+    cache.set(key, (count + 1, since), timeout=max(1, int(since + window - time.time())))
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
@@ -26,14 +70,27 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 class ApiKeyAuth(HttpBearer):
     """``Authorization: Bearer <key>``, keys created with ``manage.py chasqui apikey create``."""
 
+    def __init__(self, permission: str | tuple[str, ...] | None = None) -> None:
+        super().__init__()
+        self.permission = permission
+
     def authenticate(self, request: HttpRequest, token: str) -> Any:
-        return authenticate_api_key(token.strip())
+        _check_not_blocked(request)
+        user = authenticate_api_key(token.strip())
+        if user is None:
+            _count_failure(request)
+            return None
+        return _permitted(user, self.permission)
 
 
 class SessionAuth(APIKeyCookie):
     """The Django session of a logged-in user, with CSRF enforced on changes."""
 
     param_name = settings.SESSION_COOKIE_NAME
+
+    def __init__(self, permission: str | tuple[str, ...] | None = None) -> None:
+        super().__init__()
+        self.permission = permission
 
     def __call__(self, request: HttpRequest) -> Any:
         user = getattr(request, "user", None)
@@ -45,7 +102,27 @@ class SessionAuth(APIKeyCookie):
                 "CSRF check failed: a change made with a session cookie must send the CSRF token "
                 "(X-CSRFToken header); scripts should use an API key instead",
             )
-        return user
+        return _permitted(user, self.permission)
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:  # pragma: no cover - __call__ decides
         return None
+
+
+def _permitted(user: Any, permission: str | tuple[str, ...] | None) -> Any:
+    """The user, once it holds the permission (any one of a tuple); PermissionDenied (403) otherwise."""
+    if permission is None:
+        return user
+    wanted = (permission,) if isinstance(permission, str) else permission
+    for codename in wanted[:-1]:
+        try:
+            services.require(user, codename)
+            return user
+        except PermissionDenied:
+            continue
+    services.require(user, wanted[-1])
+    return user
+
+
+def needs(permission: str | tuple[str, ...]) -> list:
+    """The ``auth`` of an endpoint that needs ``permission`` (or any one of several)."""
+    return [ApiKeyAuth(permission), SessionAuth(permission)]

@@ -3,6 +3,7 @@
 from django.http import HttpRequest
 from ninja import Query, Router
 
+from api.auth import needs
 from api.errors import CHANGE, READ
 from api.schemas import CancelledOut, DelayedJobOut, DelayedPageOut, RunNowOut
 from chasqui_core import services
@@ -10,7 +11,8 @@ from chasqui_core import services
 router = Router(tags=["delayed"])
 
 
-@router.get("/{queue}/delayed", response={200: DelayedPageOut, **READ}, summary="Page through delayed jobs")
+@router.get("/{queue}/delayed", response={200: DelayedPageOut, **READ}, summary="Page through delayed jobs",
+            auth=needs("view_queues"))
 def list_delayed(
     request: HttpRequest,
     queue: str,
@@ -22,14 +24,15 @@ def list_delayed(
     return DelayedPageOut(items=[DelayedJobOut.from_job(j) for j in page.items], next_cursor=page.next_cursor)
 
 
-@router.get("/{queue}/delayed/{job_id}", response={200: DelayedJobOut, **READ}, summary="One delayed job")
+@router.get("/{queue}/delayed/{job_id}", response={200: DelayedJobOut, **READ}, summary="One delayed job",
+            auth=needs("view_queues"))
 def get_delayed(request: HttpRequest, queue: str, job_id: str):
     """Needs view_queues."""
     return DelayedJobOut.from_job(services.delayed_job(request.auth, queue, job_id))
 
 
 @router.post("/{queue}/delayed/{job_id}/cancel", response={200: CancelledOut, **CHANGE},
-             summary="Cancel a delayed job")
+             summary="Cancel a delayed job", auth=needs("discard_jobs"))
 def cancel_delayed(request: HttpRequest, queue: str, job_id: str):
     """Remove the job for good; 404 when it already ran or was cancelled. Needs discard_jobs."""
     services.cancel_delayed(request.auth, queue, job_id, source="api")
@@ -37,7 +40,7 @@ def cancel_delayed(request: HttpRequest, queue: str, job_id: str):
 
 
 @router.post("/{queue}/delayed/{job_id}/run-now", response={200: RunNowOut, **CHANGE},
-             summary="Run a delayed job now")
+             summary="Run a delayed job now", auth=needs("enqueue_jobs"))
 def run_delayed_now(request: HttpRequest, queue: str, job_id: str):
     """Move the job to the stream at once. Needs enqueue_jobs."""
     entry_id = services.run_delayed_now(request.auth, queue, job_id, source="api")

@@ -4,6 +4,7 @@ from django.http import HttpRequest
 from ninja import Query, Router
 from ninja.responses import Status
 
+from api.auth import needs
 from api.errors import CHANGE, READ
 from api.schemas import (
     BulkIn,
@@ -37,7 +38,8 @@ def _bulk_response(result: int | Operation):
     return Status(200, BulkOut(background=False, count=result, operation=None))
 
 
-@router.get("/{queue}/dlq", response={200: DLQPageOut, **READ}, summary="Page through dead jobs")
+@router.get("/{queue}/dlq", response={200: DLQPageOut, **READ}, summary="Page through dead jobs",
+            auth=needs("view_queues"))
 def list_dead(request: HttpRequest, queue: str, q: Query[DLQPageQuery]):
     """Newest first, filtered by task, reason, error class, error text, error group (``fingerprint``) and
     time range; pass ``next_cursor`` back as ``cursor`` for older entries. Needs view_queues."""
@@ -46,7 +48,8 @@ def list_dead(request: HttpRequest, queue: str, q: Query[DLQPageQuery]):
                       scanned=page.scanned)
 
 
-@router.get("/{queue}/dlq/groups", response={200: GroupsOut, **READ}, summary="Dead jobs grouped by error")
+@router.get("/{queue}/dlq/groups", response={200: GroupsOut, **READ}, summary="Dead jobs grouped by error",
+            auth=needs("view_queues"))
 def dead_groups(request: HttpRequest, queue: str, q: Query[DLQQuery]):
     """Groups by fingerprint (exception class + message with ids and numbers normalised), with count and
     first/last seen, biggest first. Needs view_queues."""
@@ -55,7 +58,7 @@ def dead_groups(request: HttpRequest, queue: str, q: Query[DLQQuery]):
 
 
 @router.post("/{queue}/dlq/replay", response={200: BulkOut, 202: BulkOut, **CHANGE},
-             summary="Replay dead jobs by ids or by filter")
+             summary="Replay dead jobs by ids or by filter", auth=needs("replay_jobs"))
 def replay(request: HttpRequest, queue: str, payload: ReplayIn):
     """Give ``ids`` or a ``filter`` (``{"fingerprint": ...}`` is one error group). Filters matching more
     than a few thousand entries run in the background: the answer is 202 with an operation to poll at
@@ -69,7 +72,7 @@ def replay(request: HttpRequest, queue: str, payload: ReplayIn):
 
 
 @router.post("/{queue}/dlq/discard", response={200: BulkOut, 202: BulkOut, **CHANGE},
-             summary="Discard dead jobs by ids or by filter")
+             summary="Discard dead jobs by ids or by filter", auth=needs("discard_jobs"))
 def discard(request: HttpRequest, queue: str, payload: BulkIn):
     """Delete for good. Same ``ids``/``filter`` rules and background behaviour as replay.
     Needs discard_jobs."""
@@ -80,13 +83,15 @@ def discard(request: HttpRequest, queue: str, payload: BulkIn):
     return _bulk_response(result)
 
 
-@router.get("/{queue}/dlq/{entry_id}", response={200: DeadJobOut, **READ}, summary="One dead job")
+@router.get("/{queue}/dlq/{entry_id}", response={200: DeadJobOut, **READ}, summary="One dead job",
+            auth=needs("view_queues"))
 def get_dead(request: HttpRequest, queue: str, entry_id: str):
     """The entry with its arguments and whole error history (tracebacks included). Needs view_queues."""
     return DeadJobOut.from_dead(services.dlq_entry(request.auth, queue, entry_id))
 
 
-@router.post("/{queue}/dlq/{entry_id}/replay", response={200: BulkOut, **CHANGE}, summary="Replay one dead job")
+@router.post("/{queue}/dlq/{entry_id}/replay", response={200: BulkOut, **CHANGE}, summary="Replay one dead job",
+             auth=needs("replay_jobs"))
 def replay_one(request: HttpRequest, queue: str, entry_id: str, payload: OneReplayIn | None = None):
     """404 when the entry is gone (replayed or discarded already). Needs replay_jobs."""
     options = payload or OneReplayIn()
@@ -97,7 +102,8 @@ def replay_one(request: HttpRequest, queue: str, entry_id: str, payload: OneRepl
     return _missing_if_zero(count, queue, entry_id)
 
 
-@router.post("/{queue}/dlq/{entry_id}/discard", response={200: BulkOut, **CHANGE}, summary="Discard one dead job")
+@router.post("/{queue}/dlq/{entry_id}/discard", response={200: BulkOut, **CHANGE}, summary="Discard one dead job",
+             auth=needs("discard_jobs"))
 def discard_one(request: HttpRequest, queue: str, entry_id: str):
     """404 when the entry is gone already. Needs discard_jobs."""
     services.require(request.auth, "discard_jobs")

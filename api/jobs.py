@@ -4,6 +4,7 @@ from django.http import HttpRequest
 from ninja import Router
 from ninja.responses import Status
 
+from api.auth import needs
 from api.errors import CHANGE, READ
 from api.schemas import EnqueueIn, EnqueueOut, JobResultOut, TaskOut
 from chasqui_core import services
@@ -11,14 +12,16 @@ from chasqui_core import services
 router = Router(tags=["jobs"])
 
 
-@router.get("/tasks", response={200: list[TaskOut], **READ}, summary="List the tasks that can be enqueued")
+@router.get("/tasks", response={200: list[TaskOut], **READ}, summary="List the tasks that can be enqueued",
+            auth=needs("view_queues"))
 def list_tasks(request: HttpRequest):
     """The project's Django tasks by module path, with their default queue. Needs view_queues."""
     return [TaskOut(name=t.name, queue=t.queue, max_attempts=t.max_attempts, parameters=t.parameters)
             for t in services.task_list(request.auth)]
 
 
-@router.post("/queues/{queue}/jobs", response={201: EnqueueOut, **CHANGE}, summary="Enqueue a task")
+@router.post("/queues/{queue}/jobs", response={201: EnqueueOut, **CHANGE}, summary="Enqueue a task",
+             auth=needs("enqueue_jobs"))
 def enqueue(request: HttpRequest, queue: str, payload: EnqueueIn):
     """Enqueue a registered task by name, with args, kwargs and per-job options (delay, attempts,
     backoff, job_id). Arguments must fit the task's signature. Needs enqueue_jobs."""
@@ -30,7 +33,8 @@ def enqueue(request: HttpRequest, queue: str, payload: EnqueueIn):
                                   status=str(result.status), run_after=result.task.run_after))
 
 
-@router.get("/jobs/{job_id}", response={200: JobResultOut, **READ}, summary="A job's status and result")
+@router.get("/jobs/{job_id}", response={200: JobResultOut, **READ}, summary="A job's status and result",
+            auth=needs("view_queues"))
 def job_result(request: HttpRequest, job_id: str):
     """Status, arguments, return value and errors of a job, while result storage keeps it
     (``TASKS['default']['OPTIONS']['RESULT_TTL']``). Needs view_queues."""

@@ -6,6 +6,7 @@ from typing import Literal
 from django.http import HttpRequest
 from ninja import Query, Router
 
+from api.auth import needs
 from api.errors import CHANGE, READ
 from api.schemas import OperationListOut, OperationOut
 from chasqui_core import services
@@ -13,7 +14,8 @@ from chasqui_core import services
 router = Router(tags=["operations"])
 
 
-@router.get("", response={200: OperationListOut, **READ}, summary="List background operations")
+@router.get("", response={200: OperationListOut, **READ}, summary="List background operations",
+            auth=needs("view_queues"))
 def list_operations(
     request: HttpRequest,
     queue: str | None = Query(None, max_length=100),
@@ -25,13 +27,15 @@ def list_operations(
     return OperationListOut(items=[OperationOut.from_op(op) for op in ops])
 
 
-@router.get("/{op_id}", response={200: OperationOut, **READ}, summary="One operation and its progress")
+@router.get("/{op_id}", response={200: OperationOut, **READ}, summary="One operation and its progress",
+            auth=needs("view_queues"))
 def get_operation(request: HttpRequest, op_id: uuid.UUID):
     """Poll ``done``/``total`` until ``status`` is done, cancelled or failed. Needs view_queues."""
     return OperationOut.from_op(services.get_operation(request.auth, op_id))
 
 
-@router.post("/{op_id}/cancel", response={200: OperationOut, **CHANGE}, summary="Cancel an operation")
+@router.post("/{op_id}/cancel", response={200: OperationOut, **CHANGE}, summary="Cancel an operation",
+             auth=needs(("replay_jobs", "discard_jobs")))
 def cancel_operation(request: HttpRequest, op_id: uuid.UUID):
     """Stops after the current chunk: entries handled stay handled, none is half-moved. 409 when the
     operation already finished. Needs replay_jobs or discard_jobs, as the operation's kind."""

@@ -5,6 +5,7 @@ from typing import Literal
 from django.http import HttpRequest
 from ninja import Query, Router
 
+from api.auth import needs
 from api.errors import CHANGE, READ
 from api.schemas import MetricsOut, QueueListOut, QueueStatsOut, SwitchOut
 from chasqui_core import services
@@ -13,7 +14,7 @@ from chasqui_core.engine.metrics import FIELDS
 router = Router(tags=["queues"])
 
 
-@router.get("", response={200: QueueListOut, **READ}, summary="List queues with live stats")
+@router.get("", response={200: QueueListOut, **READ}, summary="List queues with live stats", auth=needs("view_queues"))
 def list_queues(request: HttpRequest):
     """Every queue the backend serves or Redis knows, with stream length, pending, in-flight, delayed
     depth, overdue count and age, DLQ size and paused flag. Needs view_queues."""
@@ -21,13 +22,13 @@ def list_queues(request: HttpRequest):
     return QueueListOut(items=[QueueStatsOut(**_stats(s)) for s in stats])
 
 
-@router.get("/{queue}", response={200: QueueStatsOut, **READ}, summary="One queue's stats")
+@router.get("/{queue}", response={200: QueueStatsOut, **READ}, summary="One queue's stats", auth=needs("view_queues"))
 def get_queue(request: HttpRequest, queue: str):
     """Live stats of one queue. Needs view_queues."""
     return QueueStatsOut(**_stats(services.queue_detail(request.auth, queue)))
 
 
-@router.post("/{queue}/pause", response={200: SwitchOut, **CHANGE}, summary="Pause a queue")
+@router.post("/{queue}/pause", response={200: SwitchOut, **CHANGE}, summary="Pause a queue", auth=needs("pause_queues"))
 def pause_queue(request: HttpRequest, queue: str):
     """Workers stop reading the queue within a heartbeat; jobs keep arriving and nothing is lost.
     Needs pause_queues."""
@@ -35,14 +36,16 @@ def pause_queue(request: HttpRequest, queue: str):
     return SwitchOut(queue=queue, paused=True, changed=changed)
 
 
-@router.post("/{queue}/resume", response={200: SwitchOut, **CHANGE}, summary="Resume a queue")
+@router.post("/{queue}/resume", response={200: SwitchOut, **CHANGE}, summary="Resume a queue",
+             auth=needs("pause_queues"))
 def resume_queue(request: HttpRequest, queue: str):
     """Workers read the queue again. Needs pause_queues."""
     changed = services.resume(request.auth, queue, source="api")
     return SwitchOut(queue=queue, paused=False, changed=changed)
 
 
-@router.get("/{queue}/metrics", response={200: MetricsOut, **READ}, summary="Counters over time")
+@router.get("/{queue}/metrics", response={200: MetricsOut, **READ}, summary="Counters over time",
+            auth=needs("view_queues"))
 def queue_metrics(
     request: HttpRequest,
     queue: str,

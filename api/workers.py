@@ -3,6 +3,7 @@
 from django.http import HttpRequest
 from ninja import Query, Router
 
+from api.auth import needs
 from api.errors import READ
 from api.schemas import WorkerListOut, WorkerOut
 from chasqui_core import services
@@ -10,7 +11,7 @@ from chasqui_core import services
 router = Router(tags=["workers"])
 
 
-@router.get("", response={200: WorkerListOut, **READ}, summary="List workers")
+@router.get("", response={200: WorkerListOut, **READ}, summary="List workers", auth=needs("view_queues"))
 def list_workers(
     request: HttpRequest,
     queue: str | None = Query(None, max_length=100, description="Only workers of this queue."),

@@ -9,6 +9,7 @@ server when ``REDIS_URL`` is unset.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -55,6 +56,7 @@ INSTALLED_APPS = [
     "channels",
     "django_htmx",
     "ninja",  # serves the API docs' scripts locally, no CDN
+    "axes",  # limits password guessing at the console's login
     "dashboard",
     "api",
     "emails",
@@ -69,6 +71,9 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "api.middleware.JsonErrorsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -83,6 +88,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "emails.context_processors.signup_demo",
             ],
         },
     },
@@ -147,6 +153,36 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Password guessing at the login form: after AXES_FAILURE_LIMIT wrong passwords
+# for one username from one address, or from one address whatever the
+# username, that address waits AXES_COOLOFF_TIME (answered 429). Never by
+# username alone: an attacker could otherwise lock the admin out from
+# everywhere. A successful login resets the count.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = 10
+AXES_COOLOFF_TIME = timedelta(minutes=15)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_VERBOSE = False
+
+# Guessing API keys: after API_KEY_FAILURE_LIMIT wrong bearer keys from one
+# address within API_KEY_FAILURE_WINDOW seconds, that address gets 429 with
+# Retry-After until the window passes. Counted in the cache below (Redis when
+# its URL is known, so every web process shares the count).
+API_KEY_FAILURE_LIMIT = 20
+API_KEY_FAILURE_WINDOW = 300
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": "chasqui-web"}}
+
+# The demo's signup form (it enqueues work): on in `make run` (devstack sets
+# CHASQUI_DEMO=1), otherwise only for logged-in users allowed to enqueue jobs.
+CHASQUI_DEMO = env_bool("CHASQUI_DEMO", False)
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"

@@ -6,9 +6,10 @@ from functools import partial
 
 from django.contrib import messages
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 
+from emails.context_processors import signup_open
 from emails.forms import SignupForm
 from emails.tasks import send_welcome_email
 
@@ -19,7 +20,12 @@ def signup(request: HttpRequest) -> HttpResponse:
     The job is enqueued with ``on_commit``: a worker may pick it up within
     milliseconds, and it must find the row. If the transaction rolls back, no
     email is queued at all.
+
+    The page enqueues work, so it is open only in the demo (``make run`` sets
+    ``CHASQUI_DEMO``) or to users allowed to enqueue jobs; anyone else gets 404.
     """
+    if not signup_open(request):
+        raise Http404("The demo signup page is off (set CHASQUI_DEMO=1, or log in as a user who may enqueue jobs)")
     if request.method == "POST":
         form = SignupForm(request.POST)
         if form.is_valid():

@@ -16,9 +16,12 @@ from tests.django import sample_tasks  # noqa: F401  (registers the sample tasks
 
 @pytest.fixture(autouse=True)
 def _fresh_backend(redis):
-    """Each test gets a flushed Redis and a backend client connected to it."""
+    """Each test gets a flushed Redis, a backend client connected to it, and no failed-key counts."""
+    from django.core.cache import cache
+
     for backend in task_backends.all():
         backend.reset_connections()
+    cache.clear()
     yield
 
 

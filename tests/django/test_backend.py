@@ -219,8 +219,10 @@ def test_get_result_is_refused_when_storage_is_off():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(90)
-def test_runworker_command_runs_the_demo_task_from_the_view(redis, redis_url, client, django_user_model, tmp_path):
+def test_runworker_command_runs_the_demo_task_from_the_view(redis, redis_url, client, django_user_model, tmp_path,
+                                                            settings):
     """The example view enqueues on commit; `manage.py runworker emails` runs it."""
+    settings.CHASQUI_DEMO = True
     from emails.models import Signup
 
     response = client.post("/signup/", {"email": "ana@example.com"})

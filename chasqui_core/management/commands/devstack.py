@@ -131,7 +131,8 @@ class Command(BaseCommand):
                     f"Embedded Valkey running at {redis_url} (data in {server.data_dir})."
                 )
 
-            env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+            # CHASQUI_DEMO turns on the demo signup form, in this stack only.
+            env = {**os.environ, "REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1", "CHASQUI_DEMO": "1"}
             manage_py = str(settings.BASE_DIR / "manage.py")
             children = [
                 Child(
