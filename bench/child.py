@@ -41,6 +41,34 @@ PROGRAMS = {
 # --- the parent's side ---------------------------------------------------------------
 
 
+def start_profiler(pid: int, name: str) -> subprocess.Popen | None:
+    """With ``--profile DIR``, sample process ``pid`` with py-spy into ``DIR/<name>-<pid>.speedscope.json``."""
+    folder = os.environ.get(PROFILE_DIR_ENV)
+    if not folder:
+        return None
+    beside = Path(sys.executable).with_name("py-spy")
+    pyspy = str(beside) if beside.exists() else shutil.which("py-spy")
+    if pyspy is None:
+        print(f"   (no profile: py-spy is not installed; {PROFILE_HINT})", file=sys.stderr)
+        return None
+    os.makedirs(folder, exist_ok=True)
+    out = Path(folder) / f"{name}-{pid}.speedscope.json"
+    print(f"   profiling the {name} process {pid} into {out}", file=sys.stderr)
+    return subprocess.Popen([pyspy, "record", "--pid", str(pid), "--rate", "250", "--format", "speedscope",
+                             "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(profiler: subprocess.Popen | None) -> None:
+    """Wait for py-spy to write its file, which it does once the process it samples has exited."""
+    if profiler is None:
+        return
+    try:
+        profiler.wait(30)
+    except subprocess.TimeoutExpired:
+        profiler.kill()
+        profiler.wait()
+
+
 class Child:
     """A running benchmark process. Use as a context manager: it is always stopped."""
 
@@ -55,22 +83,7 @@ class Child:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, env=env,
         )
         self._buf = b""
-        self._profiler = self._start_profiler()
-
-    def _start_profiler(self) -> subprocess.Popen | None:
-        folder = os.environ.get(PROFILE_DIR_ENV)
-        if not folder:
-            return None
-        beside = Path(sys.executable).with_name("py-spy")
-        pyspy = str(beside) if beside.exists() else shutil.which("py-spy")
-        if pyspy is None:
-            print(f"   (no profile: py-spy is not installed; {PROFILE_HINT})", file=sys.stderr)
-            return None
-        os.makedirs(folder, exist_ok=True)
-        out = Path(folder) / f"{self.program}-{self.pid}.speedscope.json"
-        print(f"   profiling the {self.program} process {self.pid} into {out}", file=sys.stderr)
-        return subprocess.Popen([pyspy, "record", "--pid", str(self.pid), "--rate", "250", "--format", "speedscope",
-                                 "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._profiler = start_profiler(self.pid, self.program)
 
     @property
     def pid(self) -> int:
@@ -140,13 +153,8 @@ class Child:
         self._close_pipes()
 
     def _stop_profiler(self) -> None:
-        if self._profiler is not None:
-            try:
-                self._profiler.wait(30)  # py-spy writes its file once the process it samples has exited
-            except subprocess.TimeoutExpired:
-                self._profiler.kill()
-                self._profiler.wait()
-            self._profiler = None
+        stop_profiler(self._profiler)
+        self._profiler = None
 
     def _close_pipes(self) -> None:
         self._stop_profiler()

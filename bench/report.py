@@ -11,7 +11,8 @@ from .results import Measurement
 DASH = "—"
 PEERS = ("rq", "arq")
 PEER_NAMES = {"rq": "RQ", "arq": "arq"}
-COLUMNS = ("Scenario", "Chasqui (median)", "of Redis ceiling", "RQ", "arq", "Reference engine (published)", "Goal")
+COLUMNS = ("Scenario", "Chasqui (median)", "of Redis ceiling", "of engine twin", "RQ", "arq",
+           "Reference engine (published)", "Goal")
 
 REFERENCE_MACHINE = "Rust engine, 8-core Apple M3, Redis 8.6 on loopback"
 
@@ -28,13 +29,22 @@ def fmt(value: float | None, unit: str) -> str:
     return f"{number} {unit}"
 
 
-def line(m: Measurement, ceiling: float | None) -> str:
+def twin_fraction(m: Measurement | None, twin: Measurement | None) -> str | None:
+    """``0.85 of worker-concurrent``: a Django-path rate against the engine row it mirrors, in the same run."""
+    if m is None or twin is None or not m.median or not twin.median or m.system != "chasqui":
+        return None
+    return f"{m.median / twin.median:.2f} of {twin.label}"
+
+
+def line(m: Measurement, ceiling: float | None, twin: Measurement | None = None) -> str:
     who = "" if m.system == "chasqui" else f" [{PEER_NAMES.get(m.system, m.system)}]"
     if m.skipped:
         return f"   {m.label}{who}: {m.skipped}"
     text = f"   {m.label + who:<52} {fmt(m.median, m.unit):>16}"
     if m.is_rate and ceiling and m.scenario != "ceiling":
         text += f"   {m.median / ceiling:5.3f} of ceiling"
+    if twin_fraction(m, twin):
+        text += f"   {twin_fraction(m, twin)}"
     if len(m.samples) > 1:
         text += "   repeats: " + ", ".join(fmt(s, m.unit).rsplit(" ", 1)[0] for s in m.samples)
     if m.note:
@@ -56,8 +66,14 @@ def _peer_cell(peer: Measurement | None, ours: Measurement | None) -> str:
     return cell
 
 
+def _ours_cell(o: Measurement | None) -> str:
+    if o is None:
+        return DASH
+    return "skipped" if o.skipped else fmt(o.median, o.unit)
+
+
 def rows(run) -> list[tuple[str, ...]]:
-    from .scenarios import goal
+    from .scenarios import goal, twin
 
     ceiling = run.ceiling
     order: list[str] = []
@@ -76,13 +92,17 @@ def rows(run) -> list[tuple[str, ...]]:
             peers[(m.label, m.system)] = m
     out = []
     if top is not None:
-        out.append((top.label, fmt(top.median, top.unit), "1.00", DASH, DASH, DASH, DASH))
+        out.append((top.label, fmt(top.median, top.unit), "1.00", DASH, DASH, DASH, DASH, DASH))
     for label in order:
         o = ours.get(label)
         g = goal(label)
         fraction = f"{o.median / ceiling:.3f}" if o and o.is_rate and o.median and ceiling else DASH
+        twin_label = twin(label)
+        of_twin = twin_fraction(o, ours.get(twin_label)) if twin_label else None
+        if twin_label and of_twin is None:
+            of_twin = f"— ({twin_label} not in this run)" if twin_label not in ours else DASH
         out.append((
-            label, fmt(o.median, o.unit) if o else DASH, fraction,
+            label, _ours_cell(o), fraction, of_twin or DASH,
             *(_peer_cell(peers.get((label, p)), o) for p in PEERS),
             g.reference or DASH, g.target or DASH,
         ))
@@ -103,7 +123,7 @@ def table(run) -> str:
 
 
 def to_json(run) -> dict:
-    from .scenarios import goal
+    from .scenarios import goal, twin
 
     ours = {m.label: m for m in run.measurements if m.system == "chasqui" and m.samples}
     items = []
@@ -116,6 +136,11 @@ def to_json(run) -> dict:
         mine = ours.get(m.label)
         if m.system != "chasqui" and mine is not None and m.median:
             d["chasqui_ratio"] = mine.median / m.median
+        twin_label = twin(m.label) if m.system == "chasqui" else None
+        if twin_label:
+            d["engine_twin"] = twin_label
+            other = ours.get(twin_label)
+            d["fraction_of_twin"] = m.median / other.median if other is not None and m.median else None
         items.append(d)
     return {
         "command": run.command,
@@ -160,6 +185,16 @@ _METHOD = """\
   starts; the window opens when the first handler starts and closes when the last job's outcome is
   acknowledged in Redis. After each drain the worker is stopped cleanly and the queue is checked: nothing may
   be left in the stream, the pending list, the delayed set or the DLQ.
+- **The Django path.** The same work as a Django user does it, in the same run, each row next to the engine
+  row it mirrors (its *engine twin*, same handler kind, concurrency and backlog size): `django-enqueue` is
+  `queue-add` through `@task(...).enqueue()`, `django-enqueue-many` is `queue-add-bulk` through
+  `task.enqueue_many()`, and the `runworker-*` rows are the worker rows run by the real
+  `python manage.py runworker <queue> --concurrency N`, a fresh process per drain, on the bench's settings
+  (`bench/django_app/`: the project's settings plus the bench's tasks app, DEBUG off, per-job log lines off as
+  in the engine rows; every Django signal receiver still runs). Django's start-up is not throughput: the
+  window opens when the first task starts (it writes the time to Redis) and closes when the last job's
+  outcome is acknowledged in Redis; the process is then stopped with SIGTERM and must exit cleanly, and the
+  queue is checked as for the engine rows. The worker's CPU time per job is given too.
 - **Latency.** Producer and worker in separate processes. The producer stamps `time.time_ns()` into each job
   right before adding it, at a steady rate; the handler subtracts it from its own clock when it starts. Rates:
   500 jobs/s, and half of saturation: the rate at which the worker starts jobs while the producer adds them
@@ -169,8 +204,8 @@ _METHOD = """\
   per-job logging off, arq polling every 10 ms instead of 500 ms). Install them with
   `pip install --no-deps -r requirements-bench.txt` (arq 0.28.0 declares `redis<6` but runs on the project's
   redis-py; `--no-deps` keeps pip from downgrading it). "Chasqui ×N" is Chasqui's median divided by the peer's.
-- **Profiling.** `python -m bench worker-concurrent --profile DIR` samples every worker process with py-spy
-  into `DIR/*.speedscope.json` (open them at speedscope.app); a profiled run's numbers are not representative.
+- **Profiling.** `python -m bench worker-concurrent --profile DIR` samples every worker process (the
+  `runworker` ones included, start-up and all) with py-spy into `DIR/*.speedscope.json` (open them at speedscope.app); a profiled run's numbers are not representative.
   Worker rows also give the worker process's CPU time per job, which varies far less than wall-clock rates
   on a shared machine.
 - **Goals are tracked here, never asserted**: a slow or busy machine must not fail a build.
@@ -184,12 +219,16 @@ _SCENARIOS = """\
 | `queue-add` | `Queue.add`, one job per call, sync client |
 | `queue-add-bulk` | `Queue.add_bulk` in chunks of 1,000, building the `JobSpec`s included |
 | `queue-add-delayed` | `Queue.add(delay=...)`, one job per call |
-| `task-enqueue` | Django `@task(...).enqueue()`: the time of one call, and calls in a loop |
+| `django-enqueue` | Django `@task(...).enqueue()` in a loop, one job per call, and the time of one call; engine twin `queue-add` |
+| `django-enqueue-many` | Django `task.enqueue_many(calls)`, 1,000 `(args, kwargs)` calls per call, building the list included; engine twin `queue-add-bulk` |
 | `worker-generic` | one worker, concurrency 1, async noop handler |
 | `worker-concurrent` | one worker process, concurrency 100, async noop handler |
 | `worker-sync` | one worker process, concurrency 10, sync (`def`) noop handler run in threads |
 | `worker-retry` | every job fails once, is retried after 1 ms, then succeeds; successes per second |
 | `worker-delayed-e2e` | a backlog preloaded in the delayed set, all due: promoted and consumed |
+| `runworker-async` | `python manage.py runworker bench --concurrency 100`, async noop task; engine twin `worker-concurrent` |
+| `runworker-sync` | `python manage.py runworker bench --concurrency 10`, sync (`def`) noop task run in threads; engine twin `worker-sync` |
+| `runworker-retry` | `python manage.py runworker bench --concurrency 100`, every job fails once, is retried after 1 ms, then succeeds; successes per second; engine twin `worker-retry` |
 | `latency` | enqueue → handler start, p50 / p99 / p99.9, at 500 jobs/s and at half of saturation |
 | `memory` | peak RSS (`VmHWM`, else `ru_maxrss`) of a fresh worker process draining the backlog; alone and with Django set up |
 | `dlq-page` | `DeadLetters.page(limit=50)`, the console's DLQ page, on 200,000 and 1,000,000 dead jobs |
@@ -230,10 +269,11 @@ def markdown(run) -> str:
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
     out += [
         "",
-        f"*of Redis ceiling*: the rate divided by this run's ceiling (first row). *Reference engine*: its published "
+        f"*of Redis ceiling*: the rate divided by this run's ceiling (first row). *of engine twin*: a Django-path "
+        "rate divided by the rate of the engine row it mirrors, in this run. *Reference engine*: its published "
         f"numbers ({REFERENCE_MACHINE}), a different machine, for context. Popular Python queues on Redis (RQ, arq, "
-        "SAQ, Celery, Dramatiq) publish 0.2k–13k noop jobs/s per setup. *Goal*: issue 5's targets for one Python "
-        "process on a 2-core machine with Redis on loopback.",
+        "SAQ, Celery, Dramatiq) publish 0.2k–13k noop jobs/s per setup. *Goal*: issue 5's (engine) and issue 11's "
+        "(Django path) targets for one Python process on a 2-core machine with Redis on loopback.",
         "",
         "### Details per row",
         "",

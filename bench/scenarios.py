@@ -1,6 +1,6 @@
 """The scenarios, in the order a full run goes through them, with their goals.
 
-Goals come from issue 5; they are tracked in docs/benchmarks.md and never
+Goals come from issue 5 (the engine) and issue 11 (the Django path); they are tracked in docs/benchmarks.md and never
 asserted: a slow machine must not fail a build. Reference numbers are the
 ones the reference engine publishes (Rust engine, 8-core Apple M3, Redis 8.6
 on loopback), so they are context, not a like-for-like comparison.
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from . import consumer, dlq_page, latency, memory, peers, producer
+from . import consumer, dlq_page, latency, memory, peers, producer, runworker
 from .results import Measurement
 
 
@@ -27,7 +27,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("queue-add", "sequential single adds (sync API)", producer.queue_add),
     Scenario("queue-add-bulk", "add_bulk in chunks", producer.queue_add_bulk),
     Scenario("queue-add-delayed", "sequential single delayed adds", producer.queue_add_delayed),
-    Scenario("task-enqueue", "Django @task(...).enqueue(), one call and in a loop", producer.task_enqueue),
+    Scenario("django-enqueue", "Django @task(...).enqueue(), one job per call", producer.django_enqueue),
+    Scenario("django-enqueue-many", "Django task.enqueue_many(), 1,000 calls at a time", producer.django_enqueue_many),
     Scenario("worker-generic", "one worker, concurrency 1, async noop handler",
              partial(consumer.run_setup, name="worker-generic")),
     Scenario("worker-concurrent", "one worker process, concurrency 100, async noop handler",
@@ -38,6 +39,12 @@ SCENARIOS: tuple[Scenario, ...] = (
              partial(consumer.run_setup, name="worker-retry")),
     Scenario("worker-delayed-e2e", "a preloaded delayed set, all due, promoted and consumed",
              partial(consumer.run_setup, name="worker-delayed-e2e")),
+    Scenario("runworker-async", "manage.py runworker, concurrency 100, async noop task",
+             partial(runworker.run_setup, name="runworker-async")),
+    Scenario("runworker-sync", "manage.py runworker, concurrency 10, sync (def) noop task in threads",
+             partial(runworker.run_setup, name="runworker-sync")),
+    Scenario("runworker-retry", "manage.py runworker, every job fails once, 1 ms backoff, then succeeds",
+             partial(runworker.run_setup, name="runworker-retry")),
     Scenario("latency", "enqueue -> handler start, producer and worker in separate processes", latency.run),
     Scenario("memory", "peak RSS of a worker process draining a backlog", memory.run),
     Scenario("dlq-page", "the console's DLQ page: DeadLetters.page(limit=50) on a large DLQ", dlq_page.run),
@@ -60,6 +67,11 @@ GOALS: dict[str, Goal] = {
     "worker-sync": Goal("≥ 30,000 jobs/s"),
     "worker-retry": Goal("≥ 50,000 jobs/s", "116,542 jobs/s"),
     "worker-delayed-e2e": Goal("≥ 300,000 jobs/s", "755,034 jobs/s"),
+    "django-enqueue": Goal("≥ 80% of queue-add"),
+    "django-enqueue-many": Goal("≥ 100,000 jobs/s"),
+    "runworker-async": Goal("≥ 80% of worker-concurrent, and ≥ 60,000 jobs/s"),
+    "runworker-sync": Goal("≥ 30,000 jobs/s"),
+    "runworker-retry": Goal("≥ 20,000 jobs/s"),
     latency.label("p50", latency.LOW_RATE): Goal("≤ 0.5 ms"),
     latency.label("p99", latency.LOW_RATE): Goal("≤ 1 ms", "1.7 ms (idle)"),
     memory.LABEL: Goal("≤ 100 MB"),
@@ -70,3 +82,15 @@ GOALS: dict[str, Goal] = {
 
 def goal(label: str) -> Goal:
     return GOALS.get(label, Goal())
+
+
+TWINS: dict[str, str] = {
+    "django-enqueue": "queue-add",
+    "django-enqueue-many": "queue-add-bulk",
+    **{name: setup.twin for name, setup in runworker.SETUPS.items()},
+}
+"""A Django-path row -> the engine row it mirrors; the report shows the first as a fraction of the second."""
+
+
+def twin(label: str) -> str | None:
+    return TWINS.get(label)
