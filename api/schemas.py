@@ -191,8 +191,8 @@ class DLQQuery(Schema):
     error_class: str | None = Field(None, max_length=300, description="Class name, with or without module.")
     error_text: str | None = Field(None, max_length=1000, description="Text in any error message (case-insensitive).")
     fingerprint: str | None = Field(None, max_length=1000,
-                                    description="One error group: a fingerprint exactly as /dlq/groups or an entry "
-                                                "gives it.")
+                                    description="One error group: its fingerprint_id as /dlq/groups or an entry "
+                                                "gives it (the fingerprint's text is accepted too).")
     since: datetime | None = Field(None, description="Died at or after (ISO 8601; no zone means UTC).")
     until: datetime | None = Field(None, description="Died before (ISO 8601; no zone means UTC).")
 
@@ -220,7 +220,9 @@ class DeadJobSummaryOut(Schema):
     attempts: int = Field(description="Failed runs recorded in the job's history.")
     replays: int
     replayable: bool = Field(description="False when the payload cannot be decoded, so there is no job to replay.")
-    fingerprint: str
+    fingerprint: str = Field(description="The error's group: class and message with variable parts and secrets "
+                                         "replaced.")
+    fingerprint_id: str = Field(description="The group's id, to filter on (the `fingerprint` filter).")
 
     @classmethod
     def fields_of(cls, d: DeadJob) -> dict[str, Any]:
@@ -228,7 +230,7 @@ class DeadJobSummaryOut(Schema):
             entry_id=d.entry_id, queue=d.queue, reason=d.reason, job_id=d.job_id, task=d.task,
             source_id=d.source_id, error_class=d.error_class, error=mask_text(d.error), dead_at_ms=d.dead_at_ms,
             dead_at=_dt(d.dead_at_ms), attempts=len(d.errors), replays=d.job.replays if d.job else 0,
-            replayable=d.job is not None, fingerprint=mask_text(d.fingerprint),
+            replayable=d.job is not None, fingerprint=mask_text(d.fingerprint), fingerprint_id=d.fingerprint_id,
         )
 
     @classmethod
@@ -265,6 +267,7 @@ class DLQPageOut(Schema):
 
 class ErrorGroupOut(Schema):
     fingerprint: str
+    fingerprint_id: str = Field(description="Pass as the `fingerprint` filter to list or act on this group.")
     error_class: str
     sample_message: str
     count: int
@@ -277,7 +280,7 @@ class ErrorGroupOut(Schema):
 
     @classmethod
     def from_group(cls, g: ErrorGroup) -> ErrorGroupOut:
-        return cls(fingerprint=mask_text(g.fingerprint), error_class=g.error_class,
+        return cls(fingerprint=mask_text(g.fingerprint), fingerprint_id=g.id, error_class=g.error_class,
                    sample_message=mask_text(g.sample_message), count=g.count, first_seen_ms=g.first_seen_ms,
                    last_seen_ms=g.last_seen_ms, first_seen=_dt(g.first_seen_ms), last_seen=_dt(g.last_seen_ms),
                    sample_entry_id=g.sample_entry_id, tasks=g.tasks)
@@ -356,12 +359,14 @@ class WorkerOut(Schema):
     last_seen_ms: int
     last_seen: datetime | None
     stale: bool = Field(description="No heartbeat for longer than stale_after_ms: stopped or cut off.")
+    problem: str = Field("", description="What the worker reports wrong with itself; empty when healthy.")
 
     @classmethod
     def from_info(cls, w) -> WorkerOut:
         return cls(id=w.id, host=w.host, pid=w.pid, queues=w.queues, concurrency=w.concurrency,
                    in_flight=w.in_flight, processed=w.processed, failed=w.failed, started_at_ms=w.started_at_ms,
-                   last_seen_ms=w.last_seen_ms, last_seen=_dt(w.last_seen_ms), stale=w.stale)
+                   last_seen_ms=w.last_seen_ms, last_seen=_dt(w.last_seen_ms), stale=w.stale,
+                   problem=w.problem)
 
 
 class WorkerListOut(Schema):

@@ -190,8 +190,8 @@ _METHOD = """\
   `queue-add` through `@task(...).enqueue()`, `django-enqueue-many` is `queue-add-bulk` through
   `task.enqueue_many()`, and the `runworker-*` rows are the worker rows run by the real
   `python manage.py runworker <queue> --concurrency N`, a fresh process per drain, on the bench's settings
-  (`bench/django_app/`: the project's settings plus the bench's tasks app, DEBUG off, per-job log lines off as
-  in the engine rows; every Django signal receiver still runs). Django's start-up is not throughput: the
+  (`bench/django_settings.py`: the project's settings plus the bench's tasks app, `bench/tasks.py`; DEBUG off,
+  per-job log lines off as in the engine rows; every Django signal receiver still runs). Django's start-up is not throughput: the
   window opens when the first task starts (it writes the time to Redis) and closes when the last job's
   outcome is acknowledged in Redis; the process is then stopped with SIGTERM and must exit cleanly, and the
   queue is checked as for the engine rows. The worker's CPU time per job is given too.
@@ -205,8 +205,8 @@ _METHOD = """\
   `pip install --no-deps -r requirements-bench.txt` (arq 0.28.0 declares `redis<6` but runs on the project's
   redis-py; `--no-deps` keeps pip from downgrading it). "Chasqui ×N" is Chasqui's median divided by the peer's.
 - **Profiling.** `python -m bench worker-concurrent --profile DIR` samples every worker process (the
-  `runworker` ones included, start-up and all) with py-spy into `DIR/*.speedscope.json` (open them at speedscope.app); a profiled run's numbers are not representative.
-  Worker rows also give the worker process's CPU time per job, which varies far less than wall-clock rates
+  `runworker` ones included, start-up and all) with py-spy into `DIR/*.speedscope.json` (open them at
+  speedscope.app); a profiled run's numbers are not representative. Worker rows also give the worker process's CPU time per job, which varies far less than wall-clock rates
   on a shared machine.
 - **Goals are tracked here, never asserted**: a slow or busy machine must not fail a build.
 """
@@ -226,9 +226,10 @@ _SCENARIOS = """\
 | `worker-sync` | one worker process, concurrency 10, sync (`def`) noop handler run in threads |
 | `worker-retry` | every job fails once, is retried after 1 ms, then succeeds; successes per second |
 | `worker-delayed-e2e` | a backlog preloaded in the delayed set, all due: promoted and consumed |
-| `runworker-async` | `python manage.py runworker bench --concurrency 100`, async noop task; engine twin `worker-concurrent` |
-| `runworker-sync` | `python manage.py runworker bench --concurrency 10`, sync (`def`) noop task run in threads; engine twin `worker-sync` |
-| `runworker-retry` | `python manage.py runworker bench --concurrency 100`, every job fails once, is retried after 1 ms, then succeeds; successes per second; engine twin `worker-retry` |
+| `runworker-async` | `python manage.py runworker bench-django --concurrency 100`, async noop task; engine twin `worker-concurrent` |
+| `runworker-sync` | `python manage.py runworker bench-django --concurrency 10`, sync (`def`) noop task run in threads; engine twin `worker-sync` |
+| `runworker-retry` | `python manage.py runworker bench-django --concurrency 100`, every job fails once, is retried after 1 ms, then succeeds; successes per second; engine twin `worker-retry` |
+| `promoter` | a delayed set of due jobs drained into the stream by the `Promoter` alone (no worker reading) |
 | `latency` | enqueue → handler start, p50 / p99 / p99.9, at 500 jobs/s and at half of saturation |
 | `memory` | peak RSS (`VmHWM`, else `ru_maxrss`) of a fresh worker process draining the backlog; alone and with Django set up |
 | `dlq-page` | `DeadLetters.page(limit=50)`, the console's DLQ page, on 200,000 and 1,000,000 dead jobs |

@@ -10,30 +10,31 @@ never imported.
 from __future__ import annotations
 
 import logging
-from inspect import iscoroutinefunction
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime, timezone as dt_timezone
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
-from django.db import close_old_connections, connection, transaction
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+from django.db import connection, transaction
+from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.tasks.signals import task_enqueued
 from django.utils import timezone
+from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
 
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
 from chasqui_core.engine.connection import connect
-from chasqui_core.engine.envelope import now_ms
+from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry, JobContext
 from chasqui_core.engine.results import decode_result, encode_result
+from chasqui_core.task_signals import TaskSignal
 
 logger = logging.getLogger("chasqui.backend")
 
@@ -80,8 +81,70 @@ class ChasquiTask(Task):
             changes["job_id"] = job_id
         return replace(task, **changes) if changes else task
 
+    def enqueue_many(self, calls: Iterable[tuple[Any, Any]]) -> list[TaskResult]:
+        """Enqueue one job per ``(args, kwargs)`` pair: one round trip per chunk of jobs.
 
-def _ms_to_dt(ms: int | None) -> datetime | None:
+        Returns the TaskResults in the order of ``calls``. A bad call raises
+        before anything is sent, naming its index.
+        """
+        backend = self.get_backend()
+        if isinstance(backend, ChasquiBackend):
+            return backend.enqueue_many(self, calls)
+        return [backend.enqueue(self, list(args), dict(kwargs)) for args, kwargs in calls]
+
+    async def aenqueue_many(self, calls: Iterable[tuple[Any, Any]]) -> list[TaskResult]:
+        """The async twin of ``enqueue_many``."""
+        backend = self.get_backend()
+        if isinstance(backend, ChasquiBackend):
+            return await backend.aenqueue_many(self, calls)
+        return [await backend.aenqueue(self, list(args), dict(kwargs)) for args, kwargs in calls]
+
+
+_READY_FIELDS = ("task", "id", "status", "enqueued_at", "started_at", "finished_at", "last_attempted_at", "args",
+                 "kwargs", "backend", "errors", "worker_ids")
+_FLAT = frozenset({str, int, float, bool, type(None)})
+_set = object.__setattr__
+
+
+def ready_result(task: Task, job_id: str, args, kwargs, backend: str) -> TaskResult:
+    """The READY TaskResult an enqueue returns, built for the price of its fields.
+
+    TaskResult's own constructor runs ``normalize_json`` over the arguments,
+    matching each value against abstract base classes; here they have passed
+    ``check_json_types`` already, so flat arguments (the usual case) are
+    copied as they are and only nested ones go through Django's normaliser.
+    """
+    if not _FAST_READY:
+        return TaskResult(task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=None, started_at=None,
+                          finished_at=None, last_attempted_at=None, args=list(args), kwargs=dict(kwargs),
+                          backend=backend, errors=[], worker_ids=[])
+    args = list(args)
+    kwargs = dict(kwargs)
+    if not _FLAT.issuperset(map(type, args)) or (kwargs and not _FLAT.issuperset(map(type, kwargs.values()))):
+        args, kwargs = normalize_json(args), normalize_json(kwargs)
+    result = object.__new__(TaskResult)
+    _set(result, "task", task)
+    _set(result, "id", job_id)
+    _set(result, "status", TaskResultStatus.READY)
+    _set(result, "enqueued_at", None)
+    _set(result, "started_at", None)
+    _set(result, "finished_at", None)
+    _set(result, "last_attempted_at", None)
+    _set(result, "args", args)
+    _set(result, "kwargs", kwargs)
+    _set(result, "backend", backend)
+    _set(result, "errors", [])
+    _set(result, "worker_ids", [])
+    _set(result, "_return_value", None)
+    return result
+
+
+_FAST_READY = [(f.name, f.init, f.default) for f in fields(TaskResult)] == [
+    *((name, True, MISSING) for name in _READY_FIELDS), ("_return_value", False, None)]
+"""Only while TaskResult has exactly these fields; a Django that adds one gets its own constructor."""
+
+
+def ms_to_datetime(ms: int | None) -> datetime | None:
     return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc) if ms else None
 
 
@@ -102,13 +165,16 @@ class ChasquiBackend(BaseTaskBackend):
                 f"TASKS[{alias!r}]['OPTIONS'] has unknown key(s) {', '.join(sorted(options))}; "
                 "known keys: ENQUEUE_ON_COMMIT, OUTBOX, RESULT_TTL (engine settings go in settings.CHASQUI)"
             )
-        if isinstance(self.result_ttl, bool) or not isinstance(self.result_ttl, int) or self.result_ttl < 0:
+        if (isinstance(self.result_ttl, bool) or not isinstance(self.result_ttl, int)
+                or not 0 <= self.result_ttl <= MAX_RESULT_TTL):
             raise ImproperlyConfigured(
-                f"TASKS[{alias!r}]['OPTIONS']['RESULT_TTL'] must be a number of seconds (0 turns result storage off)"
+                f"TASKS[{alias!r}]['OPTIONS']['RESULT_TTL'] must be a number of seconds up to {MAX_RESULT_TTL} "
+                "(0 turns result storage off)"
             )
         self.supports_get_result = self.result_ttl > 0
         self._client = None
         self._queues: dict[str, Queue] = {}
+        self._validated: dict[int, Task] = {}
 
     # --- plumbing -----------------------------------------------------------------
 
@@ -120,6 +186,8 @@ class ChasquiBackend(BaseTaskBackend):
 
     def reset_connections(self) -> None:
         """Forget clients and queues, so the next call connects with the current settings."""
+        for queue in self._queues.values():
+            queue.close()
         self._client = None
         self._queues = {}
 
@@ -127,7 +195,7 @@ class ChasquiBackend(BaseTaskBackend):
         queue = self._queues.get(name)
         if queue is None:
             conf = chasqui_settings()
-            queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES)
+            queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES, retry_for=conf.ENQUEUE_RETRY_SECONDS)
         return queue
 
     def _options(self, task: Task) -> dict[str, Any]:
@@ -138,69 +206,129 @@ class ChasquiBackend(BaseTaskBackend):
         return options
 
     def _result(self, task: Task, job_id: str, args, kwargs) -> TaskResult:
-        return TaskResult(
-            task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=None, started_at=None,
-            finished_at=None, last_attempted_at=None, args=list(args), kwargs=dict(kwargs),
-            backend=self.alias, errors=[], worker_ids=[],
-        )
+        return ready_result(task, job_id, args, kwargs, self.alias)
 
-    def _store_ready(self, queue: Queue, job_id: str, task: Task, args, kwargs) -> None:
-        if self.result_ttl:
-            blob = encode_result(job_id=job_id, task=task.module_path, status="READY", args=args,
-                                 kwargs=dict(kwargs), enqueued_at=now_ms())
-            queue.redis.set(queue.keys.result + job_id, blob, px=self.result_ttl * 1000, nx=True)
+    def _store_ready(self, queue: Queue, task: Task, results: list[TaskResult]) -> None:
+        """Record READY outcomes for ``get_result()``, one pipelined write for the batch."""
+        now = now_ms()
+        pipe = queue.redis.pipeline(transaction=False)
+        for result in results:
+            blob = encode_result(job_id=result.id, task=task.module_path, status="READY", args=result.args,
+                                 kwargs=result.kwargs, enqueued_at=now)
+            pipe.set(queue.keys.result + result.id, blob, px=self.result_ttl * 1000, nx=True)
+        pipe.execute()
 
     # --- enqueue ---------------------------------------------------------------------
 
     def enqueue(self, task: Task, args, kwargs) -> TaskResult:
-        self.validate_task(task)
-        queue = self.queue(task.queue_name)
-        # validated and encoded now, even when sent later: bad input fails in the caller
-        built = queue.build(JobSpec(task.module_path, args, kwargs, **self._options(task)))
-        result = self._result(task, built[3], args, kwargs)
+        return self.enqueue_many(task, [(args, kwargs)], _one=True)[0]
+
+    def enqueue_many(self, task: Task, calls: Iterable[tuple[Any, Any]], *, _one: bool = False) -> list[TaskResult]:
+        """Enqueue one job per ``(args, kwargs)`` call: one round trip per chunk, results in order.
+
+        Every call is validated and encoded before anything is sent, so a bad
+        one (an argument JSON cannot carry, an oversize payload) raises,
+        naming its index, and no job of the batch is enqueued. Inside
+        ``transaction.atomic()`` the batch waits for the commit (or goes
+        through the outbox) exactly as a single ``enqueue`` does.
+        """
+        queue, built, results = self._build(task, calls, _one)
+        if not built:
+            return results
 
         def send() -> None:
-            queue.add_built(built)
-            self._sent(queue, task, args, kwargs, result)
+            queue.add_built_many(built)
+            self._sent(queue, task, results)
 
-        if connection.in_atomic_block and self.outbox:
-            self._to_outbox(queue, built, task, args, kwargs, result)
-        elif connection.in_atomic_block and self.enqueue_on_commit:
-            transaction.on_commit(send)
+        if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
+            if self.outbox:
+                self._to_outbox(queue, built, task, results)
+            else:
+                transaction.on_commit(send)
         else:
             send()
-        return result
+        return results
 
-    def _sent(self, queue: Queue, task: Task, args, kwargs, result: TaskResult) -> None:
-        self._store_ready(queue, result.id, task, args, kwargs)
-        object.__setattr__(result, "enqueued_at", timezone.now())
-        task_enqueued.send(type(self), task_result=result)
+    def _build(self, task: Task, calls: Iterable[tuple[Any, Any]], one: bool) -> tuple[Queue, list, list[TaskResult]]:
+        """Validate and encode every call (validated now, even when sent later: bad input fails in the caller)."""
+        if self._validated.get(id(task)) is not task:
+            self.validate_task(task)
+            if len(self._validated) >= 1024:
+                self._validated.clear()
+            self._validated[id(task)] = task  # a task is immutable: valid once, valid for this backend's life
+        queue = self.queue(task.queue_name)
+        options = self._options(task)
+        spec = JobSpec(task.module_path, (), {}, **options)
+        built: list = []
+        results: list[TaskResult] = []
+        for index, call in enumerate(calls):
+            args, kwargs = call if one else _unpack_call(index, call)
+            spec.args, spec.kwargs = args, kwargs
+            try:
+                job = queue.build(spec)
+            except (TypeError, ValueError) as exc:
+                if one:
+                    raise
+                raise type(exc)(f"call {index}: {exc}") from exc
+            built.append(job)
+            results.append(self._result(task, job[3], args, kwargs))
+        if options["job_id"] is not None and len(built) > 1:
+            raise ValueError("job_id names one job: use it with enqueue(), not with enqueue_many() of several calls")
+        return queue, built, results
 
-    def _to_outbox(self, queue: Queue, built, task: Task, args, kwargs, result: TaskResult) -> None:
+    def _sent(self, queue: Queue, task: Task, results: list[TaskResult]) -> None:
+        if self.result_ttl:
+            self._store_ready(queue, task, results)
+        now = timezone.now()
+        wanted = _enqueued.wanted(TaskResultStatus.READY)
+        for result in results:
+            object.__setattr__(result, "enqueued_at", now)
+            if wanted:
+                _enqueued.send(result)
+
+    def _to_outbox(self, queue: Queue, built: list, task: Task, results: list[TaskResult]) -> None:
         from chasqui_core.models import OutboxEntry
         from chasqui_core.outbox import relay_after_commit
 
-        uid, when, payload, job_id = built
-        if when.startswith("+"):  # relative delays count from now, not from the relay
-            when = "@" + str(now_ms() + int(when[1:]))
-        row = OutboxEntry.objects.create(queue=queue.name, job_id=job_id, payload=payload, when=when)
+        now = now_ms()
+        rows = []
+        for _, when, payload, job_id in built:
+            if when.startswith("+"):  # relative delays count from now, not from the relay
+                when = "@" + str(now + int(when[1:]))
+            rows.append(OutboxEntry(queue=queue.name, job_id=job_id, payload=payload, when=when))
+        if len(rows) == 1:
+            rows[0].save(force_insert=True)
+        else:
+            rows = OutboxEntry.objects.bulk_create(rows)
+        ids = [row.id for row in rows]
+        if None in ids:  # a database that does not return ids from bulk inserts
+            ids = list(OutboxEntry.objects.filter(job_id__in=[b[3] for b in built]).values_list("id", flat=True))
 
         def after_commit() -> None:
-            relay_after_commit(row.id)
-            self._sent(queue, task, args, kwargs, result)
+            relay_after_commit(ids)
+            self._sent(queue, task, results)
 
         transaction.on_commit(after_commit)
 
     async def aenqueue(self, task: Task, args, kwargs) -> TaskResult:
+        return (await self.aenqueue_many(task, [(args, kwargs)], _one=True))[0]
+
+    async def aenqueue_many(self, task: Task, calls: Iterable[tuple[Any, Any]], *,
+                            _one: bool = False) -> list[TaskResult]:
+        """``enqueue_many`` from async code: the same checks, the same results."""
         if self.enqueue_on_commit or self.outbox or self.result_ttl:
-            return await sync_to_async(self.enqueue, thread_sensitive=True)(task, args, kwargs)
-        self.validate_task(task)
-        queue = self.queue(task.queue_name)
-        enqueued = await queue.aadd(task.module_path, args, kwargs, **self._options(task))
-        result = self._result(task, enqueued.job_id, args, kwargs)
-        object.__setattr__(result, "enqueued_at", timezone.now())
-        await task_enqueued.asend(type(self), task_result=result)
-        return result
+            # these touch the database or the transaction: Django's sync side does it
+            return await sync_to_async(self.enqueue_many, thread_sensitive=True)(task, list(calls), _one=_one)
+        queue, built, results = self._build(task, calls, _one)
+        if built:
+            await queue.aadd_built_many(built)
+        now = timezone.now()
+        wanted = _enqueued.wanted(TaskResultStatus.READY)
+        for result in results:
+            object.__setattr__(result, "enqueued_at", now)
+            if wanted:
+                await _enqueued.asend(result)
+        return results
 
     # --- results -------------------------------------------------------------------------
 
@@ -224,15 +352,15 @@ class ChasquiBackend(BaseTaskBackend):
         task = TASK_REGISTRY.get(data["task"])
         if task is None:
             raise TaskResultDoesNotExist(f"{result_id} belongs to task {data['task']!r}, unknown to this project")
-        errors = _task_errors(data.get("errors", []))
+        errors = task_errors(data.get("errors", []))
         worker_ids = [e.get("worker", "") for e in data.get("errors", [])]
         if data.get("status") == "SUCCESSFUL":
             worker_ids.append(data.get("worker", ""))
         result = TaskResult(
             task=task, id=result_id, status=TaskResultStatus(data["status"]),
-            enqueued_at=_ms_to_dt(data.get("enqueued_at")), started_at=_ms_to_dt(data.get("started_at")),
-            finished_at=_ms_to_dt(data.get("finished_at")) if data["status"] in ("SUCCESSFUL", "FAILED") else None,
-            last_attempted_at=_ms_to_dt(data.get("last_attempted_at")), args=data.get("args", []),
+            enqueued_at=ms_to_datetime(data.get("enqueued_at")), started_at=ms_to_datetime(data.get("started_at")),
+            finished_at=ms_to_datetime(data.get("finished_at")) if data["status"] in ("SUCCESSFUL", "FAILED") else None,
+            last_attempted_at=ms_to_datetime(data.get("last_attempted_at")), args=data.get("args", []),
             kwargs=data.get("kwargs", {}), backend=self.alias, errors=errors, worker_ids=worker_ids,
         )
         object.__setattr__(result, "_return_value", data.get("return_value"))
@@ -250,6 +378,8 @@ class ChasquiBackend(BaseTaskBackend):
         return []
 
 
+_enqueued = TaskSignal(task_enqueued, ChasquiBackend)
+
 _discovered = False
 
 
@@ -262,78 +392,18 @@ def discover_tasks() -> dict[str, ChasquiTask]:
     return TASK_REGISTRY
 
 
-def _task_errors(records: list[dict[str, Any]]) -> list[TaskError]:
+def _unpack_call(index: int, call: Any) -> tuple[Any, Any]:
+    """One ``(args, kwargs)`` pair of ``enqueue_many``, checked so a mistake names its index."""
+    if isinstance(call, (str, bytes)) or not isinstance(call, (tuple, list)) or len(call) != 2:
+        raise TypeError(f"call {index}: expected an (args, kwargs) pair, got {call!r:.100}")
+    args, kwargs = call
+    if isinstance(args, (str, bytes, dict)) or not isinstance(args, (list, tuple)):
+        raise TypeError(f"call {index}: args must be a list or tuple, got {type(args).__name__}")
+    if not isinstance(kwargs, dict):
+        raise TypeError(f"call {index}: kwargs must be a dict, got {type(kwargs).__name__}")
+    return args, kwargs
+
+
+def task_errors(records: list[dict[str, Any]]) -> list[TaskError]:
     """The engine's error history as Django's TaskError list."""
     return [TaskError(exception_class_path=e.get("class", ""), traceback=e.get("traceback", "")) for e in records]
-
-
-def _running_result(task: Task, ctx: JobContext) -> TaskResult:
-    now = timezone.now()
-    job = ctx.job
-    result = TaskResult(
-        task=task, id=job.id, status=TaskResultStatus.RUNNING, enqueued_at=_ms_to_dt(job.created_at),
-        started_at=now, finished_at=None, last_attempted_at=now, args=job.args, kwargs=job.kwargs,
-        backend=job.meta.get("backend", "default"),
-        errors=_task_errors(job.errors),
-        worker_ids=[e.get("worker", "") for e in job.errors] + [""] * (ctx.deliveries - 1) + [ctx.worker_id],
-    )
-    return result
-
-
-def build_registry() -> HandlerRegistry:
-    """The handlers a worker may run: the project's Django Tasks, nothing else."""
-    registry = HandlerRegistry()
-    for name, task in discover_tasks().items():
-        registry.register(name, _handler(task), takes_context=True, max_attempts=task.max_attempts,
-                          backoff=task.backoff)
-    return registry
-
-
-def _handler(task: ChasquiTask):
-    """Wrap a Django Task for the engine: context, signals, and DB connection hygiene."""
-    sender = ChasquiBackend
-
-    if iscoroutinefunction(task.func):
-        async def run_async(ctx: JobContext, *args, **kwargs):
-            result = _running_result(task, ctx)
-            await task_started.asend(sender, task_result=result)
-            try:
-                if task.takes_context:
-                    value = await task.func(TaskContext(task_result=result), *args, **kwargs)
-                else:
-                    value = await task.func(*args, **kwargs)
-            except Exception:
-                object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                await task_finished.asend(sender, task_result=result)
-                raise
-            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-            object.__setattr__(result, "finished_at", timezone.now())
-            await task_finished.asend(sender, task_result=result)
-            return value
-
-        return run_async
-
-    def run_sync(ctx: JobContext, *args, **kwargs):
-        # The thread runs many jobs; like a request, each job starts and ends by
-        # dropping connections that are broken or past CONN_MAX_AGE.
-        close_old_connections()
-        result = _running_result(task, ctx)
-        try:
-            task_started.send(sender, task_result=result)
-            try:
-                if task.takes_context:
-                    value = task.func(TaskContext(task_result=result), *args, **kwargs)
-                else:
-                    value = task.func(*args, **kwargs)
-            except Exception:
-                object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                task_finished.send(sender, task_result=result)
-                raise
-            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-            object.__setattr__(result, "finished_at", timezone.now())
-            task_finished.send(sender, task_result=result)
-            return value
-        finally:
-            close_old_connections()
-
-    return run_sync

@@ -18,6 +18,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
+from chasqui_core.engine import redact
 from chasqui_core.engine.connection import DEFAULT_URL
 
 
@@ -33,11 +34,17 @@ class ChasquiSettings:
     PROMOTER_POLL_INTERVAL: float = 0.1
     PROMOTER_LOCK_TTL_MS: int = 5_000
     SHUTDOWN_TIMEOUT: float = 25.0
+    DEAD_WORKER_GRACE_MS: int = 600_000
+    """Workers silent this long are removed from the consumer group and the workers list, once their jobs are reclaimed."""
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
     BACKGROUND_THRESHOLD: int = 2000
     """Filtered DLQ operations touching more entries than this run in the background."""
-    MASKED_KEYS: tuple[str, ...] = ("password", "passwd", "secret", "token", "authorization", "api_key", "apikey")
-    """Keys whose values are masked in the console and API (case-insensitive, substring match)."""
+    ENQUEUE_RETRY_SECONDS: float = 5.0
+    """How long enqueue() keeps retrying while Redis is unavailable (restart, failover); 0 turns retries off."""
+    MASKED_KEYS: tuple[str, ...] = ()
+    """More key names whose values are masked (case-insensitive, substring match), on top of the built-in
+    list in chasqui_core.engine.redact.SECRET_KEYS (password, pwd, token, api_key, private_key, session,
+    cookie, authorization, credentials...)."""
 
     @property
     def redis_url(self) -> str:
@@ -49,7 +56,7 @@ class ChasquiSettings:
 
 
 _POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE", "MAX_ATTEMPTS", "VISIBILITY_TIMEOUT_MS", "PROMOTER_LOCK_TTL_MS",
-                  "MAX_PAYLOAD_BYTES", "BACKGROUND_THRESHOLD")
+                  "MAX_PAYLOAD_BYTES", "BACKGROUND_THRESHOLD", "DEAD_WORKER_GRACE_MS")
 _POSITIVE_NUMBERS = ("PROMOTER_POLL_INTERVAL", "SHUTDOWN_TIMEOUT")
 
 
@@ -67,6 +74,11 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
     for key in _POSITIVE_NUMBERS:
         if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], (int, float)) or raw[key] <= 0):
             raise ImproperlyConfigured(f"settings.CHASQUI[{key!r}] must be a number above 0, got {raw[key]!r}")
+    if "ENQUEUE_RETRY_SECONDS" in raw:
+        value = raw["ENQUEUE_RETRY_SECONDS"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
+            raise ImproperlyConfigured(
+                f"settings.CHASQUI['ENQUEUE_RETRY_SECONDS'] must be a number of seconds from 0 to 3600, got {value!r}")
     if "REDIS_URL" in raw and not isinstance(raw["REDIS_URL"], str):
         raise ImproperlyConfigured("settings.CHASQUI['REDIS_URL'] must be a string such as 'redis://127.0.0.1:6379/0'")
     if "MASKED_KEYS" in raw:
@@ -90,6 +102,7 @@ def chasqui_settings() -> ChasquiSettings:
     global _current
     if _current is None:
         _current = load()
+        redact.add_keys(_current.MASKED_KEYS)
     return _current
 
 

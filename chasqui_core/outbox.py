@@ -75,12 +75,13 @@ def _backend(task_backends):
     raise LookupError("no ChasquiBackend configured in settings.TASKS")
 
 
-def relay_after_commit(row_id: int) -> None:
-    """The fast path: try to send a row as soon as its transaction commits."""
+def relay_after_commit(row_ids: list[int]) -> None:
+    """The fast path: try to send rows as soon as their transaction commits."""
     try:
-        relay([row_id])
+        for start in range(0, len(row_ids), RELAY_BATCH):
+            relay(row_ids[start:start + RELAY_BATCH])
     except Exception:
-        logger.warning("outbox: relaying job row %s after commit failed; the relay will retry", row_id,
+        logger.warning("outbox: relaying %d job row(s) after commit failed; the relay will retry", len(row_ids),
                        exc_info=True)
 
 

@@ -182,5 +182,10 @@ LOGGING = {
         # Replaces Django's default "django" handler, which would print each
         # record a second time, unformatted, next to the root handler's copy.
         "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
+        # Django logs every task run at INFO (started, finished): two lines per
+        # job, which would cost a busy worker most of its throughput. Failures
+        # for good still log at ERROR; chasqui.worker logs retries and dead
+        # letters. Set this to INFO to see every job.
+        "django.tasks": {"level": "WARNING"},
     },
 }

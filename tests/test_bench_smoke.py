@@ -45,3 +45,21 @@ def test_bench_rejects_unknown_scenario():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "unknown scenario(s) no-such-scenario" in proc.stderr
+
+
+def test_bench_smoke_measures_the_django_path_beside_its_engine_twin(tmp_path):
+    """runworker-async times the real manage.py runworker process and is shown against worker-concurrent."""
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "worker-concurrent", "runworker-async", "django-enqueue-many", "--smoke",
+         "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
+    data = json.loads(out.read_text())
+    rows = {m["label"]: m for m in data["measurements"] if m["system"] == "chasqui"}
+    for label in ("runworker-async", "django-enqueue-many"):
+        assert rows[label]["median"] > 0 and not rows[label]["skipped"], rows[label]
+    assert "manage.py runworker" in rows["runworker-async"]["note"]
+    assert "of worker-concurrent" in proc.stdout  # the twin column

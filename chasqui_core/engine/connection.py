@@ -31,3 +31,16 @@ def url_of(client: redis.Redis | aredis.Redis) -> str:
         auth = f"{user}:{kw['password']}@"
     scheme = "rediss" if kw.get("ssl") or "ssl_context" in kw else "redis"
     return f"{scheme}://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+
+
+def server_of(client_or_connection) -> str:
+    """``host:port`` (or the Unix socket path) of a client or connection, never its password: for messages."""
+    pool = getattr(client_or_connection, "connection_pool", None)
+    if pool is None:  # a connection
+        conn = client_or_connection
+        path = getattr(conn, "path", None)
+        return f"unix:{path}" if path else f"{getattr(conn, 'host', '?')}:{getattr(conn, 'port', '?')}"
+    kw = pool.connection_kwargs
+    if kw.get("path"):
+        return f"unix:{kw['path']}"
+    return f"{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}"

@@ -25,6 +25,7 @@ from typing import Any
 from .envelope import DecodeError, Job, decode
 from .errors import JobNotFound
 from .keys import QueueKeys
+from .redact import mask_text
 from .scripts import Scripts
 
 REASONS = ("retries_exhausted", "unrecoverable", "panic", "decode_failed", "unknown_task", "oversize")
@@ -126,7 +127,7 @@ def fingerprint(error_class: str, message: str) -> str:
     one cause. Long messages are cut, with a digest of the whole normalised
     text appended so that two long messages differing at the end stay apart.
     """
-    text = message
+    text = mask_text(message)  # before normalising: "password=x9TopSecret" must not leave "TopSecret"
     for pattern, placeholder in _NORMALISERS:
         text = pattern.sub(placeholder, text)
     text = text.strip()
@@ -136,6 +137,21 @@ def fingerprint(error_class: str, message: str) -> str:
     if error_class and text:
         return f"{error_class}: {text}"
     return error_class or text
+
+
+_FINGERPRINT_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def fingerprint_id(fingerprint_text: str) -> str:
+    """A short, stable id for a fingerprint: what URLs and filters carry instead of its text."""
+    return hashlib.blake2b(fingerprint_text.encode(), digest_size=8).hexdigest()
+
+
+def _fingerprint_matches(wanted: str, actual: str) -> bool:
+    """``wanted`` is a fingerprint id (as groups give it) or, for scripts written earlier, its text."""
+    if _FINGERPRINT_ID.fullmatch(wanted):
+        return fingerprint_id(actual) == wanted
+    return actual == wanted
 
 
 def _class_matches(wanted: str, actual: str) -> bool:
@@ -170,6 +186,10 @@ class DeadJob:
         return fingerprint(self.error_class, self.error)
 
     @property
+    def fingerprint_id(self) -> str:
+        return fingerprint_id(self.fingerprint)
+
+    @property
     def replayable(self) -> bool:
         """False when the payload cannot be decoded, so there is no job to send back."""
         return self.job is not None
@@ -196,6 +216,11 @@ class ErrorGroup:
     sample_entry_id: str
     tasks: list[str]
 
+    @property
+    def id(self) -> str:
+        """The fingerprint's id: pass it as a filter's ``fingerprint`` to act on this group."""
+        return fingerprint_id(self.fingerprint)
+
 
 _FILTER_FIELDS = ("task", "reason", "error_class", "error_text", "fingerprint", "since_ms", "until_ms")
 
@@ -217,7 +242,7 @@ class DLQFilter:
     error_text: str | None = None
     """Case-insensitive text found in the last error message or any message of the history."""
     fingerprint: str | None = None
-    """Exact error fingerprint (see ``fingerprint()``): one group of the "group by error" view."""
+    """One group of the "group by error" view: its id (``ErrorGroup.id``), or the fingerprint's exact text."""
     since_ms: int | None = None
     """Died at or after this time (epoch ms)."""
     until_ms: int | None = None
@@ -290,7 +315,7 @@ class DLQFilter:
             return False
         if self.error_class is not None and not _class_matches(self.error_class, job.error_class):
             return False
-        if self.fingerprint is not None and job.fingerprint != self.fingerprint:
+        if self.fingerprint is not None and not _fingerprint_matches(self.fingerprint, job.fingerprint):
             return False
         if self.error_text is not None:
             needle = self.error_text.casefold()
@@ -315,7 +340,8 @@ class DLQFilter:
             return False
         if self.error_class is not None and not _class_matches(self.error_class, _field(fields, b"error_class")):
             return False
-        if self.fingerprint is not None and fingerprint(_field(fields, b"error_class"), _field(fields, b"error")) != self.fingerprint:
+        if self.fingerprint is not None and not _fingerprint_matches(
+                self.fingerprint, fingerprint(_field(fields, b"error_class"), _field(fields, b"error"))):
             return False
         undecided = False
         if self.task is not None:

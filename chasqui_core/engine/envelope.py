@@ -103,15 +103,47 @@ def decode(data: bytes) -> Job:
     if len(raw) != 14:
         raise DecodeError(f"malformed envelope: {len(raw)} fields, expected 14")
     job = Job(*raw[1:])
-    if type(job.id) is not str or type(job.task) is not str or not job.task:
-        raise DecodeError("malformed envelope: job id and task name must be strings")
+    if type(job.id) is not str or not job.id or type(job.task) is not str or not job.task:
+        raise DecodeError("malformed envelope: job id and task name must be non-empty strings")
     if type(job.args) is not list or type(job.kwargs) is not dict:
         raise DecodeError("malformed envelope: args must be a list and kwargs a map")
-    if type(job.attempt) is not int or job.attempt < 0 or type(job.errors) is not list:
-        raise DecodeError("malformed envelope: bad attempt count or error history")
-    if job.meta is None:
-        job.meta = {}
+    if type(job.errors) is not list or type(job.meta) is not dict:
+        if job.meta is None and type(job.errors) is list:
+            job.meta = {}
+        else:
+            raise DecodeError("malformed envelope: the error history must be a list and meta a map")
+    # counters and limits: exact int checks cost little and keep a bad value from reaching Redis
+    attempt, replays, deaths, ttl, created = job.attempt, job.replays, job.deaths, job.result_ttl, job.created_at
+    if not (type(attempt) is int and type(replays) is int and type(deaths) is int and type(ttl) is int
+            and type(created) is int and attempt >= 0 and replays >= 0 and deaths >= 0 and created >= 0
+            and 0 <= ttl <= MAX_RESULT_TTL):
+        raise DecodeError(_bad_number(job))
+    if job.max_attempts is not None and (type(job.max_attempts) is not int or job.max_attempts < 1):
+        raise DecodeError(f"malformed envelope: max_attempts must be empty or a whole number of 1 or more, "
+                          f"got {job.max_attempts!r:.50}")
+    if job.backoff is not None and type(job.backoff) is not dict:
+        raise DecodeError(f"malformed envelope: backoff must be empty or a map, got {job.backoff!r:.50}")
+    for record in job.errors:
+        if type(record) is not dict:
+            raise DecodeError(f"malformed envelope: an error history entry is not a map ({record!r:.50})")
     return job
+
+
+MAX_RESULT_TTL = 366 * 24 * 3600
+"""A year: longer makes no sense for a job's outcome, and keeps TTL arithmetic in range."""
+
+
+def _bad_number(job: Job) -> str:
+    """Say which counter of an envelope is wrong, in words (only on the rare bad envelope)."""
+    checks = (("attempt", job.attempt, 0, None), ("replays", job.replays, 0, None), ("deaths", job.deaths, 0, None),
+              ("created_at", job.created_at, 0, None), ("result_ttl", job.result_ttl, 0, MAX_RESULT_TTL))
+    for name, value, low, high in checks:
+        if type(value) is not int:
+            return f"malformed envelope: {name} must be a whole number, got {value!r:.50}"
+        if value < low or (high is not None and value > high):
+            limit = f"between {low} and {high}" if high is not None else f"{low} or more"
+            return f"malformed envelope: {name} must be {limit}, got {value}"
+    return "malformed envelope: a counter is out of range"
 
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"

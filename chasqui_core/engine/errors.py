@@ -40,6 +40,27 @@ class InvalidQueueName(ChasquiError, ValueError):
     """A queue name that cannot be used as part of a Redis key."""
 
 
+class EnqueueUnavailable(ChasquiError):
+    """Redis could not take an add within the producer's retry window.
+
+    Raised instead of redis-py's connection errors once the producer has
+    retried for ``retry_for`` seconds. ``maybe_added`` is False when no attempt
+    reached the server (refused connections, a server still loading), so
+    nothing was added; True when a write was sent and its reply lost, so the
+    jobs may be there. ``added`` holds the results of the chunks of a bulk add
+    that went through before the failure.
+    """
+
+    def __init__(self, message: str, *, server: str, cause: BaseException, job_ids: list[str],
+                 maybe_added: bool, added: list | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.cause = cause
+        self.job_ids = job_ids
+        self.maybe_added = maybe_added
+        self.added = added if added is not None else []
+
+
 def is_unrecoverable(exc: BaseException) -> bool:
     """True when the exception's class or any base class is named UnrecoverableError."""
     return any(cls.__name__ == "UnrecoverableError" for cls in type(exc).__mro__)

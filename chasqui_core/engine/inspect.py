@@ -66,6 +66,8 @@ class WorkerInfo:
     last_seen_ms: int
     stale: bool
     """The heartbeat is older than the staleness bound: the worker stopped or cannot reach Redis."""
+    problem: str = ""
+    """What the worker reports wrong with itself (a slot that died and was restarted...); "" when healthy."""
 
 
 # --- queues -----------------------------------------------------------------
@@ -212,6 +214,7 @@ def _decode_worker(raw: bytes, now: int, stale_after_ms: int) -> WorkerInfo | No
             started_at_ms=int(info.get("started_at", 0)),
             last_seen_ms=last_seen,
             stale=now - last_seen > stale_after_ms,
+            problem=str(info.get("problem") or ""),
         )
     except Exception:  # a heartbeat not written by a Chasqui worker
         return None

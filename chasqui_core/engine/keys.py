@@ -43,6 +43,8 @@ class QueueKeys:
     """Prefix of stored results (when result storage is on)."""
     metrics: str
     """Prefix of the time-bucketed counters: ``<metrics>s:<epoch second>`` and ``<metrics>m:<epoch minute>``."""
+    lane: str
+    """Prefix of the producer lanes: ``<lane><lane id>`` holds the last write of one lane (see engine/link.py)."""
 
     @classmethod
     def for_queue(cls, queue: str) -> "QueueKeys":
@@ -61,6 +63,7 @@ class QueueKeys:
             unique=p + "unique:",
             result=p + "result:",
             metrics=p + "m:",
+            lane=p + "lane:",
         )
 
 

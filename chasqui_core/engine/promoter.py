@@ -80,6 +80,30 @@ class Promoter:
         self.moved_total += moved
         return moved, next_due, now, ok == 1
 
+    async def _drain(self) -> tuple[int, int, int, bool]:
+        """Promote batch after batch, two calls in flight, until one comes back short.
+
+        With one call at a time Redis idles while each reply travels back and
+        the next call is sent; with two, the next batch is already queued
+        when one finishes. Each call is atomic and checks the lock, so a call
+        sent after the backlog ran out just moves nothing.
+        """
+        loop = asyncio.get_running_loop()
+        calls = [loop.create_task(self.promote()), loop.create_task(self.promote())]
+        try:
+            while True:
+                result = await calls.pop(0)
+                if result[0] < self.batch_size or not result[3]:
+                    await asyncio.gather(*calls, return_exceptions=True)
+                    return result
+                await self._acquire_or_renew()  # a long drain must not outlive the lock
+                if not self.is_leader:
+                    return result[0], result[1], result[2], False
+                calls.append(loop.create_task(self.promote()))
+        finally:
+            for call in calls:
+                call.cancel()
+
     async def _acquire_or_renew(self) -> None:
         if self.is_leader:
             if time.monotonic() - self._renewed_at >= self.lock_ttl_ms / 3000:
@@ -105,8 +129,11 @@ class Promoter:
                     if not ok:
                         self.is_leader = False
                         continue
-                    if moved >= self.batch_size:
-                        continue  # more are due: keep going without sleeping
+                    if moved >= self.batch_size:  # a backlog: drain it, then look again
+                        moved, next_due, now, ok = await self._drain()
+                        if not ok:
+                            self.is_leader = False
+                        continue
                     # never past a third of the lock's life, so the lock is renewed in time
                     sleep = min(self.poll_interval, self.lock_ttl_ms / 3000)
                     if next_due >= 0:

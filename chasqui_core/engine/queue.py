@@ -1,13 +1,18 @@
 """The producer side: put jobs on a queue.
 
-``Queue.add`` is one round trip; ``Queue.add_bulk`` is one round trip per
-chunk, both through ``enqueue.lua`` so that ready and delayed jobs, caller-given
-ids and the enqueued counter are handled in the same atomic call.
+Every add runs ``enqueue.lua``: ``Queue.add`` is one call for one job,
+``Queue.add_bulk`` one call per chunk, so that ready and delayed jobs,
+caller-given ids, the enqueued counter and the lane that makes a re-sent write
+harmless (see ``link.py``) are handled in the same atomic call. A write that
+meets a restarting or failing-over server is retried for ``retry_for``
+seconds, then ``EnqueueUnavailable`` is raised; a retry never adds a job twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 import time
 
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,19 +20,33 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
+import hiredis
 import msgpack
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
 from .backoff import BackoffSpec, coerce_backoff
-from .connection import aconnect, connect, url_of
-from .envelope import check_json_types, new_job_id, now_ms, pack_job
+from .connection import aconnect, connect, server_of, url_of
+from .envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
+from .errors import EnqueueUnavailable
 from .keys import QUEUES_REGISTRY, QueueKeys
-from .scripts import Scripts
+from .link import Lane, Link, Retrier, unavailable
+from .scripts import Scripts, source
 
 DEFAULT_UNIQUE_TTL_MS = 24 * 3600 * 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_CHUNK_SIZE = 1000
+DEFAULT_RETRY_FOR = 5.0
+"""Seconds a producer keeps retrying an add while Redis is unavailable (a restart, a failover)."""
+LANE_TTL_MS = 600_000
+"""How long a lane remembers its last write: far longer than any write stays in doubt."""
+
+_ENQUEUE_SHA = hashlib.sha1(source("enqueue").encode()).hexdigest()
+_pack_command = hiredis.pack_command
+_LOAD_ENQUEUE = _pack_command(("SCRIPT", "LOAD", source("enqueue")))
+_EMPTY_BULK = b"$0\r\n\r\n"
 
 
 _pack_items = msgpack.Packer(use_bin_type=False).pack
@@ -103,7 +122,10 @@ class Queue:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         unique_ttl_ms: int = DEFAULT_UNIQUE_TTL_MS,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        retry_for: float = DEFAULT_RETRY_FOR,
     ) -> None:
+        if isinstance(retry_for, bool) or not isinstance(retry_for, (int, float)) or not 0 <= retry_for <= 3600:
+            raise ValueError(f"retry_for must be a number of seconds from 0 to 3600, got {retry_for!r}")
         self.keys = QueueKeys.for_queue(name)
         self.name = name
         self.redis = redis_client if redis_client is not None else connect(url)
@@ -115,8 +137,11 @@ class Queue:
         self.max_payload_bytes = max_payload_bytes
         self.unique_ttl_ms = unique_ttl_ms
         self.chunk_size = chunk_size
+        self.retry_for = float(retry_for)
         self._registered = False
-        self._expired_at = 0
+        self._links: list[Link] = []
+        self._alanes: list[Lane] = []
+        self._register_cmd = _pack_command(("SADD", QUEUES_REGISTRY, name))
 
     # --- building jobs ------------------------------------------------------
 
@@ -145,8 +170,9 @@ class Queue:
             raise ValueError("job_id must be a non-empty string of at most 200 characters")
         when = "" if spec.delay is None and spec.run_at is None else _when(spec.delay, spec.run_at)
         result_ttl = spec.result_ttl
-        if type(result_ttl) is not int or result_ttl < 0:
-            raise ValueError(f"result_ttl must be a whole number of seconds, got {result_ttl!r}")
+        if type(result_ttl) is not int or not 0 <= result_ttl <= MAX_RESULT_TTL:
+            raise ValueError(f"result_ttl must be a whole number of seconds from 0 to {MAX_RESULT_TTL}, "
+                             f"got {result_ttl!r}")
         meta = dict(spec.meta) if spec.meta else {}
         if meta:
             check_json_types(meta, "meta")
@@ -160,12 +186,13 @@ class Queue:
             )
         return (job_id or "", when, payload, jid)
 
-    def _argv(self, built: list) -> list:
+    @staticmethod
+    def _items(built: list) -> bytes:
         flat: list = []
         for uid, when, payload, _ in built:
             flat += (uid, when, payload)
         # str type for every item: the scripting engine's msgpack reads raw strings
-        return [self.keys.unique, self.unique_ttl_ms, self.keys.metrics, _pack_items(flat)]
+        return _pack_items(flat)
 
     def _results(self, built: list, replies: list) -> list[Enqueued]:
         name = self.name
@@ -190,10 +217,125 @@ class Queue:
         if chunk:
             yield chunk
 
-    def _register(self) -> None:
-        if not self._registered:
-            self.redis.sadd(QUEUES_REGISTRY, self.name)
-            self._registered = True
+    # --- sending ----------------------------------------------------------------
+
+    def _take_link(self) -> Link:
+        """A link no other write is using (one per thread that adds at the same time)."""
+        try:
+            link = self._links.pop()
+        except IndexError:
+            link = None
+        if link is None or link.pid != os.getpid():  # a forked child never shares its parent's sockets
+            if link is not None:
+                self._links = []
+            link = Link(self.redis, connect_timeout=min(5.0, max(1.0, self.retry_for)))
+            k = self.keys
+            # packed once per link; the last two arguments (sequence number, jobs) are added per write
+            link.cache["enqueue"] = _pack_command(
+                ("EVALSHA", _ENQUEUE_SHA, 3, k.stream, k.delayed, k.lane + link.lane, k.unique,
+                 self.unique_ttl_ms, k.metrics, LANE_TTL_MS, "", ""))[:-2 * len(_EMPTY_BULK)]
+        return link
+
+    def _request(self, link: Link, chunk: list) -> tuple[bytes, int]:
+        """Pack one write (its sequence number fixed now, for every try) and how many replies it gets."""
+        seq = link.next_seq().encode()
+        items = self._items(chunk)
+        packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (link.cache["enqueue"], len(seq), seq, len(items), items)
+        if self._registered:
+            return packed, 1
+        return self._register_cmd + packed, 2
+
+    def _start(self, link: Link, chunk: list) -> tuple[list, bytes, int, BaseException | None]:
+        """Send one write without waiting for its reply (a bulk add builds the next chunk meanwhile)."""
+        packed, count = self._request(link, chunk)
+        try:
+            link.send(packed)
+        except Exception as exc:
+            if not unavailable(exc):
+                raise
+            return chunk, packed, count, exc  # not sent: _finish retries it
+        return chunk, packed, count, None
+
+    def _finish(self, link: Link, pending: tuple[list, bytes, int, BaseException | None]) -> list[Enqueued]:
+        """Read the reply of a write started by ``_start``, retrying it while Redis is unavailable."""
+        chunk, packed, count, error = pending
+        retrier: Retrier | None = None
+        while True:
+            if error is None:
+                try:
+                    replies = self._receive(link, packed, count)
+                    self._registered = True
+                    return self._results(chunk, replies[-1])
+                except Exception as exc:
+                    if not unavailable(exc):
+                        raise
+                    error = exc
+            retrier = retrier or Retrier(self.retry_for)
+            wait = retrier.pause(error, sent=getattr(error, "sent", True))
+            if wait is None:
+                raise self._unavailable(error, retrier, chunk, link.server) from error
+            time.sleep(wait)
+            try:
+                link.send(packed)  # the same bytes: same lane, same sequence number
+                error = None
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                error = exc
+
+    @staticmethod
+    def _receive(link: Link, packed: bytes, count: int) -> list:
+        try:
+            return link.receive(count)
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        # a restarted server has forgotten the script: load it and send again, one round trip
+        link.send(_LOAD_ENQUEUE + packed)
+        return link.receive(count + 1)[1:]
+
+    def _unavailable(self, cause: BaseException, retrier: Retrier, chunk: list, server: str) -> EnqueueUnavailable:
+        jobs = f"{len(chunk)} jobs" if len(chunk) != 1 else f"job {chunk[0][3]}"
+        fate = ("A write was sent before the connection broke, so they may have been added."
+                if retrier.maybe_run else "Nothing was added.")
+        return EnqueueUnavailable(
+            f"Could not add {jobs} to queue {self.name!r}: the Redis server at {server} was unavailable "
+            f"for {retrier.retry_for:g}s ({retrier.tries} tries; last error: {type(cause).__name__}: {cause}). "
+            f"{fate}",
+            server=server, cause=cause, job_ids=[b[3] for b in chunk], maybe_added=retrier.maybe_run)
+
+    def _write_chunks(self, chunks: Iterable[list]) -> list[Enqueued]:
+        """Send chunks on one link, one in flight: the next chunk is built while Redis runs the last."""
+        out: list[Enqueued] = []
+        link = self._take_link()
+        pending = None
+        try:
+            try:
+                for chunk in chunks:
+                    if pending is not None:
+                        done, pending = pending, None
+                        out += self._finish(link, done)
+                    pending = self._start(link, chunk)
+            except BaseException:
+                if pending is not None:  # a later chunk failed to build: this one was sent, see it through
+                    done, pending = pending, None
+                    self._finish(link, done)
+                raise
+            if pending is not None:
+                done, pending = pending, None
+                out += self._finish(link, done)
+        except EnqueueUnavailable as exc:
+            exc.added = out
+            raise
+        finally:
+            self._links.append(link)
+        return out
+
+    def close(self) -> None:
+        """Close this queue's own connections (the client passed in stays open)."""
+        links, self._links = self._links, []
+        for link in links:
+            link.close()
 
     # --- sync API -------------------------------------------------------------
 
@@ -209,54 +351,16 @@ class Queue:
 
     def add_built(self, built: tuple[str, str, bytes, str]) -> Enqueued:
         """Send one job returned by ``build`` (validate now, send later: on commit, say)."""
-        self._register()
-        if not built[0] and not built[1]:
-            return self._add_ready(built)
-        return self._enqueue_chunk([built])[0]
-
-    def _enqueue_chunk(self, chunk: list) -> list[Enqueued]:
-        """One ``enqueue.lua`` call for built jobs."""
-        reply = self._scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
-        return self._results(chunk, reply)
-
-    def _add_ready(self, built: tuple[str, str, bytes, str]) -> Enqueued:
-        """The common single add (ready now, no caller id): plain commands, no script.
-
-        A script call costs the server far more than an XADD for one job, so
-        this path sends XADD and the counter increments as one packed write on
-        a pooled connection. Counters use this process's clock here, the
-        server's in the scripts; they agree to within clock skew.
-        """
-        sec = int(time.time())
-        second, minute = f"{self.keys.metrics}s:{sec}", f"{self.keys.metrics}m:{sec // 60}"
-        commands = [("XADD", self.keys.stream, "*", "j", built[2]),
-                    ("HINCRBY", second, "enqueued", 1), ("HINCRBY", minute, "enqueued", 1)]
-        if sec != self._expired_at:
-            commands += [("EXPIRE", second, 3720), ("EXPIRE", minute, 90000)]
-        replies = self._send(commands)
-        self._expired_at = sec
-        return Enqueued(built[3], self.name, replies[0].decode(), False, False)
-
-    def _send(self, commands: list[tuple]) -> list[Any]:
-        pool = self.redis.connection_pool
-        conn = pool.get_connection()
+        link = self._take_link()
         try:
-            conn.send_packed_command(conn.pack_commands(commands))
-            replies, error = [], None
-            for _ in commands:  # read every reply, even after an error, to keep the connection in step
-                try:
-                    replies.append(conn.read_response())
-                except redis.ResponseError as exc:
-                    error = error or exc
-                    replies.append(None)
-        except BaseException:
-            conn.disconnect()
-            raise
+            return self._finish(link, self._start(link, [built]))[0]
         finally:
-            pool.release(conn)
-        if error is not None:
-            raise error
-        return replies
+            self._links.append(link)
+
+    def add_built_many(self, built: Sequence[tuple[str, str, bytes, str]]) -> list[Enqueued]:
+        """Send jobs returned by ``build``, one round trip per chunk of ``chunk_size``."""
+        size = self.chunk_size
+        return self._write_chunks(list(built[start:start + size]) for start in range(0, len(built), size))
 
     def add_encoded(self, items: Sequence[tuple[str, str, bytes]]) -> list[Enqueued]:
         """Add jobs encoded earlier by ``build``: (job id, when, payload) triples.
@@ -264,24 +368,19 @@ class Queue:
         The job id doubles as the idempotency key, so sending the same job
         twice (a relay retrying after a lost reply) adds it once.
         """
-        self._register()
-        out: list[Enqueued] = []
-        for start in range(0, len(items), self.chunk_size):
-            out += self._enqueue_chunk(
-                [(job_id, when, payload, job_id) for job_id, when, payload in items[start:start + self.chunk_size]])
-        return out
+        size = self.chunk_size
+        return self._write_chunks(
+            [(job_id, when, payload, job_id) for job_id, when, payload in items[start:start + size]]
+            for start in range(0, len(items), size))
 
     def add_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
         """Add many jobs, one round trip per chunk of ``chunk_size``.
 
         Every job of a chunk is validated before the chunk is sent, so a bad job
-        raises before any job of its chunk reaches Redis.
+        raises before any job of its chunk reaches Redis (earlier chunks are
+        added).
         """
-        out: list[Enqueued] = []
-        for chunk in self._chunks(jobs):
-            self._register()
-            out += self._enqueue_chunk(chunk)
-        return out
+        return self._write_chunks(self._chunks(jobs))
 
     # --- asyncio API ------------------------------------------------------------
 
@@ -289,10 +388,31 @@ class Queue:
         # asyncio connections belong to the loop that opened them
         loop = asyncio.get_running_loop()
         if self._aredis is None or self._aloop is not loop:
-            self._aredis = aconnect(self._url or url_of(self.redis))
+            # retries are ours (guarded by the lane), not redis-py's
+            self._aredis = aconnect(self._url or url_of(self.redis), retry=AsyncRetry(NoBackoff(), 0))
             self._ascripts = Scripts(self._aredis)
             self._aloop = loop
         return self._aredis, self._ascripts  # type: ignore[return-value]
+
+    async def _awrite(self, client: aredis.Redis, scripts: Scripts, lane: Lane, chunk: list) -> list[Enqueued]:
+        k = self.keys
+        keys = [k.stream, k.delayed, k.lane + lane.lane]
+        args = [k.unique, self.unique_ttl_ms, k.metrics, LANE_TTL_MS, lane.next_seq(), self._items(chunk)]
+        retrier: Retrier | None = None
+        while True:
+            try:
+                if not self._registered:
+                    await client.sadd(QUEUES_REGISTRY, self.name)
+                    self._registered = True
+                return self._results(chunk, await scripts.enqueue(keys=keys, args=args))
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                retrier = retrier or Retrier(self.retry_for)
+                wait = retrier.pause(exc, sent=True)
+                if wait is None:
+                    raise self._unavailable(exc, retrier, chunk, server_of(client)) from exc
+                await asyncio.sleep(wait)
 
     async def aadd(
         self,
@@ -304,14 +424,25 @@ class Queue:
         return (await self.aadd_bulk([JobSpec(task, args, kwargs or {}, **options)]))[0]
 
     async def aadd_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
+        return await self._asend(self._chunks(jobs))
+
+    async def aadd_built_many(self, built: Sequence[tuple[str, str, bytes, str]]) -> list[Enqueued]:
+        """Send jobs returned by ``build`` from async code, one round trip per chunk."""
+        size = self.chunk_size
+        return await self._asend(list(built[start:start + size]) for start in range(0, len(built), size))
+
+    async def _asend(self, chunks: Iterable[list]) -> list[Enqueued]:
         client, scripts = self._async()
         out: list[Enqueued] = []
-        for chunk in self._chunks(jobs):  # validated before anything is written
-            if not self._registered:
-                await client.sadd(QUEUES_REGISTRY, self.name)
-                self._registered = True
-            reply = await scripts.enqueue(keys=[self.keys.stream, self.keys.delayed], args=self._argv(chunk))
-            out += self._results(chunk, reply)
+        lane = self._alanes.pop() if self._alanes else Lane()  # one lane per concurrent caller
+        try:
+            for chunk in chunks:  # each validated before anything of it is written
+                out += await self._awrite(client, scripts, lane, chunk)
+        except EnqueueUnavailable as exc:
+            exc.added = out
+            raise
+        finally:
+            self._alanes.append(lane)
         return out
 
     async def aclose(self) -> None:

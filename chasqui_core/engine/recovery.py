@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import msgpack
+from redis.exceptions import ResponseError
+
 from .events import EVENTS_MAXLEN
 from .keys import GROUP, QueueKeys
 
@@ -56,3 +59,56 @@ async def reclaim(
     for i in range(0, len(flat), 3):
         out.append(Reclaimed(flat[i], flat[i + 1], int(flat[i + 2])))
     return next_cursor, out
+
+
+async def forget_dead_workers(client, keys: QueueKeys, own_id: str, *, grace_ms: int) -> list[str]:
+    """Remove workers silent for longer than ``grace_ms`` from the consumer group and the workers list.
+
+    Only consumers holding no pending entry are removed: a dead worker's
+    entries are reclaimed first (after the visibility timeout), and deleting a
+    consumer that still owns entries would drop them from the pending list,
+    where nothing would ever find them again. Silence is judged by the
+    worker's heartbeat on the server's clock; a consumer without a heartbeat
+    (one that stopped cleanly) by its idle time. Returns the names removed.
+    """
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    pipe.hgetall(keys.workers)
+    pipe.xinfo_consumers(keys.stream, GROUP)
+    try:
+        (seconds, micros), beats, consumers = await pipe.execute()
+    except ResponseError as exc:
+        if "NOGROUP" in str(exc) or "no such key" in str(exc):
+            return []
+        raise
+    now = int(seconds) * 1000 + int(micros) // 1000
+    last_seen: dict[str, int] = {}
+    for name, raw in beats.items():
+        name = name.decode(errors="replace") if isinstance(name, bytes) else name
+        try:
+            last_seen[name] = int(msgpack.unpackb(raw, raw=False)["last_seen"])
+        except Exception:
+            last_seen[name] = 0  # not a heartbeat we can read: as good as silent
+    gone: list[str] = []
+    consumer_names = set()
+    for consumer in consumers:
+        name = consumer["name"]
+        name = name.decode(errors="replace") if isinstance(name, bytes) else name
+        consumer_names.add(name)
+        if name == own_id or int(consumer["pending"]):
+            continue
+        seen = last_seen.get(name)
+        silent_for = now - seen if seen is not None else int(consumer["idle"])
+        if silent_for > grace_ms:
+            gone.append(name)
+    stale_beats = [name for name, seen in last_seen.items()
+                   if name != own_id and name not in consumer_names and now - seen > grace_ms]
+    if not gone and not stale_beats:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for name in gone:
+        pipe.xgroup_delconsumer(keys.stream, GROUP, name)
+    if gone or stale_beats:
+        pipe.hdel(keys.workers, *gone, *stale_beats)
+    await pipe.execute()
+    return gone + stale_beats

@@ -15,6 +15,7 @@ from typing import Any
 
 from .backoff import BackoffSpec, coerce_backoff
 from .envelope import Job
+from .errors import is_unrecoverable
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +28,21 @@ class JobContext:
     entry_id: str
     deliveries: int
     """How many times this stream entry was delivered (more than 1 after a crash)."""
+    max_attempts: int = 0
+    """The job's budget of runs, from the job, its task or the worker (0: not known)."""
 
     @property
     def attempt(self) -> int:
         """1-based number of this run, counting runs lost to crashes."""
         return self.job.attempt + self.deliveries
+
+    def will_retry(self, exc: BaseException) -> bool:
+        """Would this run, failing with ``exc``, be followed by another run?
+
+        Lets code around a handler tell a last failure (the job is finished)
+        from one the worker will retry, before the worker settles it.
+        """
+        return not is_unrecoverable(exc) and self.attempt < self.max_attempts
 
 
 @dataclass(frozen=True, slots=True)

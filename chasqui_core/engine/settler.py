@@ -199,7 +199,10 @@ class Settler:
             logger.error("gave up settling %d outcomes on %s after %d tries; their entries stay pending and "
                          "will be reclaimed after the visibility timeout", len(b), keys.queue, SETTLE_TRIES)
             return
-        server_ms, _, _, _, _, earliest = reply
+        server_ms, _, _, _, _, earliest, problems = reply
+        for problem in problems:
+            logger.error("settling on %s: %s", keys.queue, problem.decode(errors="replace")
+                         if isinstance(problem, bytes) else problem)
         if earliest >= 0 and self.on_retry_scheduled is not None:
             self.on_retry_scheduled(keys.queue, earliest, server_ms)
         if events.has_subscribers():

@@ -74,7 +74,10 @@ class SyncLane:
             if self.stopping:
                 done.append((REQUEUE, d, None, 0, 0))
             else:
-                done.append(self._call(d))
+                try:
+                    done.append(self._call(d))
+                except BaseException as exc:  # never lose the thread, nor the job's outcome
+                    done.append((FAILED, d, exc, now_ms(), 0))
             # append first, then look at the flag: the loop clears the flag
             # before it drains, so an outcome is never left behind
             if not self._notified:
@@ -89,7 +92,7 @@ class SyncLane:
             result = handler.fn(*d.handler_args(self.worker_id), **job.kwargs)
             if job.result_ttl:
                 check_json_types(result, "return value")
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit from a handler fails its job, not the thread
             return (FAILED, d, exc, started, int((time.perf_counter() - t0) * 1000))
         return (OK, d, result, started, int((time.perf_counter() - t0) * 1000))
 

@@ -73,3 +73,9 @@ def _frames(err: BaseException) -> str:
     if tb is not None:
         lines.append("  ...\n")
     return "".join(lines)
+
+
+def class_path(exc: BaseException) -> str:
+    """The exception's class as the error history names it: ``ValueError``, ``app.errors.Missing``."""
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"

@@ -33,14 +33,14 @@ from .envelope import DecodeError, Job, check_json_types, decode, error_record, 
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
 from .promoter import Promoter
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES
-from .recovery import PANIC_AFTER_DEATHS, extend_leases, reclaim
+from .recovery import PANIC_AFTER_DEATHS, extend_leases, forget_dead_workers, reclaim
 from .registry import Handler, HandlerRegistry, JobContext
 from .results import encode_result
-from .retry import RetryPolicy, decide
+from .retry import RetryPolicy, budget, decide
 from .scripts import Scripts
 from .settler import Settler
-from .sync_lane import FAILED, OK, SyncLane
-from .tracebacks import format_exception
+from .sync_lane import FAILED, REQUEUE, SyncLane
+from .tracebacks import class_path, format_exception
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -53,11 +53,14 @@ class Delivery:
     job: Job
     handler: Handler
     deliveries: int = 1
+    max_attempts: int = 0
+    """The job's budget of runs (see retry.budget), for the JobContext."""
 
     def handler_args(self, worker_id: str) -> tuple | list:
         """Positional arguments for the handler: a JobContext first when it asked for one."""
         if self.handler.takes_context:
-            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), self.deliveries)
+            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), self.deliveries,
+                             self.max_attempts)
             return (ctx, *self.job.args)
         return self.job.args
 
@@ -70,9 +73,16 @@ class WorkerStats:
     started_at: float = field(default_factory=time.time)
 
 
-def _exc_class(exc: BaseException) -> str:
-    cls = type(exc)
-    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception cannot print itself.
+
+    An exception class whose ``__str__`` raises (formatting an attribute of
+    None, say) is a bug in the error, not a reason to lose the job's retries.
+    """
+    try:
+        return str(exc)
+    except Exception as failure:
+        return f"<{class_path(exc)}: str() raised {class_path(failure)}>"
 
 
 def _result_blob(job: Job, status: str, *, started: int, finished: int, worker: str,
@@ -102,6 +112,7 @@ class Worker:
         flush_interval: float = 0.002,
         install_signal_handlers: bool = True,
         worker_id: str | None = None,
+        dead_worker_grace_ms: int = 600_000,
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
@@ -122,12 +133,16 @@ class Worker:
         self.max_payload_bytes = max_payload_bytes
         self.flush_interval = flush_interval
         self.install_signal_handlers = install_signal_handlers
+        self.dead_worker_grace_ms = dead_worker_grace_ms
+        """Workers silent this long leave the consumer group and the workers list (once they hold nothing)."""
         self.hostname = socket.gethostname()
         self.id = worker_id or f"{self.hostname}:{os.getpid()}:{os.urandom(3).hex()}"
         self.stats = WorkerStats()
         self.prefetch = max(batch_size, concurrency * 2)
         self.unfinished_sync_jobs = 0
         """Sync jobs still running in threads when run() returned (they cannot be cancelled)."""
+        self.problem = ""
+        """What went wrong inside the worker itself, if anything (shown with its heartbeat)."""
         self._stop: asyncio.Event | None = None  # created on the loop in run()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused: dict[str, bool] = {k.queue: False for k in self.keys}
@@ -193,7 +208,8 @@ class Worker:
                     ", ".join(k.queue for k in self.keys), self.concurrency)
         settler_task = asyncio.create_task(self.settler.run(self._stop), name="settler")
         readers = [asyncio.create_task(self._read_loop(k), name=f"reader:{k.queue}") for k in self.keys]
-        slots = [asyncio.create_task(self._slot(), name=f"slot:{i}") for i in range(self.concurrency)]
+        slots = [self._start_slot(i) for i in range(self.concurrency)]
+        self._slots = slots
         promoters = [asyncio.create_task(p.run(self._stop), name=f"promoter:{q}") for q, p in self.promoters.items()]
         housekeeping = asyncio.create_task(self._housekeeping(), name="housekeeping")
         try:
@@ -210,7 +226,7 @@ class Worker:
                 unstarted += self._lane.take_unstarted()
             for d in unstarted:
                 self._requeue(d)
-            for _ in slots:
+            for _ in self._slots:
                 self._inbox.append(None)  # type: ignore[arg-type]
             self._inbox_ready.set()
             deadline = time.monotonic() + self.shutdown_timeout
@@ -219,9 +235,9 @@ class Worker:
             if self.in_flight:
                 logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
                                "reclaimed by another worker", self.id, self.in_flight, self.shutdown_timeout)
-            for task in slots:
+            for task in self._slots:
                 task.cancel()
-            await asyncio.gather(*slots, return_exceptions=True)
+            await asyncio.gather(*self._slots, return_exceptions=True)
             if self._lane is not None:
                 self.unfinished_sync_jobs = self._lane.outstanding
                 self._lane.close()
@@ -374,7 +390,8 @@ class Worker:
                                   error=f"no task named {job.task!r} is registered in this worker")
                 continue
             self._held[entry_id] = (keys, now)
-            delivery = Delivery(keys, entry_id, payload, job, handler, deliveries)
+            delivery = Delivery(keys, entry_id, payload, job, handler, deliveries,
+                                budget(job, handler, self.policy))
             if handler.is_async:
                 self._inbox.append(delivery)
                 accepted += 1
@@ -386,6 +403,20 @@ class Worker:
             self._inbox_ready.set()
 
     # --- running ------------------------------------------------------------------
+
+    def _start_slot(self, number: int) -> asyncio.Task:
+        task = asyncio.create_task(self._slot(), name=f"slot:{number}")
+        task.add_done_callback(lambda t: self._slot_ended(t, number))
+        return task
+
+    def _slot_ended(self, task: asyncio.Task, number: int) -> None:
+        """A slot that died is logged, reported in the heartbeat, and started again."""
+        if task.cancelled() or task.exception() is None or self._stop.is_set():
+            return
+        exc = task.exception()
+        self.problem = f"slot {number} died ({class_path(exc)}: {_message(exc)}) and was restarted"
+        logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
+        self._slots[number] = self._start_slot(number)
 
     async def _slot(self) -> None:
         inbox = self._inbox
@@ -407,6 +438,10 @@ class Worker:
             self._running += 1
             try:
                 await self._execute(delivery)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # _execute is total; this is the last line of defence for the slot
+                self._internal(delivery, "running the job", exc)
             finally:
                 self._running -= 1
 
@@ -420,10 +455,39 @@ class Worker:
                 check_json_types(result, "return value")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            self._failed(d, exc, started, int((time.perf_counter() - t0) * 1000))
+        except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler fail its job, not the worker
+            self._outcome(d, exc, started, int((time.perf_counter() - t0) * 1000), failed=True)
             return
-        self._succeeded(d, result, started, int((time.perf_counter() - t0) * 1000))
+        self._outcome(d, result, started, int((time.perf_counter() - t0) * 1000), failed=False)
+
+    def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
+        """Record what a run came to; whatever goes wrong doing so touches this job only.
+
+        Formatting the error, computing the backoff, encoding the job or its
+        result can each raise (a user's backoff strategy returning None, a
+        return value msgpack refuses...). Such a job goes to the dead-letter
+        queue as ``internal``, with what went wrong; the slot and every other
+        job carry on.
+        """
+        try:
+            if failed:
+                self._failed(d, value, started, duration)
+            else:
+                self._succeeded(d, value, started, duration)
+        except Exception as exc:
+            self._internal(d, "recording the outcome", exc)
+
+    def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
+        """Dead-letter a job whose outcome could not be recorded, with reason ``internal``."""
+        error = f"{doing} failed: {class_path(exc)}: {_message(exc)}"
+        logger.error("job %s (%s): %s; moved to the dead-letter queue (internal)", d.job.id, d.job.task, error,
+                     exc_info=exc)
+        self._held.pop(d.entry_id, None)
+        try:
+            self.settler.dead(d.keys, d.entry_id, d.payload, "internal", job_id=d.job.id, task=d.job.task,
+                              error_class=class_path(exc), error=error)
+        except Exception:  # not even that: the entry stays pending and is reclaimed after the visibility timeout
+            logger.exception("job %s: could not be dead-lettered either; it will be reclaimed", d.job.id)
 
     def _requeue(self, d: Delivery) -> None:
         """Put a fetched job that never started back on the stream, as it was."""
@@ -432,12 +496,13 @@ class Worker:
 
     def _on_sync_outcomes(self, outcomes: list) -> None:
         for kind, d, value, started, duration in outcomes:
-            if kind == OK:
-                self._succeeded(d, value, started, duration)
-            elif kind == FAILED:
-                self._failed(d, value, started, duration)
+            if kind == REQUEUE:
+                try:
+                    self._requeue(d)
+                except Exception as exc:
+                    self._internal(d, "putting the job back", exc)
             else:
-                self._requeue(d)
+                self._outcome(d, value, started, duration, failed=kind == FAILED)
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 
@@ -461,8 +526,9 @@ class Worker:
         self._held.pop(d.entry_id, None)
         finished = now_ms()
         runs_made = job.attempt + d.deliveries
+        message = _message(exc)
         record = error_record(
-            attempt=runs_made, exc_class=_exc_class(exc), message=str(exc),
+            attempt=runs_made, exc_class=class_path(exc), message=message,
             traceback=format_exception(exc), worker=self.id, started_at=started, finished_at=finished,
         )
         decision = decide(job, exc, runs_made, d.handler, self.policy)
@@ -472,7 +538,7 @@ class Worker:
                       job.backoff, [*job.errors, record], job.replays, job.result_ttl,
                       job.deaths + d.deliveries - 1, job.meta)
         payload = retried.encode()
-        message = str(exc) or type(exc).__name__
+        message = message or type(exc).__name__
         stored = None
         if job.result_ttl:
             status = "READY" if decision.retry else "FAILED"
@@ -494,9 +560,10 @@ class Worker:
     # --- housekeeping -----------------------------------------------------------------
 
     async def _housekeeping(self) -> None:
-        last_heartbeat = last_reclaim = 0.0
+        last_heartbeat = last_reclaim = last_forget = 0.0
         lease_every = max(0.05, self.visibility_timeout_ms / 3000)
         reclaim_every = max(0.05, min(self.visibility_timeout_ms / 2000, 15.0))
+        forget_every = max(0.5, min(self.dead_worker_grace_ms / 4000, 60.0))
         while True:
             now = time.monotonic()
             try:
@@ -507,6 +574,9 @@ class Worker:
                 if now - last_reclaim >= reclaim_every:
                     await self._reclaim()
                     last_reclaim = now
+                if now - last_forget >= forget_every:
+                    await self._forget_dead_workers()
+                    last_forget = now
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -546,12 +616,19 @@ class Worker:
                 if cursor in (b"0-0", "0-0"):
                     break
 
+    async def _forget_dead_workers(self) -> None:
+        for keys in self.keys:
+            for name in await forget_dead_workers(self.client, keys, self.id, grace_ms=self.dead_worker_grace_ms):
+                logger.info("removed worker %s from %s: silent for over %d s and holding no jobs", name, keys.queue,
+                            self.dead_worker_grace_ms // 1000)
+
     async def _heartbeat(self) -> None:
         info = msgpack.packb({
             "id": self.id, "host": self.hostname, "pid": os.getpid(), "queues": [k.queue for k in self.keys],
             "concurrency": self.concurrency, "in_flight": self.in_flight,
             "processed": self.stats.processed, "failed": self.stats.failed,
             "started_at": int(self.stats.started_at * 1000), "last_seen": now_ms(),
+            "problem": self.problem,
         })
         pipe = self.client.pipeline(transaction=False)
         for k in self.keys:

@@ -6,7 +6,7 @@ import time
 import pytest
 from django.tasks import task_backends
 
-from chasqui_core.backend import build_registry
+from chasqui_core.task_runner import build_registry
 from chasqui_core.engine.backoff import coerce_backoff
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.worker import Worker

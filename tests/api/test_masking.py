@@ -69,4 +69,30 @@ def test_masked_keys_come_from_settings(view_api, redis, settings):
     settings.CHASQUI = {"MASKED_KEYS": ["pin"]}
     add_delayed(redis, Q, kwargs={"pin": "1234", "password": "visible-now"})
     kwargs = view_api.get(f"/api/queues/{Q}/delayed").json()["items"][0]["kwargs"]
-    assert kwargs == {"pin": MASK, "password": "visible-now"}
+    assert kwargs == {"pin": MASK, "password": MASK}  # the setting adds keys; the built-in ones stay
+
+
+LEAKY = "password=x9TopSecret"
+
+
+def test_secrets_are_masked_before_errors_are_grouped(view_api, redis):
+    """Digits were normalised before masking, so the tail of a secret survived into the fingerprint."""
+    for n in range(3):
+        add_dead(redis, Q, dead_job(messages=(f"login {n} refused: {LEAKY}",)))
+    groups = view_api.get(f"/api/queues/{Q}/dlq/groups").json()["items"]
+    assert len(groups) == 1
+    assert "TopSecret" not in str(groups) and MASK in groups[0]["fingerprint"]
+    listing = view_api.get(f"/api/queues/{Q}/dlq", fingerprint=groups[0]["fingerprint_id"]).json()["items"]
+    assert len(listing) == 3 and "TopSecret" not in str(listing)
+
+
+@pytest.mark.parametrize("key", ["pwd", "private_key", "session_id", "sessionid", "Cookie", "credentials",
+                                 "PASSWD", "client_secret"])
+def test_every_usual_secret_key_is_masked(key):
+    assert mask({key: "s3cr3t-value"}) == {key: MASK}
+    assert "s3cr3t-value" not in mask_text(f"request failed: {key}=s3cr3t-value")
+
+
+def test_masked_keys_setting_adds_to_the_built_in_list(settings):
+    settings.CHASQUI = {"MASKED_KEYS": ["iban"]}
+    assert mask({"iban": "DE89370400440532013000", "password": "x"}) == {"iban": MASK, "password": MASK}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.tasks import task
 
+from chasqui_core.engine.errors import UnrecoverableError
+
 RUNS: list[tuple] = []
 
 
@@ -26,3 +28,29 @@ def flaky(context, key: str, fail_times: int) -> int:
 async def async_double(x: int) -> int:
     RUNS.append(("async_double", x))
     return x * 2
+
+
+@task(queue_name="default", max_attempts=3, backoff=5)
+def always_fails(key: str) -> None:
+    RUNS.append(("always_fails", key))
+    raise ValueError(f"always_fails {key}")
+
+
+@task(queue_name="default", max_attempts=3, backoff=5)
+async def async_fails_once(key: str) -> str:
+    RUNS.append(("async_fails_once", key))
+    if sum(1 for r in RUNS if r == ("async_fails_once", key)) == 1:
+        raise RuntimeError(f"first run of {key} fails")
+    return key
+
+
+@task(queue_name="default", max_attempts=5, backoff=60_000)
+def fails_then_waits(key: str) -> None:
+    RUNS.append(("fails_then_waits", key))
+    raise RuntimeError(f"fails_then_waits {key}")
+
+
+@task(queue_name="default", max_attempts=5)
+def gives_up() -> None:
+    RUNS.append(("gives_up",))
+    raise UnrecoverableError("no point retrying")

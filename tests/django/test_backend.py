@@ -17,7 +17,8 @@ from django.tasks import TaskResultStatus, task_backends
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
-from chasqui_core.backend import TASK_REGISTRY, build_registry
+from chasqui_core.backend import TASK_REGISTRY
+from chasqui_core.task_runner import build_registry
 from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue

@@ -1,26 +1,36 @@
--- Add a chunk of jobs to a queue in one call.
+-- Add a chunk of jobs to a queue in one call; a re-sent call adds nothing.
 --
 -- KEYS[1]  stream   {chasqui:<q>}:stream
 -- KEYS[2]  delayed  {chasqui:<q>}:delayed
+-- KEYS[3]  lane     {chasqui:<q>}:lane:<lane id>: the last write of one
+--                   producer lane, as "<seq>:<msgpack of its reply>"
 -- ARGV[1]  prefix of idempotency markers ({chasqui:<q>}:unique:)
 -- ARGV[2]  idempotency window in ms
 -- ARGV[3]  prefix of the metrics counters ({chasqui:<q>}:m:)
--- ARGV[4] the jobs, one msgpack array of triples laid flat (one argument per
---         chunk instead of three per job keeps the call cheap to send):
---         job id ("" when the caller gave none), when, payload
---           when = ""      -> ready now (XADD)
---                  "+<ms>" -> delayed by ms from the server's clock (ZADD)
---                  "@<ms>" -> delayed until an absolute epoch ms (ZADD)
+-- ARGV[4]  how long a lane remembers its last write, in ms
+-- ARGV[5]  this write's sequence number in its lane (fixed before the first try)
+-- ARGV[6]  the jobs, one msgpack array of triples laid flat (one argument per
+--          chunk instead of three per job keeps the call cheap to send):
+--          job id ("" when the caller gave none), when, payload
+--            when = ""      -> ready now (XADD)
+--                   "+<ms>" -> delayed by ms from the server's clock (ZADD)
+--                   "@<ms>" -> delayed until an absolute epoch ms (ZADD)
 -- Returns: one entry per job: the stream id, "delayed", or 0 when a job with
--- the same caller-given id was added within the idempotency window.
+-- the same caller-given id was added within the idempotency window. A call
+-- whose lane already holds its sequence number was applied before (its reply
+-- was lost): it changes nothing and returns that first reply again.
 
-local stream, delayed = KEYS[1], KEYS[2]
-local unique_prefix, unique_ttl, mprefix = ARGV[1], ARGV[2], ARGV[3]
+local stream, delayed, lane = KEYS[1], KEYS[2], KEYS[3]
+local unique_prefix, unique_ttl, mprefix, lane_ttl, seq = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local last = redis.call('GET', lane)
+if last and string.sub(last, 1, #seq + 1) == seq .. ':' then
+  return cmsgpack.unpack(string.sub(last, #seq + 2))
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {}
 local added = 0
-local items = cmsgpack.unpack(ARGV[4])
+local items = cmsgpack.unpack(ARGV[6])
 for i = 1, #items, 3 do
   local id, when, payload = items[i], items[i + 1], items[i + 2]
   local fresh = true
@@ -47,9 +57,13 @@ end
 if added > 0 then
   local sec = math.floor(now / 1000)
   local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
-  redis.call('HINCRBY', skey, 'enqueued', added)
-  redis.call('EXPIRE', skey, 3720)
-  redis.call('HINCRBY', mkey, 'enqueued', added)
-  redis.call('EXPIRE', mkey, 90000)
+  -- a bucket gets its expiry when this counter is created in it, not on every add
+  if redis.call('HINCRBY', skey, 'enqueued', added) == added then
+    redis.call('EXPIRE', skey, 3720)
+  end
+  if redis.call('HINCRBY', mkey, 'enqueued', added) == added then
+    redis.call('EXPIRE', mkey, 90000)
+  end
 end
+redis.call('SET', lane, seq .. ':' .. cmsgpack.pack(out), 'PX', lane_ttl)
 return out

@@ -1,5 +1,5 @@
 -- Move due jobs from the delayed set to the stream, using the server's clock.
--- ZRANGEBYSCORE, XADD and ZREM run in one atomic call, so two promoters can
+-- ZRANGEBYSCORE, XADD and ZREMRANGEBYRANK run in one atomic call, so two promoters can
 -- never move the same entry twice.
 --
 -- KEYS[1] delayed   KEYS[2] stream   KEYS[3] events   KEYS[4] promoter lock
@@ -23,9 +23,9 @@ if moved > 0 then
   for k = 1, moved do
     redis.call('XADD', stream, '*', 'j', due[k])
   end
-  for s = 1, moved, 4000 do
-    redis.call('ZREM', delayed, unpack(due, s, math.min(s + 3999, moved)))
-  end
+  -- the due entries are the lowest-scored: ranks 0 .. moved-1, removed by rank
+  -- in one call, cheaper than looking each member up again with ZREM
+  redis.call('ZREMRANGEBYRANK', delayed, 0, moved - 1)
   local depth = redis.call('ZCARD', delayed)
   redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'promoted', 'count', moved, 'depth', depth)
   local sec = math.floor(now / 1000)

@@ -22,7 +22,15 @@
 --         error message, counts-as-failure (0/1), duration ms
 -- (one packed argument per section keeps a batch cheap to send)
 -- then    number of requeues Q, then Q pairs: stream id, payload
--- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1}
+-- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1,
+--          problems: a list of "stream id or result key: what went wrong" for items
+--          that could not be applied as asked}
+--
+-- One bad item never fails the batch: a result that cannot be stored is
+-- skipped and reported, and a retry whose delay is not a number goes to the
+-- dead-letter queue as `internal` instead of being lost. Each item's values
+-- are checked before its XACK, so an item is either applied whole or not
+-- acknowledged at all.
 
 local stream, delayed, dlq, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
@@ -57,21 +65,42 @@ if c > 0 then
   end
 end
 
+local problems = {}
+
 -- results
 local r = tonumber(ARGV[i]); i = i + 1
 for k = 1, r do
-  redis.call('SET', ARGV[i], ARGV[i + 2], 'PX', ARGV[i + 1])
+  local ttl = tonumber(ARGV[i + 1])
+  if ttl and ttl > 0 then
+    local reply = redis.pcall('SET', ARGV[i], ARGV[i + 2], 'PX', ttl)
+    if type(reply) == 'table' and reply.err then
+      problems[#problems + 1] = ARGV[i] .. ': ' .. reply.err
+    end
+  else
+    problems[#problems + 1] = ARGV[i] .. ': result ttl is not a positive number (' .. tostring(ARGV[i + 1]) .. ')'
+  end
   i = i + 3
 end
 
 -- retries
-local retried, earliest = 0, -1
+local retried, earliest, internal = 0, -1, 0
 local n = tonumber(ARGV[i]); i = i + 1
 if n > 0 then
   local r = cmsgpack.unpack(ARGV[i]); i = i + 1
   for j = 1, #r, 9 do
     local id, delay, payload = r[j], tonumber(r[j + 1]), r[j + 2]
-    if settle(id) then
+    if not delay or delay ~= delay or delay < 0 or delay > 3153600000000 then
+      -- not a wait anyone meant: keep the job, in the dead-letter queue, with what went wrong
+      local why = 'the retry delay is not a usable number of milliseconds (' .. tostring(r[j + 1]) .. ')'
+      problems[#problems + 1] = tostring(id) .. ': ' .. why
+      if settle(id) then
+        redis.call('XADD', dlq, '*', 'j', payload, 'reason', 'internal', 'task', r[j + 4], 'job_id', r[j + 3],
+          'source_id', id, 'error_class', 'InvalidRetry', 'error', why)
+        redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', r[j + 3], 'task', r[j + 4],
+          'reason', 'internal', 'error_class', 'InvalidRetry', 'error', why, 'duration_ms', r[j + 6])
+        internal = internal + 1
+      end
+    elseif settle(id) then
       local at = now + delay
       redis.call('ZADD', delayed, at, payload)
       retried = retried + 1
@@ -84,7 +113,7 @@ if n > 0 then
 end
 
 -- dead jobs
-local dead, failed_dead = 0, 0
+local dead, failed_dead = internal, internal
 local d = tonumber(ARGV[i]); i = i + 1
 if d > 0 then
   local r = cmsgpack.unpack(ARGV[i]); i = i + 1
@@ -94,7 +123,7 @@ if d > 0 then
       redis.call('XADD', dlq, '*', 'j', r[j + 1], 'reason', r[j + 2], 'task', r[j + 3],
         'job_id', r[j + 4], 'source_id', id, 'error_class', r[j + 5], 'error', r[j + 6])
       dead = dead + 1
-      failed_dead = failed_dead + tonumber(r[j + 7])
+      failed_dead = failed_dead + (tonumber(r[j + 7]) or 0)
       redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', r[j + 4], 'task', r[j + 3],
         'reason', r[j + 2], 'error_class', r[j + 5], 'error', r[j + 6], 'duration_ms', r[j + 8])
     end
@@ -125,4 +154,4 @@ if completed + retried + dead > 0 then
   redis.call('EXPIRE', skey, 3720)
   redis.call('EXPIRE', mkey, 90000)
 end
-return {now, completed, retried, dead, requeued, earliest}
+return {now, completed, retried, dead, requeued, earliest, problems}

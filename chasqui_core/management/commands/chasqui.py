@@ -200,7 +200,7 @@ class Command(BaseCommand):
         parser.add_argument("--reason", choices=REASONS)
         parser.add_argument("--error-class", help="Exception class, with or without module.")
         parser.add_argument("--error-text", help="Text in any error message (case-insensitive).")
-        parser.add_argument("--fingerprint", help="One error group, as `dlq groups` prints it.")
+        parser.add_argument("--fingerprint", help="One error group: its id, as `dlq groups` prints it.")
         parser.add_argument("--since", help="Died at or after: ISO 8601 or a span ago (30m, 1h, 2d).")
         parser.add_argument("--until", help="Died before: ISO 8601 or a span ago.")
 
@@ -284,9 +284,9 @@ class Command(BaseCommand):
             return self._peek(queue, opts)
         if action == "groups":
             groups = services.dlq_groups(self.actor, queue, filter=self._filter(opts), source="cli")
-            self._say(table([(g.count, _fmt_ms(g.first_seen_ms), _fmt_ms(g.last_seen_ms), ",".join(g.tasks),
+            self._say(table([(g.id, g.count, _fmt_ms(g.first_seen_ms), _fmt_ms(g.last_seen_ms), ",".join(g.tasks),
                               mask_text(g.fingerprint)) for g in groups],
-                            ("COUNT", "FIRST-SEEN", "LAST-SEEN", "TASKS", "ERROR (use with --fingerprint)")))
+                            ("GROUP (use with --fingerprint)", "COUNT", "FIRST-SEEN", "LAST-SEEN", "TASKS", "ERROR")))
             return
         self._act(action, queue, opts)
 

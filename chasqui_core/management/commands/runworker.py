@@ -12,7 +12,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from chasqui_core.backend import build_registry
+from chasqui_core.task_runner import build_registry
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import coerce_backoff
 from chasqui_core.engine.errors import InvalidQueueName
@@ -90,6 +90,7 @@ class Command(BaseCommand):
             promoter_lock_ttl_ms=conf.PROMOTER_LOCK_TTL_MS,
             shutdown_timeout=options["shutdown_timeout"] or conf.SHUTDOWN_TIMEOUT,
             max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
+            dead_worker_grace_ms=conf.DEAD_WORKER_GRACE_MS,
         )
         if not logging.getLogger("chasqui").handlers and not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

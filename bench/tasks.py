@@ -1,4 +1,4 @@
-"""The Django Tasks the Django-path scenarios enqueue and run.
+"""The Django Tasks the Django-path scenarios enqueue and run (``bench`` is an app in bench.django_settings).
 
 They do nothing, like the engine scenarios' handlers (bench/handlers.py), and
 time their ``runworker`` process the same way: the first run writes the wall
@@ -20,8 +20,15 @@ from django.tasks import task
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.connection import connect
 
-from ..handlers import RETRY_BACKOFF_MS, FirstRunFails
-from . import DONE_KEY, MARKS_KEY, QUEUE, TARGET_ENV
+from .handlers import RETRY_BACKOFF_MS, FirstRunFails
+
+QUEUE = "bench-django"
+TARGET_ENV = "BENCH_RUNWORKER_TARGET"
+"""How many successful runs close a ``runworker`` process's measured window."""
+MARKS_KEY = "bench:runworker:marks"
+"""Hash: wall clock and CPU time when the first run started and when the target-th run succeeded."""
+DONE_KEY = "bench:runworker:done"
+"""List pushed to when the target-th run succeeds, so the bench waits with BLPOP instead of polling."""
 
 _target = int(os.environ.get(TARGET_ENV) or 0)
 _runs = itertools.count()  # next() on a count is atomic: safe from the sync lane's threads
@@ -51,23 +58,26 @@ def _succeeded() -> None:
 
 
 @task(queue_name=QUEUE)
-async def noop(i: int) -> None:
-    """Async, does nothing: ``django-enqueue``, ``django-enqueue-many`` and ``runworker-async``."""
+def noop(i: int) -> None:
+    """A plain ``def`` that does nothing: ``django-enqueue``, ``django-enqueue-many`` and ``runworker-sync``."""
     _started()
     _succeeded()
 
 
 @task(queue_name=QUEUE)
-def noop_sync(i: int) -> None:
-    """A plain ``def``, run in the worker's threads: ``runworker-sync``."""
+async def anoop(i: int) -> None:
+    """The ``async def`` twin: ``runworker-async``."""
     _started()
     _succeeded()
 
 
 @task(queue_name=QUEUE, takes_context=True, max_attempts=3, backoff=RETRY_BACKOFF_MS)
 async def fail_once(context, i: int) -> None:
-    """Fails on its first attempt, succeeds on the second (retried after 1 ms): ``runworker-retry``."""
+    """Fails on its first run, succeeds on its second (1 ms later): ``runworker-retry``.
+
+    The Django way of knowing the attempt is the task context.
+    """
     _started()
     if context.attempt == 1:
-        raise FirstRunFails("the first run of every job fails on purpose")
+        raise FirstRunFails(f"job {i} fails on its first run, on purpose")
     _succeeded()

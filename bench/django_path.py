@@ -1,0 +1,262 @@
+"""The path a Django user takes: ``@task`` + ``.enqueue()`` / ``.enqueue_many()`` + ``manage.py runworker``.
+
+Each scenario has an engine twin (``queue-add``, ``queue-add-bulk``,
+``worker-concurrent``, ``worker-sync``, ``worker-retry``) doing the same work
+in the same run, with the same sizes, handler kind and concurrency, and the
+report shows it as a fraction of that twin: what the Django layer costs.
+
+The runworker scenarios start the real ``python manage.py runworker``, with
+the bench's settings (bench/django_settings.py), on a preloaded backlog of
+the bench's tasks (bench/tasks.py), a fresh process per drain. Django's
+start-up is not throughput, so the window is not the process's life: it
+opens when the first job starts (the task writes the time to Redis) and
+closes when the bench sees the last job's outcome acknowledged in Redis
+(woken by the task that made the target-th success, it polls every half
+millisecond until the stream and the delayed set are empty; nothing polls
+during the drain). The process is then stopped with SIGTERM and must exit
+cleanly, and the queue is checked for leftovers, as for the twins.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from chasqui_core.engine.keys import QueueKeys
+
+from . import consumer
+from .child import ROOT, start_profiler, stop_profiler
+from .results import RATE, BenchError, Measurement
+from .stats import median
+
+SETTINGS = "bench.django_settings"
+ENQUEUE_MANY_CALLS = 1000
+"""Calls per ``enqueue_many()``: as many jobs as one chunk of ``Queue.add_bulk``."""
+START_TIMEOUT = 120.0
+"""Seconds a fresh ``runworker`` may take to start its first job (Django start-up on a busy machine)."""
+STOP_TIMEOUT = 60.0
+"""Seconds a ``runworker`` process may take to exit after SIGTERM (its own shutdown timeout is 25 s)."""
+SETTLE_POLL = 0.0005
+
+
+def _setup():
+    """Django set up in this process with the bench's settings; the bench's tasks module."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS  # the bench's, whatever the shell exported
+    import django
+
+    django.setup()
+    from . import tasks
+
+    return tasks
+
+
+def _check_queued(ctx, queue: str, n: int) -> None:
+    length = ctx.client.xlen(QueueKeys.for_queue(queue).stream)
+    if length != n:
+        raise BenchError(f"{n} jobs were enqueued but the stream holds {length}: the rate would not be true")
+
+
+# --- enqueue -----------------------------------------------------------------------------------
+
+
+def django_enqueue(ctx) -> list[Measurement]:
+    tasks = _setup()
+    enqueue = tasks.noop.enqueue
+
+    def once(n: int) -> tuple[int, float, float]:
+        calls = []
+        t0 = time.perf_counter()
+        for i in range(n):
+            c0 = time.perf_counter_ns()
+            enqueue(i)
+            calls.append(time.perf_counter_ns() - c0)
+        seconds = time.perf_counter() - t0
+        _check_queued(ctx, tasks.QUEUE, n)
+        return n, seconds, median(calls) / 1000
+
+    n = ctx.size(20_000, 500)  # as queue-add
+    runs = ctx.repeat(once, n)
+    return [
+        Measurement("django-enqueue", "django-enqueue (loop)", RATE, [jobs / s for jobs, s, _ in runs], jobs=n,
+                    note=f"Django @task(...).enqueue() {n:,} times in a row ({tasks.noop.module_path})"),
+        Measurement("django-enqueue", "django-enqueue (one call, median)", "µs", [us for _, _, us in runs], jobs=n,
+                    lower_is_better=True, note="time of a single enqueue() call"),
+    ]
+
+
+def django_enqueue_many(ctx) -> list[Measurement]:
+    tasks = _setup()
+    if not hasattr(tasks.noop, "enqueue_many"):
+        reason = "not available: this version's Django tasks have no enqueue_many()"
+        ctx.say(f"   {reason}")
+        return [Measurement("django-enqueue-many", "django-enqueue-many", RATE, skipped=reason)]
+    enqueue_many = tasks.noop.enqueue_many
+
+    def once(n: int) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        for start in range(0, n, ENQUEUE_MANY_CALLS):
+            enqueue_many([((i,), {}) for i in range(start, min(n, start + ENQUEUE_MANY_CALLS))])
+        seconds = time.perf_counter() - t0
+        _check_queued(ctx, tasks.QUEUE, n)
+        return n, seconds
+
+    n = ctx.size(200_000, 5_000)  # as queue-add-bulk
+    return [Measurement("django-enqueue-many", "django-enqueue-many", RATE, ctx.rates(once, n), jobs=n,
+                        note=f"task.enqueue_many() of {ENQUEUE_MANY_CALLS:,} (args, kwargs) calls at a time, "
+                             "building the calls included")]
+
+
+# --- runworker -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunworkerSetup:
+    task: str
+    """The task in bench/tasks.py."""
+    twin: str
+    """The engine scenario it mirrors; its concurrency and backlog sizes are used."""
+    note: str
+
+    @property
+    def concurrency(self) -> int:
+        return consumer.SETUPS[self.twin].concurrency
+
+
+SETUPS = {
+    "runworker-async": RunworkerSetup("anoop", "worker-concurrent", "async def noop task, --concurrency 100"),
+    "runworker-sync": RunworkerSetup("noop", "worker-sync", "def noop task, --concurrency 10 (threads)"),
+    "runworker-retry": RunworkerSetup("fail_once", "worker-retry",
+                                      "async task failing on its first run (1 ms backoff), then succeeding; "
+                                      "--concurrency 100; successes per second"),
+}
+
+
+def _preload(ctx, task, n: int) -> None:
+    for start in range(0, n, ENQUEUE_MANY_CALLS):
+        task.enqueue_many([((i,), {}) for i in range(start, min(n, start + ENQUEUE_MANY_CALLS))])
+    _check_queued(ctx, task.queue_name, n)
+
+
+class RunworkerProcess:
+    """``python manage.py runworker`` on the bench's settings, output to a file; always stopped on exit."""
+
+    def __init__(self, name: str, queue: str, concurrency: int, target: int) -> None:
+        from .tasks import TARGET_ENV
+
+        env = dict(os.environ)
+        env["DJANGO_SETTINGS_MODULE"] = SETTINGS
+        env[TARGET_ENV] = str(target)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        self.log = tempfile.TemporaryFile()  # not a pipe: a worker printing more than a pipe holds would block
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runworker", queue, "--concurrency", str(concurrency)],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        self._profiler = start_profiler(self.proc.pid, name)
+
+    def __enter__(self) -> "RunworkerProcess":
+        return self
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                self.stop()
+            elif self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        finally:
+            stop_profiler(self._profiler)
+            self.log.close()
+
+    def output(self, lines: int = 30) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        tail = self.log.read().decode(errors="replace").splitlines()[-lines:]
+        return "\n".join("      " + line for line in tail) or "      (no output)"
+
+    def exited(self) -> BenchError | None:
+        """An error describing the process's early exit, or None while it runs."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        return BenchError(f"runworker exited with code {code} before the drain ended; its last lines:\n"
+                          f"{self.output()}")
+
+    def stop(self) -> None:
+        """SIGTERM, as a deployment stops a worker; it must exit, with code 0, within STOP_TIMEOUT."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise BenchError(f"runworker did not exit within {STOP_TIMEOUT:.0f} s of SIGTERM; killed it. "
+                                 f"Its last lines:\n{self.output()}") from None
+        if self.proc.returncode != 0:
+            raise BenchError(f"runworker exited with code {self.proc.returncode} after SIGTERM; its last lines:\n"
+                             f"{self.output()}")
+
+
+def _wait_done(ctx, worker: RunworkerProcess, timeout: float) -> None:
+    """Block until the task that makes the target-th success says so (or the process dies)."""
+    from .tasks import DONE_KEY, MARKS_KEY
+
+    deadline = time.monotonic() + timeout
+    while not ctx.client.blpop([DONE_KEY], timeout=1):
+        error = worker.exited()
+        if error is not None:
+            raise error
+        if time.monotonic() > deadline:
+            started = ctx.client.hexists(MARKS_KEY, "first_wall")
+            raise BenchError(f"runworker did not finish its drain within {timeout:.0f} s "
+                             f"({'it started jobs' if started else 'no job started'}); its last lines:\n"
+                             f"{worker.output()}")
+
+
+def _wait_settled(ctx, queue: str) -> float:
+    """The wall-clock time at which the stream and the delayed set are empty: every outcome acknowledged."""
+    keys = QueueKeys.for_queue(queue)
+    pipe = ctx.client.pipeline(transaction=False)
+    while True:
+        pipe.xlen(keys.stream)
+        pipe.zcard(keys.delayed)
+        left, delayed = pipe.execute()
+        if not left and not delayed:
+            return time.time()
+        time.sleep(SETTLE_POLL)
+
+
+def _drain(ctx, name: str, setup: RunworkerSetup, task, n: int) -> dict:
+    """One fresh ``runworker`` process drains ``n`` preloaded jobs; the jobs, seconds and CPU of its window."""
+    from .tasks import MARKS_KEY
+
+    ctx.flush()
+    _preload(ctx, task, n)
+    with RunworkerProcess(name, task.queue_name, setup.concurrency, target=n) as worker:
+        _wait_done(ctx, worker, timeout=START_TIMEOUT + max(120.0, n / 100))
+        end = _wait_settled(ctx, task.queue_name)
+    consumer.check_settled(ctx.client, task.queue_name, n)
+    marks = {k.decode(): float(v) for k, v in ctx.client.hgetall(MARKS_KEY).items()}
+    return {"jobs": n, "seconds": end - marks["first_wall"], "cpu_seconds": marks["last_cpu"] - marks["first_cpu"]}
+
+
+def runworker(ctx, name: str) -> list[Measurement]:
+    setup = SETUPS[name]
+    task = getattr(_setup(), setup.task)
+    twin = consumer.SETUPS[setup.twin]
+    n = ctx.size(twin.full, twin.smoke)
+    # Every drain is a fresh process, so a warm-up warms only the server and the machine: worth it for a
+    # measured run, not for a smoke run, whose numbers mean little anyway.
+    sizes = ([] if ctx.smoke else [ctx.warmup_size(n)]) + [n] * ctx.repeats
+    replies = [_drain(ctx, name, setup, task, size) for size in sizes][-ctx.repeats:]
+    cpu_us = median([r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies])
+    note = (f"python manage.py runworker {task.queue_name}, {setup.note}; a fresh process per drain, timed from "
+            f"its first job's start to its last job's outcome in Redis; the worker process used {cpu_us:.1f} µs "
+            f"of CPU per job (median)")
+    return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note)]

@@ -1,0 +1,160 @@
+"""Django Tasks as engine handlers: what runs around each job in a worker.
+
+A worker runs only the project's Django Tasks (``build_registry``), each
+wrapped to give Django what it expects around a run: a ``TaskContext`` when
+the task asks for one, the ``task_started`` / ``task_finished`` signals, and
+database connections checked like a request's.
+
+Per job this costs microseconds: the TaskResult is built only when a context
+or a receiver needs it (``TaskSignal.wanted``), signals that only Django's
+logging hears are sent inline, and connection hygiene runs only in a thread
+that has a connection open.
+
+Signals follow Django's meaning. ``task_started`` goes out for every run.
+``task_finished`` means the job is finished: it goes out once, when the job
+succeeded or failed for good (budget spent, or unrecoverable), with
+``finished_at`` set and, for a failure, the job's errors in ``errors``. A run
+that fails and will be retried sends no ``task_finished``: the job is back to
+READY, its errors visible through ``get_result()``.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from inspect import iscoroutinefunction
+from typing import Any
+
+from django.db import close_old_connections, connections
+from django.db.backends.signals import connection_created
+from django.tasks import TaskContext, TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.signals import task_finished, task_started
+
+from chasqui_core.backend import ChasquiBackend, ChasquiTask, discover_tasks, ms_to_datetime, task_errors
+from chasqui_core.engine.registry import HandlerRegistry, JobContext
+from chasqui_core.engine.tracebacks import class_path, format_exception
+from chasqui_core.task_signals import TaskSignal
+
+_started = TaskSignal(task_started, ChasquiBackend)
+_finished = TaskSignal(task_finished, ChasquiBackend)
+
+RUNNING, SUCCESSFUL, FAILED = TaskResultStatus.RUNNING, TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED
+
+
+def build_registry() -> HandlerRegistry:
+    """The handlers a worker may run: the project's Django Tasks, nothing else."""
+    registry = HandlerRegistry()
+    for name, task in discover_tasks().items():
+        registry.register(name, task_handler(task), takes_context=True, max_attempts=task.max_attempts,
+                          backoff=task.backoff)
+    return registry
+
+
+def task_handler(task: ChasquiTask):
+    """Wrap one Django Task for the engine (async tasks stay async, sync ones run in the worker's threads)."""
+    func = task.func
+    takes_context = task.takes_context
+
+    if iscoroutinefunction(func):
+        async def run_async(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
+            result = None
+            if takes_context or _started.wanted(RUNNING):
+                result = running_result(task, ctx)
+                await _started.asend(result)
+            try:
+                if takes_context:
+                    value = await func(TaskContext(task_result=result), *args, **kwargs)
+                else:
+                    value = await func(*args, **kwargs)
+            except Exception as exc:
+                if not ctx.will_retry(exc) and _finished.wanted(FAILED):
+                    await _finished.asend(finished_result(task, ctx, result, exc))
+                raise
+            if _finished.wanted(SUCCESSFUL):
+                await _finished.asend(finished_result(task, ctx, result))
+            return value
+
+        return run_async
+
+    def run_sync(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
+        check_connections()
+        try:
+            result = None
+            if takes_context or _started.wanted(RUNNING):
+                result = running_result(task, ctx)
+                _started.send(result)
+            try:
+                if takes_context:
+                    value = func(TaskContext(task_result=result), *args, **kwargs)
+                else:
+                    value = func(*args, **kwargs)
+            except Exception as exc:
+                if not ctx.will_retry(exc) and _finished.wanted(FAILED):
+                    _finished.send(finished_result(task, ctx, result, exc))
+                raise
+            if _finished.wanted(SUCCESSFUL):
+                _finished.send(finished_result(task, ctx, result))
+            return value
+        finally:
+            check_connections()
+
+    return run_sync
+
+
+# --- the TaskResult a run shows ------------------------------------------------------
+
+
+def running_result(task: ChasquiTask, ctx: JobContext) -> TaskResult:
+    """The job as Django sees it while this run goes on."""
+    now = datetime.now(UTC)
+    job = ctx.job
+    return TaskResult(
+        task=task, id=job.id, status=RUNNING, enqueued_at=ms_to_datetime(job.created_at),
+        started_at=now, finished_at=None, last_attempted_at=now, args=job.args, kwargs=job.kwargs,
+        backend=job.meta.get("backend", "default"), errors=task_errors(job.errors),
+        # one id per run so far, this one included: TaskContext.attempt counts them
+        worker_ids=[e.get("worker", "") for e in job.errors] + [""] * (ctx.deliveries - 1) + [ctx.worker_id],
+    )
+
+
+def finished_result(task: ChasquiTask, ctx: JobContext, result: TaskResult | None,
+                    exc: BaseException | None = None) -> TaskResult:
+    """The result ``task_finished`` carries: the running one, now SUCCESSFUL or FAILED for good."""
+    if result is None:
+        result = running_result(task, ctx)
+    object.__setattr__(result, "finished_at", datetime.now(UTC))
+    if exc is None:
+        object.__setattr__(result, "status", SUCCESSFUL)
+    else:
+        object.__setattr__(result, "status", FAILED)
+        try:
+            text = format_exception(exc)
+        except Exception as failure:  # an exception whose str() raises, say: keep the job's own error
+            text = f"{class_path(exc)} (its traceback could not be formatted: {class_path(failure)})"
+        result.errors.append(TaskError(exception_class_path=class_path(exc), traceback=text))
+    return result
+
+
+# --- database connections ----------------------------------------------------------------
+
+_thread = threading.local()
+
+
+def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:
+    _thread.connected = True
+
+
+connection_created.connect(_connected, dispatch_uid="chasqui-task-runner")
+
+
+def check_connections() -> None:
+    """Before and after each job, drop connections that are broken or past CONN_MAX_AGE.
+
+    What Django does around each request. A thread that opened no connection
+    since it last looked (the common case for jobs that do not touch the
+    database) skips the walk over every database alias.
+    """
+    if getattr(_thread, "connected", False):
+        close_old_connections()
+        _thread.connected = any(c.connection is not None for c in connections.all(initialized_only=True))

@@ -1,0 +1,124 @@
+"""Django Tasks run by a worker: the signals Django promises, and what get_result() shows meanwhile."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.tasks import TaskResultStatus, task_backends
+from django.tasks.signals import task_finished, task_started
+
+from chasqui_core.engine.keys import QueueKeys
+
+from . import sample_tasks
+from .test_backend import _drain
+
+DEFAULT = QueueKeys.for_queue("default")
+
+
+@pytest.fixture(autouse=True)
+def _clean(redis):
+    sample_tasks.RUNS.clear()
+    for backend in task_backends.all():
+        backend.reset_connections()
+    yield
+
+
+@pytest.fixture
+def received():
+    """Every task signal a project receiver gets: (signal, task name, job id, status, finished_at, errors)."""
+    seen: list[tuple] = []
+
+    def record(name):
+        def receiver(sender, task_result, **kwargs):
+            seen.append((name, task_result.task.name, task_result.id, task_result.status, task_result.finished_at,
+                         [e.exception_class_path for e in task_result.errors]))
+        return receiver
+
+    started, finished = record("started"), record("finished")
+    task_started.connect(started)
+    task_finished.connect(finished)
+    yield seen
+    task_started.disconnect(started)
+    task_finished.disconnect(finished)
+
+
+def test_a_success_sends_started_then_finished_with_finished_at(redis, redis_url, received):
+    result = sample_tasks.add.enqueue(1, 2)
+    _drain(redis_url, until=lambda: len(received) >= 2)
+    assert [(s[0], s[2], s[3]) for s in received] == [
+        ("started", result.id, TaskResultStatus.RUNNING), ("finished", result.id, TaskResultStatus.SUCCESSFUL)]
+    assert received[0][4] is None and received[1][4] is not None
+
+
+def test_a_retried_run_is_not_finished_and_the_last_failure_is(redis, redis_url, received):
+    result = sample_tasks.always_fails.enqueue("k")
+    _drain(redis_url, until=lambda: redis.xlen(DEFAULT.dlq) == 1 and len(received) >= 4)
+    assert [(s[0], s[3]) for s in received] == [
+        ("started", TaskResultStatus.RUNNING), ("started", TaskResultStatus.RUNNING),
+        ("started", TaskResultStatus.RUNNING), ("finished", TaskResultStatus.FAILED)]
+    finished = received[-1]
+    assert finished[2] == result.id and finished[4] is not None
+    assert finished[5] == ["ValueError", "ValueError", "ValueError"]  # the whole history, this run included
+
+
+def test_an_unrecoverable_error_finishes_the_job_on_its_first_run(redis, redis_url, received):
+    sample_tasks.gives_up.enqueue()
+    _drain(redis_url, until=lambda: redis.xlen(DEFAULT.dlq) == 1 and len(received) >= 2)
+    assert [(s[0], s[3]) for s in received] == [("started", TaskResultStatus.RUNNING),
+                                                ("finished", TaskResultStatus.FAILED)]
+    assert sample_tasks.RUNS == [("gives_up",)]
+
+
+def test_async_task_signals_and_retry(redis, redis_url, received):
+    result = sample_tasks.async_fails_once.enqueue("a")
+    _drain(redis_url, until=lambda: len(received) >= 3)
+    assert [(s[0], s[2], s[3]) for s in received] == [
+        ("started", result.id, TaskResultStatus.RUNNING), ("started", result.id, TaskResultStatus.RUNNING),
+        ("finished", result.id, TaskResultStatus.SUCCESSFUL)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sync_receiver_of_an_async_task_runs_off_the_event_loop(redis, redis_url):
+    """A project's sync receiver may use the ORM: it must not run on the loop, where Django forbids that."""
+    counts, errors = [], []
+
+    def uses_the_orm(sender, task_result, **kwargs):
+        try:
+            counts.append(User.objects.count())
+        except Exception as exc:  # SynchronousOnlyOperation on the loop
+            errors.append(exc)
+
+    task_started.connect(uses_the_orm)
+    try:
+        sample_tasks.async_double.enqueue(4)
+        _drain(redis_url, until=lambda: counts or errors)
+    finally:
+        task_started.disconnect(uses_the_orm)
+    assert errors == [] and counts == [0]
+
+
+def test_an_async_receiver_is_awaited_for_every_job(redis, redis_url):
+    seen = []
+
+    async def on_finished(sender, task_result, **kwargs):
+        seen.append((task_result.id, task_result.status))
+
+    task_finished.connect(on_finished)
+    try:
+        ids = [sample_tasks.add.enqueue(i, i).id for i in range(3)] + [sample_tasks.async_double.enqueue(1).id]
+        _drain(redis_url, until=lambda: len(seen) >= 4)
+    finally:
+        task_finished.disconnect(on_finished)
+    assert sorted(seen) == sorted((i, TaskResultStatus.SUCCESSFUL) for i in ids)
+
+
+def test_a_job_waiting_for_its_retry_is_ready_with_its_errors(redis, redis_url, settings):
+    settings.TASKS = {"default": {"BACKEND": "chasqui_core.backend.ChasquiBackend", "QUEUES": ["default", "emails"],
+                                  "OPTIONS": {"RESULT_TTL": 60}}}
+    result = sample_tasks.fails_then_waits.enqueue("w")
+    _drain(redis_url, until=lambda: redis.zcard(DEFAULT.delayed) == 1)
+    waiting = sample_tasks.fails_then_waits.get_result(result.id)
+    assert waiting.status == TaskResultStatus.READY
+    assert waiting.finished_at is None
+    assert [e.exception_class_path for e in waiting.errors] == ["RuntimeError"]
+    assert "fails_then_waits w" in waiting.errors[0].traceback
