@@ -238,12 +238,14 @@ def _drain(ctx, name: str, setup: RunworkerSetup, task, n: int) -> dict:
 
     ctx.flush()
     _preload(ctx, task, n)
+    started = time.time()
     with RunworkerProcess(name, task.queue_name, setup.concurrency, target=n) as worker:
         _wait_done(ctx, worker, timeout=START_TIMEOUT + max(120.0, n / 100))
         end = _wait_settled(ctx, task.queue_name)
     consumer.check_settled(ctx.client, task.queue_name, n)
     marks = {k.decode(): float(v) for k, v in ctx.client.hgetall(MARKS_KEY).items()}
-    return {"jobs": n, "seconds": end - marks["first_wall"], "cpu_seconds": marks["last_cpu"] - marks["first_cpu"]}
+    return {"jobs": n, "seconds": end - marks["first_wall"], "cpu_seconds": marks["last_cpu"] - marks["first_cpu"],
+            "startup_seconds": marks["first_wall"] - started}
 
 
 def runworker(ctx, name: str) -> list[Measurement]:
@@ -256,7 +258,9 @@ def runworker(ctx, name: str) -> list[Measurement]:
     sizes = ([] if ctx.smoke else [ctx.warmup_size(n)]) + [n] * ctx.repeats
     replies = [_drain(ctx, name, setup, task, size) for size in sizes][-ctx.repeats:]
     cpu_us = median([r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies])
+    startup = median([r["startup_seconds"] for r in replies])
     note = (f"python manage.py runworker {task.queue_name}, {setup.note}; a fresh process per drain, timed from "
-            f"its first job's start to its last job's outcome in Redis; the worker process used {cpu_us:.1f} µs "
-            f"of CPU per job (median)")
-    return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note)]
+            f"its first job's start to its last job's outcome in Redis (start-up to the first job, not counted: "
+            f"{startup:.1f} s); the worker process used {cpu_us:.1f} µs of CPU per job (median)")
+    return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note,
+                        cpu_us_per_job=cpu_us)]

@@ -30,10 +30,16 @@ def fmt(value: float | None, unit: str) -> str:
 
 
 def twin_fraction(m: Measurement | None, twin: Measurement | None) -> str | None:
-    """``0.85 of worker-concurrent``: a Django-path rate against the engine row it mirrors, in the same run."""
+    """``0.85 of worker-concurrent (CPU per job ×1.20)``: a Django-path row against the engine row it mirrors.
+
+    Worker rows also compare CPU time per job, which a busy machine disturbs far less than the rates.
+    """
     if m is None or twin is None or not m.median or not twin.median or m.system != "chasqui":
         return None
-    return f"{m.median / twin.median:.2f} of {twin.label}"
+    text = f"{m.median / twin.median:.2f} of {twin.label}"
+    if m.cpu_us_per_job and twin.cpu_us_per_job:
+        text += f" (CPU per job ×{m.cpu_us_per_job / twin.cpu_us_per_job:.2f})"
+    return text
 
 
 def line(m: Measurement, ceiling: float | None, twin: Measurement | None = None) -> str:
@@ -141,6 +147,8 @@ def to_json(run) -> dict:
             d["engine_twin"] = twin_label
             other = ours.get(twin_label)
             d["fraction_of_twin"] = m.median / other.median if other is not None and m.median else None
+            d["cpu_per_job_of_twin"] = (m.cpu_us_per_job / other.cpu_us_per_job
+                                        if other is not None and m.cpu_us_per_job and other.cpu_us_per_job else None)
         items.append(d)
     return {
         "command": run.command,
@@ -271,7 +279,8 @@ def markdown(run) -> str:
     out += [
         "",
         f"*of Redis ceiling*: the rate divided by this run's ceiling (first row). *of engine twin*: a Django-path "
-        "rate divided by the rate of the engine row it mirrors, in this run. *Reference engine*: its published "
+        "rate divided by the rate of the engine row it mirrors, in this run (for workers, also the ratio of their "
+        "CPU time per job, steadier on a shared machine). *Reference engine*: its published "
         f"numbers ({REFERENCE_MACHINE}), a different machine, for context. Popular Python queues on Redis (RQ, arq, "
         "SAQ, Celery, Dramatiq) publish 0.2k–13k noop jobs/s per setup. *Goal*: issue 5's (engine) and issue 11's "
         "(Django path) targets for one Python process on a 2-core machine with Redis on loopback.",

@@ -47,6 +47,19 @@ def test_a_twin_missing_from_the_run_is_named_and_a_skipped_row_says_so():
     assert "- **django-enqueue-many**: not available: this version's Django tasks have no enqueue_many()" in markdown
 
 
+def test_worker_rows_also_compare_cpu_per_job_with_their_twin():
+    run = a_run()
+    run.measurements += [
+        Measurement("worker-sync", "worker-sync", RATE, [100_000.0], jobs=100, cpu_us_per_job=10.0),
+        Measurement("runworker-sync", "runworker-sync", RATE, [50_000.0], jobs=100, cpu_us_per_job=12.0),
+    ]
+    rows = {r[0]: r for r in report.rows(run)}
+    assert rows["runworker-sync"][report.COLUMNS.index("of engine twin")] == "0.50 of worker-sync (CPU per job ×1.20)"
+    items = {m["label"]: m for m in report.to_json(run)["measurements"]}
+    assert items["runworker-sync"]["cpu_per_job_of_twin"] == 1.2
+    assert items["django-enqueue (loop)"]["cpu_per_job_of_twin"] is None
+
+
 def test_json_names_the_twin_and_the_fraction():
     items = {m["label"]: m for m in report.to_json(a_run())["measurements"]}
     assert items["django-enqueue (loop)"]["engine_twin"] == "queue-add"
