@@ -81,6 +81,10 @@ def parse_entry(queue: str, fields: dict[bytes, bytes]) -> list[Event]:
     if kind == COMPLETED:
         jobs = msgpack.unpackb(f["jobs"]) if f.get("jobs") else []
         return [Event(COMPLETED, queue, job_id=j, task=t, duration_ms=d) for j, t, d in jobs]
+    if kind == RETRY_SCHEDULED and f.get("jobs"):  # a batch: [job id, task, attempt, backoff, duration, class, error]
+        return [Event(RETRY_SCHEDULED, queue, job_id=_text(j), task=_text(t), attempt=int(a), backoff_ms=int(b),
+                      duration_ms=int(d), error_class=_text(c), error_message=_text(e))
+                for j, t, a, b, d, c, e in msgpack.unpackb(f["jobs"], raw=True)]
     def num(name: str) -> int:
         try:
             return int(f.get(name, 0))

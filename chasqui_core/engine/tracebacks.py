@@ -56,23 +56,40 @@ def _exception_only(err: BaseException) -> str:
     return text
 
 
+_FRAMES_CACHE: dict[tuple, str] = {}
+_FRAMES_CACHE_SIZE = 512
+
+
 def _frames(err: BaseException) -> str:
+    """The frames of a traceback, remembered by their code locations.
+
+    A failing job fails the same way many times (the same handler, the same
+    line), so the text of a path through the code is built once: walking the
+    frames for the key is cheap, reading source lines is not.
+    """
     tb = err.__traceback__
     if tb is None:
         return ""
-    lines = ["Traceback (most recent call last):\n"]
-    count = 0
-    while tb is not None and count < MAX_FRAMES:
-        code = tb.tb_frame.f_code
-        lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}\n')
-        source = linecache.getline(code.co_filename, tb.tb_lineno).strip()
-        if source:
-            lines.append(f"    {source}\n")
+    path = []
+    while tb is not None and len(path) < MAX_FRAMES:
+        path.append((tb.tb_frame.f_code, tb.tb_lineno))
         tb = tb.tb_next
-        count += 1
-    if tb is not None:
-        lines.append("  ...\n")
-    return "".join(lines)
+    key = (*path, tb is not None)
+    text = _FRAMES_CACHE.get(key)
+    if text is None:
+        lines = ["Traceback (most recent call last):\n"]
+        for code, lineno in path:
+            lines.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
+            source = linecache.getline(code.co_filename, lineno).strip()
+            if source:
+                lines.append(f"    {source}\n")
+        if tb is not None:
+            lines.append("  ...\n")
+        text = "".join(lines)
+        if len(_FRAMES_CACHE) >= _FRAMES_CACHE_SIZE:
+            _FRAMES_CACHE.clear()
+        _FRAMES_CACHE[key] = text
+    return text
 
 
 def class_path(exc: BaseException) -> str:

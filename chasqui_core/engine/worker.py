@@ -31,6 +31,7 @@ from redis.exceptions import ResponseError
 from .connection import aconnect
 from .envelope import DecodeError, Job, check_json_types, decode, error_record, now_ms
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from .log_budget import LogBudget
 from .promoter import Promoter
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES
 from .recovery import PANIC_AFTER_DEATHS, extend_leases, forget_dead_workers, reclaim
@@ -143,6 +144,8 @@ class Worker:
         """Sync jobs still running in threads when run() returned (they cannot be cancelled)."""
         self.problem = ""
         """What went wrong inside the worker itself, if anything (shown with its heartbeat)."""
+        self._retry_lines = LogBudget(logger, "jobs failed and were scheduled for a retry")
+        self._dead_lines = LogBudget(logger, "jobs failed for good and went to the dead-letter queue")
         self._stop: asyncio.Event | None = None  # created on the loop in run()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused: dict[str, bool] = {k.queue: False for k in self.keys}
@@ -545,14 +548,16 @@ class Worker:
             stored = (d.keys.result + job.id, job.result_ttl * 1000,
                       _result_blob(retried, status, started=started, finished=finished, worker=self.id))
         if decision.retry:
-            logger.info("job %s (%s) failed on attempt %d: %s: %s; retrying in %d ms", job.id, job.task,
-                        runs_made, record["class"], message, decision.delay_ms)
+            if self._retry_lines.allow():
+                logger.info("job %s (%s) failed on attempt %d: %s: %s; retrying in %d ms", job.id, job.task,
+                            runs_made, record["class"], message, decision.delay_ms)
             self.settler.retry(d.keys, d.entry_id, decision.delay_ms, payload, job_id=job.id, task=job.task,
                                attempt=runs_made, error_class=record["class"], error=message,
                                duration_ms=duration, result=stored)
         else:
-            logger.warning("job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
-                           job.id, job.task, runs_made, record["class"], message, decision.reason)
+            if self._dead_lines.allow():
+                logger.warning("job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
+                               job.id, job.task, runs_made, record["class"], message, decision.reason)
             self.settler.dead(d.keys, d.entry_id, payload, decision.reason, job_id=job.id, task=job.task,
                               error_class=record["class"], error=message, handler_failed=True,
                               duration_ms=duration, result=stored)
@@ -581,6 +586,8 @@ class Worker:
                 raise
             except Exception as exc:
                 logger.warning("housekeeping: %s", exc)
+            self._retry_lines.summarise()
+            self._dead_lines.summarise()
             await asyncio.sleep(min(lease_every, reclaim_every, self.heartbeat_interval))
 
     async def _extend_leases(self, now: float) -> None:

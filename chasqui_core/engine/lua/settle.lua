@@ -83,7 +83,7 @@ for k = 1, r do
 end
 
 -- retries
-local retried, earliest, internal = 0, -1, 0
+local retried, earliest, internal, scheduled = 0, -1, 0, {}
 local n = tonumber(ARGV[i]); i = i + 1
 if n > 0 then
   local r = cmsgpack.unpack(ARGV[i]); i = i + 1
@@ -105,10 +105,13 @@ if n > 0 then
       redis.call('ZADD', delayed, at, payload)
       retried = retried + 1
       if earliest < 0 or at < earliest then earliest = at end
-      redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'retry_scheduled', 'job_id', r[j + 3],
-        'task', r[j + 4], 'attempt', r[j + 5], 'backoff_ms', delay, 'duration_ms', r[j + 6],
-        'error_class', r[j + 7], 'error', r[j + 8])
+      scheduled[#scheduled + 1] = {r[j + 3], r[j + 4], tonumber(r[j + 5]) or 0, delay, tonumber(r[j + 6]) or 0,
+        r[j + 7], r[j + 8]}
     end
+  end
+  if #scheduled > 0 then  -- one events entry for the batch, as for completions
+    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'retry_scheduled', 'count', #scheduled,
+      'jobs', cmsgpack.pack(scheduled))
   end
 end
 
