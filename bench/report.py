@@ -199,10 +199,10 @@ _METHOD = """\
   `task.enqueue_many()`, and the `runworker-*` rows are the worker rows run by the real
   `python manage.py runworker <queue> --concurrency N`, a fresh process per drain, on the bench's settings
   (`bench/django_settings.py`: the project's settings plus the bench's tasks app, `bench/tasks.py`; DEBUG off,
-  per-job log lines off as in the engine rows; every Django signal receiver still runs). Django's start-up is not throughput: the
-  window opens when the first task starts (it writes the time to Redis) and closes when the last job's
-  outcome is acknowledged in Redis; the process is then stopped with SIGTERM and must exit cleanly, and the
-  queue is checked as for the engine rows. The worker's CPU time per job is given too.
+  per-job log lines off as in the engine rows; every Django signal receiver still runs). Django's start-up is
+  not throughput: the window opens when the first task starts (it writes the time to Redis) and closes when
+  the last job's outcome is acknowledged in Redis; the process is then stopped with SIGTERM and must exit
+  cleanly, and the queue is checked as for the engine rows. The worker's CPU time per job is given too.
 - **Latency.** Producer and worker in separate processes. The producer stamps `time.time_ns()` into each job
   right before adding it, at a steady rate; the handler subtracts it from its own clock when it starts. Rates:
   500 jobs/s, and half of saturation: the rate at which the worker starts jobs while the producer adds them
@@ -214,8 +214,8 @@ _METHOD = """\
   redis-py; `--no-deps` keeps pip from downgrading it). "Chasqui ×N" is Chasqui's median divided by the peer's.
 - **Profiling.** `python -m bench worker-concurrent --profile DIR` samples every worker process (the
   `runworker` ones included, start-up and all) with py-spy into `DIR/*.speedscope.json` (open them at
-  speedscope.app); a profiled run's numbers are not representative. Worker rows also give the worker process's CPU time per job, which varies far less than wall-clock rates
-  on a shared machine.
+  speedscope.app); a profiled run's numbers are not representative. Worker rows also give the worker
+  process's CPU time per job, which varies far less than wall-clock rates on a shared machine.
 - **Goals are tracked here, never asserted**: a slow or busy machine must not fail a build.
 """
 

@@ -2,9 +2,9 @@
 
 Goals come from issue 5 (the engine) and issue 11 (the Django path); they
 are tracked in docs/benchmarks.md and never asserted: a slow machine must
-not fail a build. Reference numbers are the
-ones the reference engine publishes (Rust engine, 8-core Apple M3, Redis 8.6
-on loopback), so they are context, not a like-for-like comparison.
+not fail a build. Reference numbers are the ones the reference engine
+publishes (Rust engine, 8-core Apple M3, Redis 8.6 on loopback), so they are
+context, not a like-for-like comparison.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("queue-add", "sequential single adds (sync API)", producer.queue_add),
     Scenario("queue-add-bulk", "add_bulk in chunks", producer.queue_add_bulk),
     Scenario("queue-add-delayed", "sequential single delayed adds", producer.queue_add_delayed),
-    Scenario("django-enqueue", "Django @task(...).enqueue(), in a loop and one call", django_path.django_enqueue),
+    Scenario("django-enqueue", "Django @task(...).enqueue(), one call and in a loop", django_path.django_enqueue),
     Scenario("django-enqueue-many", "Django task.enqueue_many, 1,000 calls at a time", django_path.django_enqueue_many),
     Scenario("worker-generic", "one worker, concurrency 1, async noop handler",
              partial(consumer.run_setup, name="worker-generic")),
