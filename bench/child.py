@@ -41,8 +41,8 @@ PROGRAMS = {
 # --- the parent's side ---------------------------------------------------------------
 
 
-def profiler_for(name: str, pid: int) -> subprocess.Popen | None:
-    """Sample process ``pid`` with py-spy into the profile folder, when ``--profile`` asked for one."""
+def start_profiler(pid: int, name: str) -> subprocess.Popen | None:
+    """With ``--profile DIR``, sample process ``pid`` with py-spy into ``DIR/<name>-<pid>.speedscope.json``."""
     folder = os.environ.get(PROFILE_DIR_ENV)
     if not folder:
         return None
@@ -56,6 +56,17 @@ def profiler_for(name: str, pid: int) -> subprocess.Popen | None:
     print(f"   profiling the {name} process {pid} into {out}", file=sys.stderr)
     return subprocess.Popen([pyspy, "record", "--pid", str(pid), "--rate", "250", "--format", "speedscope",
                              "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(profiler: subprocess.Popen | None) -> None:
+    """Wait for py-spy to write its file, which it does once the process it samples has exited."""
+    if profiler is None:
+        return
+    try:
+        profiler.wait(30)
+    except subprocess.TimeoutExpired:
+        profiler.kill()
+        profiler.wait()
 
 
 class Child:
@@ -72,10 +83,7 @@ class Child:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, env=env,
         )
         self._buf = b""
-        self._profiler = self._start_profiler()
-
-    def _start_profiler(self) -> subprocess.Popen | None:
-        return profiler_for(self.program, self.pid)
+        self._profiler = start_profiler(self.pid, self.program)
 
     @property
     def pid(self) -> int:
@@ -145,13 +153,8 @@ class Child:
         self._close_pipes()
 
     def _stop_profiler(self) -> None:
-        if self._profiler is not None:
-            try:
-                self._profiler.wait(30)  # py-spy writes its file once the process it samples has exited
-            except subprocess.TimeoutExpired:
-                self._profiler.kill()
-                self._profiler.wait()
-            self._profiler = None
+        stop_profiler(self._profiler)
+        self._profiler = None
 
     def _close_pipes(self) -> None:
         self._stop_profiler()

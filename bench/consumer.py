@@ -96,7 +96,8 @@ def run_setup(ctx, name: str) -> list[Measurement]:
     replies = drains(ctx, setup, n)
     cpu_us = median([r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies])
     note = f"{setup.note}; the worker process used {cpu_us:.1f} µs of CPU per job (median)"
-    return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note)]
+    return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note,
+                        cpu_us_per_job=cpu_us)]
 
 
 # --- the worker process ----------------------------------------------------------------------

@@ -1,15 +1,20 @@
 """The path a Django user takes: ``@task`` + ``.enqueue()`` / ``.enqueue_many()`` + ``manage.py runworker``.
 
 Each scenario has an engine twin (``queue-add``, ``queue-add-bulk``,
-``worker-concurrent``, ``worker-sync``, ``worker-retry``) measured in the same
-run, and the report shows it as a fraction of that twin: what the Django
-layer costs.
+``worker-concurrent``, ``worker-sync``, ``worker-retry``) doing the same work
+in the same run, with the same sizes, handler kind and concurrency, and the
+report shows it as a fraction of that twin: what the Django layer costs.
 
-The runworker scenarios start the real ``python manage.py runworker``
-process on a preloaded backlog and time it from its first job (job 0 marks
-the server time it started) to its last (the server-time id of the events
-entry that acknowledged the last jobs), so Django's start-up is not counted
-and nothing slows the jobs between.
+The runworker scenarios start the real ``python manage.py runworker``, with
+the bench's settings (bench/django_settings.py), on a preloaded backlog of
+the bench's tasks (bench/tasks.py), a fresh process per drain. Django's
+start-up is not throughput, so the window is not the process's life: it
+opens when the first job starts (the task writes the time to Redis) and
+closes when the bench sees the last job's outcome acknowledged in Redis
+(woken by the task that made the target-th success, it polls every half
+millisecond until the stream and the delayed set are empty; nothing polls
+during the drain). The process is then stopped with SIGTERM and must exit
+cleanly, and the queue is checked for leftovers, as for the twins.
 """
 
 from __future__ import annotations
@@ -22,23 +27,38 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from chasqui_core.engine.keys import GROUP, QueueKeys
+from chasqui_core.engine.keys import QueueKeys
 
-from .child import PROFILE_DIR_ENV, ROOT, profiler_for
+from . import consumer
+from .child import ROOT, start_profiler, stop_profiler
 from .results import RATE, BenchError, Measurement
 from .stats import median
 
 SETTINGS = "bench.django_settings"
+ENQUEUE_MANY_CALLS = 1000
+"""Calls per ``enqueue_many()``: as many jobs as one chunk of ``Queue.add_bulk``."""
+START_TIMEOUT = 120.0
+"""Seconds a fresh ``runworker`` may take to start its first job (Django start-up on a busy machine)."""
+STOP_TIMEOUT = 60.0
+"""Seconds a ``runworker`` process may take to exit after SIGTERM (its own shutdown timeout is 25 s)."""
+SETTLE_POLL = 0.0005
 
 
 def _setup():
-    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS
+    """Django set up in this process with the bench's settings; the bench's tasks module."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = SETTINGS  # the bench's, whatever the shell exported
     import django
 
     django.setup()
     from . import tasks
 
     return tasks
+
+
+def _check_queued(ctx, queue: str, n: int) -> None:
+    length = ctx.client.xlen(QueueKeys.for_queue(queue).stream)
+    if length != n:
+        raise BenchError(f"{n} jobs were enqueued but the stream holds {length}: the rate would not be true")
 
 
 # --- enqueue -----------------------------------------------------------------------------------
@@ -56,13 +76,14 @@ def django_enqueue(ctx) -> list[Measurement]:
             enqueue(i)
             calls.append(time.perf_counter_ns() - c0)
         seconds = time.perf_counter() - t0
+        _check_queued(ctx, tasks.QUEUE, n)
         return n, seconds, median(calls) / 1000
 
-    n = ctx.size(10_000, 300)
+    n = ctx.size(20_000, 500)  # as queue-add
     runs = ctx.repeat(once, n)
     return [
         Measurement("django-enqueue", "django-enqueue (loop)", RATE, [jobs / s for jobs, s, _ in runs], jobs=n,
-                    note=f"Django @task(...).enqueue() {n} times in a row ({tasks.noop.module_path})"),
+                    note=f"Django @task(...).enqueue() {n:,} times in a row ({tasks.noop.module_path})"),
         Measurement("django-enqueue", "django-enqueue (one call, median)", "µs", [us for _, _, us in runs], jobs=n,
                     lower_is_better=True, note="time of a single enqueue() call"),
     ]
@@ -71,18 +92,23 @@ def django_enqueue(ctx) -> list[Measurement]:
 def django_enqueue_many(ctx) -> list[Measurement]:
     tasks = _setup()
     if not hasattr(tasks.noop, "enqueue_many"):
-        return [Measurement("django-enqueue-many", "django-enqueue-many", RATE, skipped="task.enqueue_many is missing")]
-    chunk = 1000
+        reason = "not available: this version's Django tasks have no enqueue_many()"
+        ctx.say(f"   {reason}")
+        return [Measurement("django-enqueue-many", "django-enqueue-many", RATE, skipped=reason)]
+    enqueue_many = tasks.noop.enqueue_many
 
     def once(n: int) -> tuple[int, float]:
         t0 = time.perf_counter()
-        for start in range(0, n, chunk):
-            tasks.noop.enqueue_many([((i,), {}) for i in range(start, min(n, start + chunk))])
-        return n, time.perf_counter() - t0
+        for start in range(0, n, ENQUEUE_MANY_CALLS):
+            enqueue_many([((i,), {}) for i in range(start, min(n, start + ENQUEUE_MANY_CALLS))])
+        seconds = time.perf_counter() - t0
+        _check_queued(ctx, tasks.QUEUE, n)
+        return n, seconds
 
-    n = ctx.size(100_000, 2_000)
+    n = ctx.size(200_000, 5_000)  # as queue-add-bulk
     return [Measurement("django-enqueue-many", "django-enqueue-many", RATE, ctx.rates(once, n), jobs=n,
-                        note=f"task.enqueue_many of {chunk} (args, kwargs) calls at a time, building them included")]
+                        note=f"task.enqueue_many() of {ENQUEUE_MANY_CALLS:,} (args, kwargs) calls at a time, "
+                             "building the calls included")]
 
 
 # --- runworker -----------------------------------------------------------------------------------
@@ -91,97 +117,150 @@ def django_enqueue_many(ctx) -> list[Measurement]:
 @dataclass(frozen=True, slots=True)
 class RunworkerSetup:
     task: str
-    concurrency: int
-    full: int
-    smoke: int
+    """The task in bench/tasks.py."""
+    twin: str
+    """The engine scenario it mirrors; its concurrency and backlog sizes are used."""
     note: str
-    retries: bool = False
+
+    @property
+    def concurrency(self) -> int:
+        return consumer.SETUPS[self.twin].concurrency
 
 
 SETUPS = {
-    "runworker-async": RunworkerSetup("anoop", 100, 100_000, 2_000, "async def noop task, --concurrency 100"),
-    "runworker-sync": RunworkerSetup("noop", 10, 50_000, 1_000, "def noop task, --concurrency 10 (threads)"),
-    "runworker-retry": RunworkerSetup("fail_once", 100, 50_000, 1_000,
+    "runworker-async": RunworkerSetup("anoop", "worker-concurrent", "async def noop task, --concurrency 100"),
+    "runworker-sync": RunworkerSetup("noop", "worker-sync", "def noop task, --concurrency 10 (threads)"),
+    "runworker-retry": RunworkerSetup("fail_once", "worker-retry",
                                       "async task failing on its first run (1 ms backoff), then succeeding; "
-                                      "--concurrency 100; successes per second", retries=True),
+                                      "--concurrency 100; successes per second"),
 }
 
 
-def _preload(tasks, task_name: str, n: int) -> None:
-    task = getattr(tasks, task_name)
-    for start in range(0, n, 1000):
-        task.enqueue_many([((i,), {}) for i in range(start, min(n, start + 1000))])
+def _preload(ctx, task, n: int) -> None:
+    for start in range(0, n, ENQUEUE_MANY_CALLS):
+        task.enqueue_many([((i,), {}) for i in range(start, min(n, start + ENQUEUE_MANY_CALLS))])
+    _check_queued(ctx, task.queue_name, n)
 
 
-def _settled(client, n: int) -> bool:
-    keys = QueueKeys.for_queue("bench-django")
-    if client.xlen(keys.stream) or client.zcard(keys.delayed):
-        return False
-    return client.xpending(keys.stream, GROUP)["pending"] == 0
+class RunworkerProcess:
+    """``python manage.py runworker`` on the bench's settings, output to a file; always stopped on exit."""
+
+    def __init__(self, name: str, queue: str, concurrency: int, target: int) -> None:
+        from .tasks import TARGET_ENV
+
+        env = dict(os.environ)
+        env["DJANGO_SETTINGS_MODULE"] = SETTINGS
+        env[TARGET_ENV] = str(target)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        self.log = tempfile.TemporaryFile()  # not a pipe: a worker printing more than a pipe holds would block
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "runworker", queue, "--concurrency", str(concurrency)],
+            cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        self._profiler = start_profiler(self.proc.pid, name)
+
+    def __enter__(self) -> "RunworkerProcess":
+        return self
+
+    def __exit__(self, exc_type, *exc: object) -> None:
+        try:
+            if exc_type is None:
+                self.stop()
+            elif self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+        finally:
+            stop_profiler(self._profiler)
+            self.log.close()
+
+    def output(self, lines: int = 30) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        tail = self.log.read().decode(errors="replace").splitlines()[-lines:]
+        return "\n".join("      " + line for line in tail) or "      (no output)"
+
+    def exited(self) -> BenchError | None:
+        """An error describing the process's early exit, or None while it runs."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        return BenchError(f"runworker exited with code {code} before the drain ended; its last lines:\n"
+                          f"{self.output()}")
+
+    def stop(self) -> None:
+        """SIGTERM, as a deployment stops a worker; it must exit, with code 0, within STOP_TIMEOUT."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise BenchError(f"runworker did not exit within {STOP_TIMEOUT:.0f} s of SIGTERM; killed it. "
+                                 f"Its last lines:\n{self.output()}") from None
+        if self.proc.returncode != 0:
+            raise BenchError(f"runworker exited with code {self.proc.returncode} after SIGTERM; its last lines:\n"
+                             f"{self.output()}")
 
 
-def _last_completion_ms(client) -> int:
-    keys = QueueKeys.for_queue("bench-django")
-    for entry_id, fields in client.xrevrange(keys.events, count=50):
-        if fields.get(b"type") == b"completed":
-            return int(entry_id.split(b"-")[0])
-    raise BenchError("no completed event found: the worker settled nothing")
+def _wait_done(ctx, worker: RunworkerProcess, timeout: float) -> None:
+    """Block until the task that makes the target-th success says so (or the process dies)."""
+    from .tasks import DONE_KEY, MARKS_KEY
+
+    deadline = time.monotonic() + timeout
+    while not ctx.client.blpop([DONE_KEY], timeout=1):
+        error = worker.exited()
+        if error is not None:
+            raise error
+        if time.monotonic() > deadline:
+            started = ctx.client.hexists(MARKS_KEY, "first_wall")
+            raise BenchError(f"runworker did not finish its drain within {timeout:.0f} s "
+                             f"({'it started jobs' if started else 'no job started'}); its last lines:\n"
+                             f"{worker.output()}")
 
 
-def _drain(ctx, setup: RunworkerSetup, tasks, n: int) -> float:
-    """Start runworker on a preloaded backlog of n jobs; return jobs per second from first job to last."""
-    from .tasks import FIRST_KEY
+def _wait_settled(ctx, queue: str) -> float:
+    """The wall-clock time at which the stream and the delayed set are empty: every outcome acknowledged."""
+    keys = QueueKeys.for_queue(queue)
+    pipe = ctx.client.pipeline(transaction=False)
+    while True:
+        pipe.xlen(keys.stream)
+        pipe.zcard(keys.delayed)
+        left, delayed = pipe.execute()
+        if not left and not delayed:
+            return time.time()
+        time.sleep(SETTLE_POLL)
+
+
+def _drain(ctx, name: str, setup: RunworkerSetup, task, n: int) -> dict:
+    """One fresh ``runworker`` process drains ``n`` preloaded jobs; the jobs, seconds and CPU of its window."""
+    from .tasks import MARKS_KEY
 
     ctx.flush()
-    _preload(tasks, setup.task, n)
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": SETTINGS, "REDIS_URL": ctx.url,
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    log = tempfile.TemporaryFile()  # not a pipe: a worker logging more than a pipe holds would block on it
-    proc = subprocess.Popen([sys.executable, "manage.py", "runworker", "bench-django",
-                             "--concurrency", str(setup.concurrency)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
-    profiler = profiler_for(f"runworker-{setup.task}", proc.pid) if os.environ.get(PROFILE_DIR_ENV) else None
-    try:
-        deadline = time.monotonic() + max(120.0, n / 200)
-        while not _settled(ctx.client, n):
-            if proc.poll() is not None:
-                raise BenchError(f"runworker exited with code {proc.returncode} before draining: {_tail(log)}")
-            if time.monotonic() > deadline:
-                raise BenchError(f"runworker did not drain {n} jobs in time")
-            time.sleep(0.005)
-        first = ctx.client.get(FIRST_KEY)
-        if first is None:
-            raise BenchError("job 0 never marked its start")
-        last = _last_completion_ms(ctx.client)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if profiler is not None:
-            profiler.wait(timeout=30)
-    if proc.returncode != 0:
-        raise BenchError(f"runworker exited with code {proc.returncode} after SIGTERM: {_tail(log)}")
-    keys = QueueKeys.for_queue("bench-django")
-    if ctx.client.xlen(keys.dlq):
-        raise BenchError(f"{ctx.client.xlen(keys.dlq)} jobs were dead-lettered: the run is not a clean drain")
-    seconds = max(last - int(first), 1) / 1000
-    return n / seconds
-
-
-def _tail(log) -> str:
-    log.seek(0)
-    return log.read().decode(errors="replace")[-2000:]
+    _preload(ctx, task, n)
+    started = time.time()
+    with RunworkerProcess(name, task.queue_name, setup.concurrency, target=n) as worker:
+        _wait_done(ctx, worker, timeout=START_TIMEOUT + max(120.0, n / 100))
+        end = _wait_settled(ctx, task.queue_name)
+    consumer.check_settled(ctx.client, task.queue_name, n)
+    marks = {k.decode(): float(v) for k, v in ctx.client.hgetall(MARKS_KEY).items()}
+    return {"jobs": n, "seconds": end - marks["first_wall"], "cpu_seconds": marks["last_cpu"] - marks["first_cpu"],
+            "startup_seconds": marks["first_wall"] - started}
 
 
 def runworker(ctx, name: str) -> list[Measurement]:
     setup = SETUPS[name]
-    tasks = _setup()
-    n = ctx.size(setup.full, setup.smoke)
-    _drain(ctx, setup, tasks, ctx.warmup_size(n))
-    rates = [_drain(ctx, setup, tasks, n) for _ in range(ctx.repeats)]
-    return [Measurement(name, name, RATE, rates, jobs=n,
-                        note=f"python manage.py runworker, {setup.note}; timed from its first job to its last")]
+    task = getattr(_setup(), setup.task)
+    twin = consumer.SETUPS[setup.twin]
+    n = ctx.size(twin.full, twin.smoke)
+    # Every drain is a fresh process, so a warm-up warms only the server and the machine: worth it for a
+    # measured run, not for a smoke run, whose numbers mean little anyway.
+    sizes = ([] if ctx.smoke else [ctx.warmup_size(n)]) + [n] * ctx.repeats
+    replies = [_drain(ctx, name, setup, task, size) for size in sizes][-ctx.repeats:]
+    cpu_us = median([r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies])
+    startup = median([r["startup_seconds"] for r in replies])
+    note = (f"python manage.py runworker {task.queue_name}, {setup.note}; a fresh process per drain, timed from "
+            f"its first job's start to its last job's outcome in Redis (start-up to the first job, not counted: "
+            f"{startup:.1f} s); the worker process used {cpu_us:.1f} µs of CPU per job (median)")
+    return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note,
+                        cpu_us_per_job=cpu_us)]

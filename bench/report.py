@@ -29,13 +29,28 @@ def fmt(value: float | None, unit: str) -> str:
     return f"{number} {unit}"
 
 
-def line(m: Measurement, ceiling: float | None) -> str:
+def twin_fraction(m: Measurement | None, twin: Measurement | None) -> str | None:
+    """``0.85 of worker-concurrent (CPU per job ×1.20)``: a Django-path row against the engine row it mirrors.
+
+    Worker rows also compare CPU time per job, which a busy machine disturbs far less than the rates.
+    """
+    if m is None or twin is None or not m.median or not twin.median or m.system != "chasqui":
+        return None
+    text = f"{m.median / twin.median:.2f} of {twin.label}"
+    if m.cpu_us_per_job and twin.cpu_us_per_job:
+        text += f" (CPU per job ×{m.cpu_us_per_job / twin.cpu_us_per_job:.2f})"
+    return text
+
+
+def line(m: Measurement, ceiling: float | None, twin: Measurement | None = None) -> str:
     who = "" if m.system == "chasqui" else f" [{PEER_NAMES.get(m.system, m.system)}]"
     if m.skipped:
         return f"   {m.label}{who}: {m.skipped}"
     text = f"   {m.label + who:<52} {fmt(m.median, m.unit):>16}"
     if m.is_rate and ceiling and m.scenario != "ceiling":
         text += f"   {m.median / ceiling:5.3f} of ceiling"
+    if twin_fraction(m, twin):
+        text += f"   {twin_fraction(m, twin)}"
     if len(m.samples) > 1:
         text += "   repeats: " + ", ".join(fmt(s, m.unit).rsplit(" ", 1)[0] for s in m.samples)
     if m.note:
@@ -57,17 +72,14 @@ def _peer_cell(peer: Measurement | None, ours: Measurement | None) -> str:
     return cell
 
 
-def _twin_cell(o: Measurement | None, ours: dict[str, Measurement]) -> str:
-    from .scenarios import TWINS
-
-    twin = ours.get(TWINS.get(o.label, "")) if o is not None else None
-    if o is None or twin is None or not o.median or not twin.median:
+def _ours_cell(o: Measurement | None) -> str:
+    if o is None:
         return DASH
-    return f"{o.median / twin.median:.2f} of {twin.label}"
+    return "skipped" if o.skipped else fmt(o.median, o.unit)
 
 
 def rows(run) -> list[tuple[str, ...]]:
-    from .scenarios import goal
+    from .scenarios import goal, twin
 
     ceiling = run.ceiling
     order: list[str] = []
@@ -91,8 +103,12 @@ def rows(run) -> list[tuple[str, ...]]:
         o = ours.get(label)
         g = goal(label)
         fraction = f"{o.median / ceiling:.3f}" if o and o.is_rate and o.median and ceiling else DASH
+        twin_label = twin(label)
+        of_twin = twin_fraction(o, ours.get(twin_label)) if twin_label else None
+        if twin_label and of_twin is None:
+            of_twin = f"— ({twin_label} not in this run)" if twin_label not in ours else DASH
         out.append((
-            label, fmt(o.median, o.unit) if o else DASH, fraction, _twin_cell(o, ours),
+            label, _ours_cell(o), fraction, of_twin or DASH,
             *(_peer_cell(peers.get((label, p)), o) for p in PEERS),
             g.reference or DASH, g.target or DASH,
         ))
@@ -113,7 +129,7 @@ def table(run) -> str:
 
 
 def to_json(run) -> dict:
-    from .scenarios import goal
+    from .scenarios import goal, twin
 
     ours = {m.label: m for m in run.measurements if m.system == "chasqui" and m.samples}
     items = []
@@ -126,6 +142,13 @@ def to_json(run) -> dict:
         mine = ours.get(m.label)
         if m.system != "chasqui" and mine is not None and m.median:
             d["chasqui_ratio"] = mine.median / m.median
+        twin_label = twin(m.label) if m.system == "chasqui" else None
+        if twin_label:
+            d["engine_twin"] = twin_label
+            other = ours.get(twin_label)
+            d["fraction_of_twin"] = m.median / other.median if other is not None and m.median else None
+            d["cpu_per_job_of_twin"] = (m.cpu_us_per_job / other.cpu_us_per_job
+                                        if other is not None and m.cpu_us_per_job and other.cpu_us_per_job else None)
         items.append(d)
     return {
         "command": run.command,
@@ -170,6 +193,16 @@ _METHOD = """\
   starts; the window opens when the first handler starts and closes when the last job's outcome is
   acknowledged in Redis. After each drain the worker is stopped cleanly and the queue is checked: nothing may
   be left in the stream, the pending list, the delayed set or the DLQ.
+- **The Django path.** The same work as a Django user does it, in the same run, each row next to the engine
+  row it mirrors (its *engine twin*, same handler kind, concurrency and backlog size): `django-enqueue` is
+  `queue-add` through `@task(...).enqueue()`, `django-enqueue-many` is `queue-add-bulk` through
+  `task.enqueue_many()`, and the `runworker-*` rows are the worker rows run by the real
+  `python manage.py runworker <queue> --concurrency N`, a fresh process per drain, on the bench's settings
+  (`bench/django_settings.py`: the project's settings plus the bench's tasks app, `bench/tasks.py`; DEBUG off,
+  per-job log lines off as in the engine rows; every Django signal receiver still runs). Django's start-up is
+  not throughput: the window opens when the first task starts (it writes the time to Redis) and closes when
+  the last job's outcome is acknowledged in Redis; the process is then stopped with SIGTERM and must exit
+  cleanly, and the queue is checked as for the engine rows. The worker's CPU time per job is given too.
 - **Latency.** Producer and worker in separate processes. The producer stamps `time.time_ns()` into each job
   right before adding it, at a steady rate; the handler subtracts it from its own clock when it starts. Rates:
   500 jobs/s, and half of saturation: the rate at which the worker starts jobs while the producer adds them
@@ -179,10 +212,10 @@ _METHOD = """\
   per-job logging off, arq polling every 10 ms instead of 500 ms). Install them with
   `pip install --no-deps -r requirements-bench.txt` (arq 0.28.0 declares `redis<6` but runs on the project's
   redis-py; `--no-deps` keeps pip from downgrading it). "Chasqui ×N" is Chasqui's median divided by the peer's.
-- **Profiling.** `python -m bench worker-concurrent --profile DIR` samples every worker process with py-spy
-  into `DIR/*.speedscope.json` (open them at speedscope.app); a profiled run's numbers are not representative.
-  Worker rows also give the worker process's CPU time per job, which varies far less than wall-clock rates
-  on a shared machine.
+- **Profiling.** `python -m bench worker-concurrent --profile DIR` samples every worker process (the
+  `runworker` ones included, start-up and all) with py-spy into `DIR/*.speedscope.json` (open them at
+  speedscope.app); a profiled run's numbers are not representative. Worker rows also give the worker
+  process's CPU time per job, which varies far less than wall-clock rates on a shared machine.
 - **Goals are tracked here, never asserted**: a slow or busy machine must not fail a build.
 """
 
@@ -194,16 +227,16 @@ _SCENARIOS = """\
 | `queue-add` | `Queue.add`, one job per call, sync client |
 | `queue-add-bulk` | `Queue.add_bulk` in chunks of 1,000, building the `JobSpec`s included |
 | `queue-add-delayed` | `Queue.add(delay=...)`, one job per call |
-| `django-enqueue` | Django `@task(...).enqueue()`: the time of one call, and calls in a loop (twin: `queue-add`) |
-| `django-enqueue-many` | Django `task.enqueue_many(calls)`, 1,000 `(args, kwargs)` calls at a time (twin: `queue-add-bulk`) |
+| `django-enqueue` | Django `@task(...).enqueue()` in a loop, one job per call, and the time of one call; engine twin `queue-add` |
+| `django-enqueue-many` | Django `task.enqueue_many(calls)`, 1,000 `(args, kwargs)` calls per call, building the list included; engine twin `queue-add-bulk` |
 | `worker-generic` | one worker, concurrency 1, async noop handler |
 | `worker-concurrent` | one worker process, concurrency 100, async noop handler |
 | `worker-sync` | one worker process, concurrency 10, sync (`def`) noop handler run in threads |
 | `worker-retry` | every job fails once, is retried after 1 ms, then succeeds; successes per second |
 | `worker-delayed-e2e` | a backlog preloaded in the delayed set, all due: promoted and consumed |
-| `runworker-async` | the real `python manage.py runworker` process, async noop Django task, concurrency 100, timed from its first job to its last (twin: `worker-concurrent`) |
-| `runworker-sync` | the same with a `def` noop task, concurrency 10 threads (twin: `worker-sync`) |
-| `runworker-retry` | the same with an async task that fails on its first run (1 ms backoff) and then succeeds; successes per second (twin: `worker-retry`) |
+| `runworker-async` | `python manage.py runworker bench-django --concurrency 100`, async noop task; engine twin `worker-concurrent` |
+| `runworker-sync` | `python manage.py runworker bench-django --concurrency 10`, sync (`def`) noop task run in threads; engine twin `worker-sync` |
+| `runworker-retry` | `python manage.py runworker bench-django --concurrency 100`, every job fails once, is retried after 1 ms, then succeeds; successes per second; engine twin `worker-retry` |
 | `promoter` | a delayed set of due jobs drained into the stream by the `Promoter` alone (no worker reading) |
 | `latency` | enqueue → handler start, p50 / p99 / p99.9, at 500 jobs/s and at half of saturation |
 | `memory` | peak RSS (`VmHWM`, else `ru_maxrss`) of a fresh worker process draining the backlog; alone and with Django set up |
@@ -245,10 +278,12 @@ def markdown(run) -> str:
         out.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
     out += [
         "",
-        f"*of Redis ceiling*: the rate divided by this run's ceiling (first row). *of engine twin*: a Django-path row divided by the engine row it mirrors, in the same run. *Reference engine*: its published "
+        f"*of Redis ceiling*: the rate divided by this run's ceiling (first row). *of engine twin*: a Django-path "
+        "rate divided by the rate of the engine row it mirrors, in this run (for workers, also the ratio of their "
+        "CPU time per job, steadier on a shared machine). *Reference engine*: its published "
         f"numbers ({REFERENCE_MACHINE}), a different machine, for context. Popular Python queues on Redis (RQ, arq, "
-        "SAQ, Celery, Dramatiq) publish 0.2k–13k noop jobs/s per setup. *Goal*: issue 5's targets for one Python "
-        "process on a 2-core machine with Redis on loopback.",
+        "SAQ, Celery, Dramatiq) publish 0.2k–13k noop jobs/s per setup. *Goal*: issue 5's (engine) and issue 11's "
+        "(Django path) targets for one Python process on a 2-core machine with Redis on loopback.",
         "",
         "### Details per row",
         "",

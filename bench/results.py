@@ -30,6 +30,9 @@ class Measurement:
     skipped: str = ""
     """Why nothing was measured (a missing optional package, for instance)."""
     lower_is_better: bool = False
+    cpu_us_per_job: float | None = None
+    """Worker rows: the worker process's CPU time per job (median of the repeats), steadier than wall-clock rates
+    on a shared machine."""
 
     @property
     def median(self) -> float | None:

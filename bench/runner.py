@@ -12,6 +12,7 @@ from typing import Any, TextIO
 from . import ceiling, report
 from .machine import describe, machine_info
 from .results import BenchError, Measurement
+from .scenarios import twin as twin_of
 from .server import BenchServer
 
 
@@ -121,7 +122,8 @@ def run(scenarios, *, smoke: bool, repeats: int, url: str | None, allow_flush: b
             for m in produced:
                 ctx.results.append(m)
                 the_run.measurements.append(m)
-                ctx.say(report.line(m, top.median))
+                twin = twin_of(m.label)
+                ctx.say(report.line(m, top.median, ctx.find(twin) if twin else None))
             ctx.say(f"   ({time.perf_counter() - s0:.1f} s)")
         server.flush()  # leave the database as empty as it was found
     the_run.seconds = time.perf_counter() - t0

@@ -1,9 +1,10 @@
 """The scenarios, in the order a full run goes through them, with their goals.
 
-Goals come from issue 5; they are tracked in docs/benchmarks.md and never
-asserted: a slow machine must not fail a build. Reference numbers are the
-ones the reference engine publishes (Rust engine, 8-core Apple M3, Redis 8.6
-on loopback), so they are context, not a like-for-like comparison.
+Goals come from issue 5 (the engine) and issue 11 (the Django path); they
+are tracked in docs/benchmarks.md and never asserted: a slow machine must
+not fail a build. Reference numbers are the ones the reference engine
+publishes (Rust engine, 8-core Apple M3, Redis 8.6 on loopback), so they are
+context, not a like-for-like comparison.
 """
 
 from __future__ import annotations
@@ -86,12 +87,14 @@ GOALS: dict[str, Goal] = {
 TWINS: dict[str, str] = {
     "django-enqueue (loop)": "queue-add",
     "django-enqueue-many": "queue-add-bulk",
-    "runworker-async": "worker-concurrent",
-    "runworker-sync": "worker-sync",
-    "runworker-retry": "worker-retry",
+    **{name: setup.twin for name, setup in django_path.SETUPS.items()},
 }
 """Each Django-path row and the engine row it is measured against (the report shows the fraction)."""
 
 
 def goal(label: str) -> Goal:
     return GOALS.get(label, Goal())
+
+
+def twin(label: str) -> str | None:
+    return TWINS.get(label)

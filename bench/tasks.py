@@ -1,49 +1,83 @@
 """The Django Tasks the Django-path scenarios enqueue and run (``bench`` is an app in bench.django_settings).
 
-Each marks the server time its first job started (job 0, the head of the
-backlog) so the scenario can time a real ``manage.py runworker`` process from
-its first job to its last, not from the start of the process. Only job 0 pays
-for the mark.
+They do nothing, like the engine scenarios' handlers (bench/handlers.py), and
+time their ``runworker`` process the same way: the first run writes the wall
+clock and the process's CPU time to Redis, and the run that makes the
+target-th success writes them again and wakes the bench. Two writes per
+drain, on a connection opened at import, and a counter per run: the worker
+is not slowed down. In a process the bench did not start for a drain (no
+target in its environment) they write nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import time
 
-import redis
 from django.tasks import task
 
+from chasqui_core.conf import chasqui_settings
+from chasqui_core.engine.connection import connect
+
+from .handlers import RETRY_BACKOFF_MS, FirstRunFails
+
 QUEUE = "bench-django"
-FIRST_KEY = "bench:django:first-job-ms"
+TARGET_ENV = "BENCH_RUNWORKER_TARGET"
+"""How many successful runs close a ``runworker`` process's measured window."""
+MARKS_KEY = "bench:runworker:marks"
+"""Hash: wall clock and CPU time when the first run started and when the target-th run succeeded."""
+DONE_KEY = "bench:runworker:done"
+"""List pushed to when the target-th run succeeds, so the bench waits with BLPOP instead of polling."""
 
-_client: redis.Redis | None = None
+_target = int(os.environ.get(TARGET_ENV) or 0)
+_runs = itertools.count()  # next() on a count is atomic: safe from the sync lane's threads
+_successes = itertools.count(1)
+_client = None
+if _target:
+    _client = connect(chasqui_settings().redis_url)
+    _client.ping()  # connect now, not inside the measured window
 
 
-def _mark_first() -> None:
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(os.environ["REDIS_URL"])
-    seconds, micros = _client.time()
-    _client.set(FIRST_KEY, seconds * 1000 + micros // 1000, nx=True)
+def _mark(moment: str, done: bool = False) -> None:
+    pipe = _client.pipeline(transaction=False)
+    pipe.hset(MARKS_KEY, mapping={f"{moment}_wall": repr(time.time()), f"{moment}_cpu": repr(time.process_time())})
+    if done:
+        pipe.lpush(DONE_KEY, 1)
+    pipe.execute()
+
+
+def _started() -> None:
+    if next(_runs) == 0 and _target:
+        _mark("first")
+
+
+def _succeeded() -> None:
+    if next(_successes) == _target:
+        _mark("last", done=True)
 
 
 @task(queue_name=QUEUE)
 def noop(i: int) -> None:
-    """Does nothing: the enqueue scenarios measure what enqueueing costs."""
-    if i == 0:
-        _mark_first()
+    """A plain ``def`` that does nothing: ``django-enqueue``, ``django-enqueue-many`` and ``runworker-sync``."""
+    _started()
+    _succeeded()
 
 
 @task(queue_name=QUEUE)
 async def anoop(i: int) -> None:
-    if i == 0:
-        _mark_first()
+    """The ``async def`` twin: ``runworker-async``."""
+    _started()
+    _succeeded()
 
 
-@task(queue_name=QUEUE, takes_context=True, max_attempts=3, backoff=1)
+@task(queue_name=QUEUE, takes_context=True, max_attempts=3, backoff=RETRY_BACKOFF_MS)
 async def fail_once(context, i: int) -> None:
-    """Fails on its first run, succeeds on its second: the Django way of knowing the attempt is the context."""
+    """Fails on its first run, succeeds on its second (1 ms later): ``runworker-retry``.
+
+    The Django way of knowing the attempt is the task context.
+    """
+    _started()
     if context.attempt == 1:
-        if i == 0:
-            _mark_first()
-        raise RuntimeError(f"job {i} fails once")
+        raise FirstRunFails(f"job {i} fails on its first run, on purpose")
+    _succeeded()

@@ -47,19 +47,50 @@ def test_bench_rejects_unknown_scenario():
     assert "unknown scenario(s) no-such-scenario" in proc.stderr
 
 
-def test_bench_smoke_measures_the_django_path_beside_its_engine_twin(tmp_path):
-    """runworker-async times the real manage.py runworker process and is shown against worker-concurrent."""
-    out = tmp_path / "bench.json"
+DJANGO_ROWS = {  # Django-path row -> its engine twin
+    "django-enqueue (loop)": "queue-add",
+    "django-enqueue-many": "queue-add-bulk",
+    "runworker-async": "worker-concurrent",
+    "runworker-sync": "worker-sync",
+    "runworker-retry": "worker-retry",
+}
+
+
+def test_bench_smoke_measures_the_django_path_beside_its_engine_twins(tmp_path):
+    """Every Django-path scenario runs in the same run as its twin and is reported as a fraction of it.
+
+    The runworker rows come from the real ``manage.py runworker`` process: the note says so and gives the
+    process's CPU per job, which only the tasks it ran could have measured; a worker that did not drain every
+    job, left anything behind or did not exit cleanly on SIGTERM would have failed the scenario.
+    """
+    out, page = tmp_path / "bench.json", tmp_path / "benchmarks.md"
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    scenarios = ["queue-add", "queue-add-bulk", "worker-concurrent", "worker-sync", "worker-retry", "django-enqueue",
+                 "django-enqueue-many", "runworker-async", "runworker-sync", "runworker-retry"]
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "worker-concurrent", "runworker-async", "django-enqueue-many", "--smoke",
-         "--json", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+        [sys.executable, "-m", "bench", *scenarios, "--smoke", "--json", str(out), "--markdown", str(page)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
     data = json.loads(out.read_text())
+    assert data["failures"] == {}
     rows = {m["label"]: m for m in data["measurements"] if m["system"] == "chasqui"}
-    for label in ("runworker-async", "django-enqueue-many"):
-        assert rows[label]["median"] > 0 and not rows[label]["skipped"], rows[label]
-    assert "manage.py runworker" in rows["runworker-async"]["note"]
-    assert "of worker-concurrent" in proc.stdout  # the twin column
+    for label, twin in DJANGO_ROWS.items():
+        row = rows[label]
+        assert not row["skipped"] and row["median"] > 0 and row["jobs"] > 0, row
+        assert row["engine_twin"] == twin
+        assert row["fraction_of_twin"] == row["median"] / rows[twin]["median"]
+        assert row["jobs"] == rows[twin]["jobs"], "a Django-path row does the same work as its twin"
+    for label in ("runworker-async", "runworker-sync", "runworker-retry"):
+        note = rows[label]["note"]
+        assert "python manage.py runworker bench-django" in note, note
+        assert "µs of CPU per job" in note and "start-up to the first job, not counted" in note, note
+        assert rows[label]["cpu_us_per_job"] > 0 and rows[label]["cpu_per_job_of_twin"] > 0, rows[label]
+    assert "--concurrency 100" in rows["runworker-async"]["note"]
+    assert "--concurrency 10 " in rows["runworker-sync"]["note"]
+    assert "of worker-concurrent" in proc.stdout
+    markdown = page.read_text()
+    assert "| of engine twin |" in markdown
+    lines = {line.split(" | ")[0][2:]: line for line in markdown.splitlines() if line.startswith("| ")}
+    for label, twin in DJANGO_ROWS.items():
+        assert f"of {twin}" in lines[label], lines[label]

@@ -1,0 +1,77 @@
+"""The results page and table show each Django-path row against its engine twin.
+
+Built from measurements made up here, so no server is needed: what is checked
+is the rendering, not any speed.
+"""
+
+from __future__ import annotations
+
+from bench import report
+from bench.results import RATE, Measurement
+from bench.runner import Run
+
+MACHINE = {"cpu": "test CPU", "cores": 2, "usable_cores": 2, "python": "CPython", "redis_py": "x", "hiredis": "x",
+           "msgpack": "x", "os": "Linux", "load_at_start": "0.00, 0.00, 0.00"}
+SERVER = {"url": "redis://127.0.0.1:1/0", "name": "Valkey", "version": "9", "embedded": True, "appendonly": "no"}
+
+
+def rate(label: str, value: float, scenario: str | None = None) -> Measurement:
+    return Measurement(scenario or label, label, RATE, [value], jobs=100)
+
+
+def a_run() -> Run:
+    return Run(MACHINE, SERVER, smoke=False, repeats=1, command="python -m bench", started_at=0.0, failures={},
+               measurements=[
+                   rate("Redis ceiling (pipelined XADD)", 400_000.0, "ceiling"),
+                   rate("queue-add", 20_000.0),
+                   rate("django-enqueue (loop)", 10_000.0, "django-enqueue"),
+                   Measurement("django-enqueue-many", "django-enqueue-many", RATE,
+                               skipped="not available: this version's Django tasks have no enqueue_many()"),
+                   rate("runworker-async", 60_000.0),
+               ])
+
+
+def test_a_django_path_row_is_shown_as_a_fraction_of_its_twin():
+    rows = {r[0]: r for r in report.rows(a_run())}
+    twin_column = report.COLUMNS.index("of engine twin")
+    assert rows["django-enqueue (loop)"][twin_column] == "0.50 of queue-add"
+    assert rows["queue-add"][twin_column] == "—"
+
+
+def test_a_twin_missing_from_the_run_is_named_and_a_skipped_row_says_so():
+    rows = {r[0]: r for r in report.rows(a_run())}
+    twin_column = report.COLUMNS.index("of engine twin")
+    assert rows["runworker-async"][twin_column] == "— (worker-concurrent not in this run)"
+    assert rows["django-enqueue-many"][1] == "skipped"
+    markdown = report.markdown(a_run())
+    assert "- **django-enqueue-many**: not available: this version's Django tasks have no enqueue_many()" in markdown
+
+
+def test_worker_rows_also_compare_cpu_per_job_with_their_twin():
+    run = a_run()
+    run.measurements += [
+        Measurement("worker-sync", "worker-sync", RATE, [100_000.0], jobs=100, cpu_us_per_job=10.0),
+        Measurement("runworker-sync", "runworker-sync", RATE, [50_000.0], jobs=100, cpu_us_per_job=12.0),
+    ]
+    rows = {r[0]: r for r in report.rows(run)}
+    assert rows["runworker-sync"][report.COLUMNS.index("of engine twin")] == "0.50 of worker-sync (CPU per job ×1.20)"
+    items = {m["label"]: m for m in report.to_json(run)["measurements"]}
+    assert items["runworker-sync"]["cpu_per_job_of_twin"] == 1.2
+    assert items["django-enqueue (loop)"]["cpu_per_job_of_twin"] is None
+
+
+def test_json_names_the_twin_and_the_fraction():
+    items = {m["label"]: m for m in report.to_json(a_run())["measurements"]}
+    assert items["django-enqueue (loop)"]["engine_twin"] == "queue-add"
+    assert items["django-enqueue (loop)"]["fraction_of_twin"] == 0.5
+    assert items["runworker-async"]["engine_twin"] == "worker-concurrent"
+    assert items["runworker-async"]["fraction_of_twin"] is None
+    assert "engine_twin" not in items["queue-add"]
+
+
+def test_the_results_page_describes_every_django_path_scenario():
+    markdown = report.markdown(a_run())
+    for name in ("django-enqueue", "django-enqueue-many", "runworker-async", "runworker-sync", "runworker-retry"):
+        assert f"| `{name}` |" in markdown, name
+    assert "*of engine twin*" in markdown
+    assert "**The Django path.**" in markdown
