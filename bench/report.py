@@ -199,7 +199,7 @@ _METHOD = """\
   `task.enqueue_many()`, and the `runworker-*` rows are the worker rows run by the real
   `python manage.py runworker <queue> --concurrency N`, a fresh process per drain, on the bench's settings
   (`bench/django_settings.py`: the project's settings plus the bench's tasks app, `bench/tasks.py`; DEBUG off,
-  per-job log lines off as in the engine rows; every Django signal receiver still runs). Django's start-up is
+  the project's own logging, every Django signal receiver running). Django's start-up is
   not throughput: the window opens when the first task starts (it writes the time to Redis) and closes when
   the last job's outcome is acknowledged in Redis; the process is then stopped with SIGTERM and must exit
   cleanly, and the queue is checked as for the engine rows. The worker's CPU time per job is given too.
