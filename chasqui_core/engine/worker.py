@@ -81,9 +81,23 @@ def _message(exc: BaseException) -> str:
     None, say) is a bug in the error, not a reason to lose the job's retries.
     """
     try:
-        return str(exc)
+        return printable(str(exc))
     except Exception as failure:
         return f"<{class_path(exc)}: str() raised {class_path(failure)}>"
+
+
+def printable(text: str) -> str:
+    """``text`` safe to encode: lone surrogates (undecodable bytes smuggled into a str) escaped.
+
+    Such a message would make msgpack refuse the whole envelope or batch.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text
 
 
 def _result_blob(job: Job, status: str, *, started: int, finished: int, worker: str,
@@ -532,7 +546,7 @@ class Worker:
         message = _message(exc)
         record = error_record(
             attempt=runs_made, exc_class=class_path(exc), message=message,
-            traceback=format_exception(exc), worker=self.id, started_at=started, finished_at=finished,
+            traceback=printable(format_exception(exc)), worker=self.id, started_at=started, finished_at=finished,
         )
         decision = decide(job, exc, runs_made, d.handler, self.policy)
         if decision.retry:

@@ -254,3 +254,20 @@ def test_dead_workers_leave_the_group_and_the_list_once_their_jobs_are_reclaimed
     assert redis.hkeys(KEYS.workers) == []  # the live one removed its own heartbeat when it stopped
     assert worker.problem == ""
 
+
+
+def test_a_message_with_undecodable_bytes_is_escaped_and_retried_as_usual(redis, redis_url):
+    runs = []
+    registry = HandlerRegistry()
+
+    async def garbled(i):
+        runs.append(i)
+        raise ValueError(b"bad byte \xff here".decode("utf-8", "surrogateescape"))
+
+    registry.register("garbled", garbled, max_attempts=2, backoff=1)
+    Queue(Q, redis_client=redis).add("garbled", [1])
+    run_worker(redis_url, registry, lambda: redis.xlen(KEYS.dlq) == 1)
+    assert runs == [1, 1]  # retried, not dead-lettered as internal on the first run
+    [dead] = dlq_entries(redis)
+    assert dead[b"reason"] == b"retries_exhausted"
+    assert "bad byte \\udcff here" in decode(dead[b"j"]).errors[0]["message"]

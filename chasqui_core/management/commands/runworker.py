@@ -94,6 +94,12 @@ class Command(BaseCommand):
         )
         if not logging.getLogger("chasqui").handlers and not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        tasks_logger = logging.getLogger("django.tasks")
+        if tasks_logger.level == logging.NOTSET:
+            # Django logs two INFO lines per job (started, finished), which would
+            # cost a busy worker most of its throughput. A project that wants
+            # them sets the "django.tasks" logger's level itself.
+            tasks_logger.setLevel(logging.WARNING)
         self.stdout.write(f"Chasqui worker {worker.id}: queues {', '.join(options['queues'])}, "
                           f"{len(registry)} task(s), concurrency {worker.concurrency}")
         self.stdout.flush()
