@@ -47,7 +47,7 @@ def build_registry() -> HandlerRegistry:
     registry = HandlerRegistry()
     for name, task in discover_tasks().items():
         registry.register(name, task_handler(task), takes_context=True, max_attempts=task.max_attempts,
-                          backoff=task.backoff)
+                          backoff=task.backoff, is_async=iscoroutinefunction(task.func))
     return registry
 
 
@@ -57,7 +57,13 @@ def task_handler(task: ChasquiTask):
     takes_context = task.takes_context
 
     if iscoroutinefunction(func):
-        async def run_async(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
+        def run_async(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
+            """The task's own coroutine when nothing listens (the worker awaits it), else the observed run."""
+            if not takes_context and _quiet():
+                return func(*args, **kwargs)
+            return observed(ctx, *args, **kwargs)
+
+        async def observed(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
             result = None
             if takes_context or _started.wanted(RUNNING):
                 result = running_result(task, ctx)
@@ -100,6 +106,11 @@ def task_handler(task: ChasquiTask):
             check_connections()
 
     return run_sync
+
+
+def _quiet() -> bool:
+    """No receiver would act on this run's signals, whatever its outcome."""
+    return not (_started.wanted(RUNNING) or _finished.wanted(SUCCESSFUL) or _finished.wanted(FAILED))
 
 
 # --- the TaskResult a run shows ------------------------------------------------------

@@ -122,3 +122,11 @@ def test_a_job_waiting_for_its_retry_is_ready_with_its_errors(redis, redis_url, 
     assert waiting.finished_at is None
     assert [e.exception_class_path for e in waiting.errors] == ["RuntimeError"]
     assert "fails_then_waits w" in waiting.errors[0].traceback
+
+
+def test_an_async_task_nobody_listens_to_still_fails_retries_and_succeeds(redis, redis_url):
+    """With no receiver acting, the worker awaits the task's own coroutine: failures must still be retried."""
+    sample_tasks.async_fails_once.enqueue("quiet")
+    _drain(redis_url, until=lambda: len(sample_tasks.RUNS) >= 2 and redis.xlen(DEFAULT.stream) == 0)
+    assert sample_tasks.RUNS == [("async_fails_once", "quiet")] * 2
+    assert redis.xlen(DEFAULT.dlq) == 0 and redis.zcard(DEFAULT.delayed) == 0
