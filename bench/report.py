@@ -219,6 +219,35 @@ _METHOD = """\
 - **Goals are tracked here, never asserted**: a slow or busy machine must not fail a build.
 """
 
+_COSTS = """\
+## The Django path: what cost what
+
+Profiled with `python -m bench --profile DIR` and cProfile (issue 11). Before that work, `runworker` drained
+about 4,500 noop jobs/s against 120,000+ for the engine, `task.enqueue()` ran at about 73% of `Queue.add`, and
+there was no `enqueue_many`.
+
+- **Signals were thread hops.** Every job sent `task_started` and `task_finished` with `Signal.asend`; Django's
+  own receivers are synchronous, so each job paid two `sync_to_async` hops. `chasqui_core/task_signals.py`
+  calls Django's logging receivers inline (skipping them when their logger would drop the record) and keeps
+  Django's `send`/`asend` for any receiver a project connects.
+- **Two log lines per job.** At INFO, Django logs each task's start and finish: 40,000 writes for 20,000
+  jobs, most of a worker's time. `django.tasks` logs at WARNING in the project's settings and under
+  `runworker` unless a project sets it; final failures still log at ERROR. Per-job retry and dead-letter
+  lines of the worker are capped at 20 a second, with a summary line for the rest.
+- **Objects nobody read.** A `TaskResult` (with `normalize_json` over the arguments) and a `TaskContext` per
+  job are now built only when the task takes a context or a receiver acts; an async task nobody listens to
+  runs as its own coroutine, with no wrapper frame; `JobContext` is a plain slotted class.
+- **Connection hygiene.** `close_old_connections()` ran twice per job in every sync thread; it now runs
+  only in a thread that opened a database connection.
+- **Enqueue.** `validate_task` runs once per task object and backend; the READY `TaskResult` is built
+  without re-normalising arguments already checked; the transaction is only looked at when an on-commit
+  option is on. `enqueue_many` encodes every call first, sends one `enqueue.lua` call per 1,000 jobs, and
+  builds its batch with garbage collection paused (collections walking the whole process cost more than
+  the batch itself).
+- **Retries.** One events entry per settled batch of retries instead of one per job, and the text of a
+  traceback remembered by its path through the code.
+"""
+
 _SCENARIOS = """\
 ## Scenarios
 
@@ -301,7 +330,7 @@ def markdown(run) -> str:
         for name, detail in run.failures.items():
             first = detail.strip().splitlines()[-1] if detail.strip() else "failed"
             out.append(f"- `{name}`: {first}")
-    out += ["", _METHOD, _SCENARIOS]
+    out += ["", _METHOD, _COSTS, _SCENARIOS]
     return "\n".join(out)
 
 
