@@ -109,34 +109,49 @@ _set = object.__setattr__
 
 
 def ready_result(task: Task, job_id: str, args, kwargs, backend: str) -> TaskResult:
-    """The READY TaskResult an enqueue returns, built for the price of its fields.
+    """The READY TaskResult an enqueue returns.
 
-    TaskResult's own constructor runs ``normalize_json`` over the arguments,
-    matching each value against abstract base classes; here they have passed
-    ``check_json_types`` already, so flat arguments (the usual case) are
-    copied as they are and only nested ones go through Django's normaliser.
+    The arguments have passed ``check_json_types`` already, so flat ones (the
+    usual case) are copied as they are and only nested ones go through
+    Django's ``normalize_json`` (which turns tuples into lists).
     """
-    if not _FAST_READY:
-        return TaskResult(task=task, id=job_id, status=TaskResultStatus.READY, enqueued_at=None, started_at=None,
-                          finished_at=None, last_attempted_at=None, args=list(args), kwargs=dict(kwargs),
-                          backend=backend, errors=[], worker_ids=[])
     args = list(args)
     kwargs = dict(kwargs)
     if not _FLAT.issuperset(map(type, args)) or (kwargs and not _FLAT.issuperset(map(type, kwargs.values()))):
         args, kwargs = normalize_json(args), normalize_json(kwargs)
+    return task_result(task, job_id, TaskResultStatus.READY, args, kwargs, backend)
+
+
+def task_result(task: Task, job_id: str, status: TaskResultStatus, args: list, kwargs: dict, backend: str, *,
+                enqueued_at: datetime | None = None, started_at: datetime | None = None,
+                last_attempted_at: datetime | None = None, errors: list[TaskError] | None = None,
+                worker_ids: list[str] | None = None) -> TaskResult:
+    """A TaskResult built for the price of its fields, from arguments already in JSON form.
+
+    TaskResult's own constructor runs ``normalize_json`` over the arguments,
+    matching each value against abstract base classes, on every enqueue and
+    every run; arguments checked at enqueue or decoded from an envelope need
+    none of it.
+    """
+    errors = [] if errors is None else errors
+    worker_ids = [] if worker_ids is None else worker_ids
+    if not _FAST_READY:
+        return TaskResult(task=task, id=job_id, status=status, enqueued_at=enqueued_at, started_at=started_at,
+                          finished_at=None, last_attempted_at=last_attempted_at, args=args, kwargs=kwargs,
+                          backend=backend, errors=errors, worker_ids=worker_ids)
     result = object.__new__(TaskResult)
     _set(result, "task", task)
     _set(result, "id", job_id)
-    _set(result, "status", TaskResultStatus.READY)
-    _set(result, "enqueued_at", None)
-    _set(result, "started_at", None)
+    _set(result, "status", status)
+    _set(result, "enqueued_at", enqueued_at)
+    _set(result, "started_at", started_at)
     _set(result, "finished_at", None)
-    _set(result, "last_attempted_at", None)
+    _set(result, "last_attempted_at", last_attempted_at)
     _set(result, "args", args)
     _set(result, "kwargs", kwargs)
     _set(result, "backend", backend)
-    _set(result, "errors", [])
-    _set(result, "worker_ids", [])
+    _set(result, "errors", errors)
+    _set(result, "worker_ids", worker_ids)
     _set(result, "_return_value", None)
     return result
 

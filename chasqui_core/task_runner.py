@@ -31,7 +31,8 @@ from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
-from chasqui_core.backend import ChasquiBackend, ChasquiTask, discover_tasks, ms_to_datetime, task_errors
+from chasqui_core.backend import (ChasquiBackend, ChasquiTask, discover_tasks, ms_to_datetime, task_errors,
+                                  task_result)
 from chasqui_core.engine.registry import HandlerRegistry, JobContext
 from chasqui_core.engine.tracebacks import class_path, format_exception
 from chasqui_core.task_signals import TaskSignal
@@ -117,13 +118,13 @@ def _quiet() -> bool:
 
 
 def running_result(task: ChasquiTask, ctx: JobContext) -> TaskResult:
-    """The job as Django sees it while this run goes on."""
+    """The job as Django sees it while this run goes on (its arguments come decoded, in JSON form)."""
     now = datetime.now(UTC)
     job = ctx.job
-    return TaskResult(
-        task=task, id=job.id, status=RUNNING, enqueued_at=ms_to_datetime(job.created_at),
-        started_at=now, finished_at=None, last_attempted_at=now, args=job.args, kwargs=job.kwargs,
-        backend=job.meta.get("backend", "default"), errors=task_errors(job.errors),
+    return task_result(
+        task, job.id, RUNNING, job.args, job.kwargs, job.meta.get("backend", "default"),
+        enqueued_at=ms_to_datetime(job.created_at), started_at=now, last_attempted_at=now,
+        errors=task_errors(job.errors),
         # one id per run so far, this one included: TaskContext.attempt counts them
         worker_ids=[e.get("worker", "") for e in job.errors] + [""] * (ctx.deliveries - 1) + [ctx.worker_id],
     )
