@@ -10,7 +10,9 @@ an entry already delivered too often to the DLQ as a poison pill.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import msgpack
@@ -18,6 +20,8 @@ from redis.exceptions import ResponseError
 
 from .events import EVENTS_MAXLEN
 from .keys import GROUP, QueueKeys
+
+logger = logging.getLogger("chasqui.worker")
 
 PANIC_AFTER_DEATHS = 2
 """A job in flight during this many worker deaths is a poison pill."""
@@ -38,6 +42,61 @@ async def extend_leases(scripts, keys: QueueKeys, consumer: str, entry_ids: Iter
     for start in range(0, len(ids), 1000):
         lost += await scripts.lease(keys=[keys.stream], args=[GROUP, consumer, *ids[start:start + 1000]])
     return lost
+
+
+class Leases:
+    """The entries one worker holds, and when it last renewed each one's lease.
+
+    A held entry is renewed once a third of the visibility timeout has passed,
+    so a live worker's jobs never look abandoned however long they run.
+    """
+
+    def __init__(self, scripts, consumer: str, visibility_timeout_ms: int) -> None:
+        self.scripts = scripts
+        self.consumer = consumer
+        self.horizon = visibility_timeout_ms / 3000
+        self._held: dict[bytes, tuple[QueueKeys, float]] = {}
+
+    def __contains__(self, entry_id: bytes) -> bool:
+        return entry_id in self._held
+
+    def hold(self, keys: QueueKeys, entry_id: bytes, now: float | None = None) -> None:
+        self._held[entry_id] = (keys, time.monotonic() if now is None else now)
+
+    def release(self, entry_id: bytes) -> None:
+        self._held.pop(entry_id, None)
+
+    async def renew(self, now: float) -> None:
+        """Renew every lease older than the horizon; log the entries another worker took meanwhile."""
+        stale: dict[str, list[bytes]] = {}
+        keys_by_queue: dict[str, QueueKeys] = {}
+        for entry_id, (keys, since) in list(self._held.items()):
+            if now - since >= self.horizon:
+                stale.setdefault(keys.queue, []).append(entry_id)
+                keys_by_queue[keys.queue] = keys
+                self._held[entry_id] = (keys, now)
+        for queue, ids in stale.items():
+            for entry_id in await extend_leases(self.scripts, keys_by_queue[queue], self.consumer, ids):
+                logger.warning("entry %s on %s was reclaimed by another worker while this one held it "
+                               "(the event loop was blocked past the visibility timeout?)", entry_id.decode(), queue)
+
+
+async def reclaim_abandoned(scripts, keys: QueueKeys, consumer: str, *, min_idle_ms: int, room: Callable[[], int],
+                            accept: Callable[[QueueKeys, list, int], None], rounds: int = 10) -> None:
+    """Take over entries idle past the visibility timeout, as much as ``room()`` allows, bounded per call."""
+    cursor: bytes | str = b"0-0"
+    for _ in range(rounds):
+        free = room()
+        if free <= 0:
+            return
+        cursor, entries = await reclaim(scripts, keys, consumer, min_idle_ms=min_idle_ms, limit=min(free, 500),
+                                        cursor=cursor)
+        for e in entries:
+            logger.warning("reclaimed job entry %s on %s from a worker that stopped answering (delivery %d)",
+                           e.entry_id.decode(), keys.queue, e.deliveries)
+            accept(keys, [(e.entry_id, e.fields)], e.deliveries)
+        if cursor in (b"0-0", "0-0"):
+            return
 
 
 async def reclaim(

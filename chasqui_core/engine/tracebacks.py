@@ -96,3 +96,29 @@ def class_path(exc: BaseException) -> str:
     """The exception's class as the error history names it: ``ValueError``, ``app.errors.Missing``."""
     cls = type(exc)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def message(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception cannot print itself.
+
+    An exception class whose ``__str__`` raises (formatting an attribute of
+    None, say) is a bug in the error, not a reason to lose the job's retries.
+    """
+    try:
+        return printable(str(exc))
+    except Exception as failure:
+        return f"<{class_path(exc)}: str() raised {class_path(failure)}>"
+
+
+def printable(text: str) -> str:
+    """``text`` safe to encode: lone surrogates (undecodable bytes smuggled into a str) escaped.
+
+    Such a message would make msgpack refuse the whole envelope or batch.
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+    return text

@@ -29,41 +29,20 @@ import msgpack
 from redis.exceptions import ResponseError
 
 from .connection import aconnect
-from .envelope import DecodeError, Job, check_json_types, decode, error_record, now_ms
+from .envelope import DecodeError, check_json_types, decode, now_ms
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
-from .log_budget import LogBudget
 from .promoter import Promoter
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES
-from .recovery import PANIC_AFTER_DEATHS, extend_leases, forget_dead_workers, reclaim
-from .registry import Handler, HandlerRegistry, JobContext
-from .results import encode_result
-from .retry import RetryPolicy, budget, decide
+from .recovery import PANIC_AFTER_DEATHS, Leases, forget_dead_workers, reclaim_abandoned
+from .registry import HandlerRegistry
+from .retry import RetryPolicy, budget
 from .scripts import Scripts
+from .outcomes import Delivery, Outcomes
 from .settler import Settler
 from .sync_lane import FAILED, REQUEUE, SyncLane
-from .tracebacks import class_path, format_exception
+from .tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
-
-
-@dataclass(slots=True)
-class Delivery:
-    keys: QueueKeys
-    entry_id: bytes
-    payload: bytes
-    job: Job
-    handler: Handler
-    deliveries: int = 1
-    max_attempts: int = 0
-    """The job's budget of runs (see retry.budget), for the JobContext."""
-
-    def handler_args(self, worker_id: str) -> tuple | list:
-        """Positional arguments for the handler: a JobContext first when it asked for one."""
-        if self.handler.takes_context:
-            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), self.deliveries,
-                             self.max_attempts)
-            return (ctx, *self.job.args)
-        return self.job.args
 
 
 @dataclass(slots=True)
@@ -72,39 +51,6 @@ class WorkerStats:
     succeeded: int = 0
     failed: int = 0
     started_at: float = field(default_factory=time.time)
-
-
-def _message(exc: BaseException) -> str:
-    """``str(exc)``, or a stand-in when the exception cannot print itself.
-
-    An exception class whose ``__str__`` raises (formatting an attribute of
-    None, say) is a bug in the error, not a reason to lose the job's retries.
-    """
-    try:
-        return printable(str(exc))
-    except Exception as failure:
-        return f"<{class_path(exc)}: str() raised {class_path(failure)}>"
-
-
-def printable(text: str) -> str:
-    """``text`` safe to encode: lone surrogates (undecodable bytes smuggled into a str) escaped.
-
-    Such a message would make msgpack refuse the whole envelope or batch.
-    """
-    if text.isascii():
-        return text
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode()
-    return text
-
-
-def _result_blob(job: Job, status: str, *, started: int, finished: int, worker: str,
-                 return_value: Any = None) -> bytes:
-    return encode_result(job_id=job.id, task=job.task, status=status, args=job.args, kwargs=job.kwargs,
-                         enqueued_at=job.created_at, errors=job.errors, started_at=started, finished_at=finished,
-                         worker=worker, return_value=return_value)
 
 
 class Worker:
@@ -158,8 +104,6 @@ class Worker:
         """Sync jobs still running in threads when run() returned (they cannot be cancelled)."""
         self.problem = ""
         """What went wrong inside the worker itself, if anything (shown with its heartbeat)."""
-        self._retry_lines = LogBudget(logger, "jobs failed and were scheduled for a retry")
-        self._dead_lines = LogBudget(logger, "jobs failed for good and went to the dead-letter queue")
         self._stop: asyncio.Event | None = None  # created on the loop in run()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused: dict[str, bool] = {k.queue: False for k in self.keys}
@@ -202,6 +146,7 @@ class Worker:
         self.scripts = Scripts(self.client)
         self.settler = Settler(self.client, self.scripts, flush_size=max(100, self.batch_size),
                                flush_interval=self.flush_interval, on_retry_scheduled=self._on_retry_scheduled)
+        self.outcomes = Outcomes(self.settler, self.policy, self.id)
         self.promoters = {
             k.queue: Promoter(self.client, self.scripts, k, self.id, poll_interval=self.promoter_poll_interval,
                               lock_ttl_ms=self.promoter_lock_ttl_ms)
@@ -211,7 +156,7 @@ class Worker:
         self._inbox_ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
-        self._held: dict[bytes, tuple[QueueKeys, float]] = {}
+        self._leases = Leases(self.scripts, self.id, self.visibility_timeout_ms)
         self._running = 0
         self._lane: SyncLane | None = None  # started on the first sync job
         self._reader_ids: dict[str, int] = {}
@@ -371,7 +316,7 @@ class Worker:
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
                 continue
-            if entry_id in self._held:
+            if entry_id in self._leases:
                 continue  # already ours: a lease that lapsed while this worker still held the entry
             if type(fields) is list:  # raw reply: [field, value, ...]
                 payload = fields[1] if len(fields) == 2 and fields[0] == b"j" else None
@@ -380,33 +325,29 @@ class Worker:
                     payload = fields.get(b"j")
             else:
                 payload = fields.get(b"j")
+            refuse = self.outcomes.refuse
             if payload is None:
-                self.settler.dead(keys, entry_id, msgpack.packb({k.decode(errors="replace"): v for k, v in fields.items()}),
-                                  "decode_failed", error_class="DecodeError",
-                                  error="stream entry has no 'j' field (not written by a Chasqui producer)")
+                self.outcomes.refuse_foreign(keys, entry_id, fields)
                 continue
             if len(payload) > self.max_payload_bytes:
-                self.settler.dead(keys, entry_id, payload, "oversize", error_class="PayloadTooLarge",
-                                  error=f"payload is {len(payload)} bytes; this worker accepts at most "
-                                        f"{self.max_payload_bytes}")
+                refuse(keys, entry_id, payload, "oversize", "PayloadTooLarge",
+                       f"payload is {len(payload)} bytes; this worker accepts at most {self.max_payload_bytes}")
                 continue
             try:
                 job = decode(payload)
             except DecodeError as exc:
-                self.settler.dead(keys, entry_id, payload, "decode_failed", error_class="DecodeError", error=str(exc))
+                refuse(keys, entry_id, payload, "decode_failed", "DecodeError", str(exc))
                 continue
             if deliveries > 1 and job.deaths + deliveries - 1 >= PANIC_AFTER_DEATHS:
-                self.settler.dead(keys, entry_id, payload, "panic", job_id=job.id, task=job.task,
-                                  error_class="WorkerLost",
-                                  error=f"the job was running when its worker died {job.deaths + deliveries - 1} times")
+                refuse(keys, entry_id, payload, "panic", "WorkerLost",
+                       f"the job was running when its worker died {job.deaths + deliveries - 1} times", job)
                 continue
             handler = self.registry.get(job.task)
             if handler is None:
-                self.settler.dead(keys, entry_id, payload, "unknown_task", job_id=job.id, task=job.task,
-                                  error_class="UnknownTask",
-                                  error=f"no task named {job.task!r} is registered in this worker")
+                refuse(keys, entry_id, payload, "unknown_task", "UnknownTask",
+                       f"no task named {job.task!r} is registered in this worker", job)
                 continue
-            self._held[entry_id] = (keys, now)
+            self._leases.hold(keys, entry_id, now)
             delivery = Delivery(keys, entry_id, payload, job, handler, deliveries,
                                 budget(job, handler, self.policy))
             if handler.is_async:
@@ -431,7 +372,7 @@ class Worker:
         if task.cancelled() or task.exception() is None or self._stop.is_set():
             return
         exc = task.exception()
-        self.problem = f"slot {number} died ({class_path(exc)}: {_message(exc)}) and was restarted"
+        self.problem = f"slot {number} died ({class_path(exc)}: {message(exc)}) and was restarted"
         logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
         self._slots[number] = self._start_slot(number)
 
@@ -478,38 +419,26 @@ class Worker:
         self._outcome(d, result, started, int((time.perf_counter() - t0) * 1000), failed=False)
 
     def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
-        """Record what a run came to; whatever goes wrong doing so touches this job only.
-
-        Formatting the error, computing the backoff, encoding the job or its
-        result can each raise (a user's backoff strategy returning None, a
-        return value msgpack refuses...). Such a job goes to the dead-letter
-        queue as ``internal``, with what went wrong; the slot and every other
-        job carry on.
-        """
+        """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
+        self._leases.release(d.entry_id)
+        self.stats.processed += 1
         try:
             if failed:
-                self._failed(d, value, started, duration)
+                self.stats.failed += 1
+                self.outcomes.failed(d, value, started, duration)
             else:
-                self._succeeded(d, value, started, duration)
+                self.stats.succeeded += 1
+                self.outcomes.succeeded(d, value, started, duration)
         except Exception as exc:
-            self._internal(d, "recording the outcome", exc)
+            self.outcomes.internal(d, "recording the outcome", exc)
 
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
-        """Dead-letter a job whose outcome could not be recorded, with reason ``internal``."""
-        error = f"{doing} failed: {class_path(exc)}: {_message(exc)}"
-        logger.error("job %s (%s): %s; moved to the dead-letter queue (internal)", d.job.id, d.job.task, error,
-                     exc_info=exc)
-        self._held.pop(d.entry_id, None)
-        try:
-            self.settler.dead(d.keys, d.entry_id, d.payload, "internal", job_id=d.job.id, task=d.job.task,
-                              error_class=class_path(exc), error=error)
-        except Exception:  # not even that: the entry stays pending and is reclaimed after the visibility timeout
-            logger.exception("job %s: could not be dead-lettered either; it will be reclaimed", d.job.id)
+        self._leases.release(d.entry_id)
+        self.outcomes.internal(d, doing, exc)
 
     def _requeue(self, d: Delivery) -> None:
-        """Put a fetched job that never started back on the stream, as it was."""
-        self._held.pop(d.entry_id, None)
-        self.settler.requeue(d.keys, d.entry_id, d.payload)
+        self._leases.release(d.entry_id)
+        self.outcomes.requeue(d)
 
     def _on_sync_outcomes(self, outcomes: list) -> None:
         for kind, d, value, started, duration in outcomes:
@@ -523,59 +452,6 @@ class Worker:
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 
-    def _succeeded(self, d: Delivery, result: Any, started: int, duration: int) -> None:
-        job = d.job
-        self.stats.processed += 1
-        self.stats.succeeded += 1
-        self._held.pop(d.entry_id, None)
-        stored = None
-        if job.result_ttl:
-            finished = now_ms()
-            stored = (d.keys.result + job.id, job.result_ttl * 1000,
-                      _result_blob(job, "SUCCESSFUL", started=started, finished=finished, worker=self.id,
-                                   return_value=result))
-        self.settler.complete(d.keys, d.entry_id, job.id, job.task, duration, stored)
-
-    def _failed(self, d: Delivery, exc: BaseException, started: int, duration: int) -> None:
-        job = d.job
-        self.stats.processed += 1
-        self.stats.failed += 1
-        self._held.pop(d.entry_id, None)
-        finished = now_ms()
-        runs_made = job.attempt + d.deliveries
-        message = _message(exc)
-        record = error_record(
-            attempt=runs_made, exc_class=class_path(exc), message=message,
-            traceback=printable(format_exception(exc)), worker=self.id, started_at=started, finished_at=finished,
-        )
-        decision = decide(job, exc, runs_made, d.handler, self.policy)
-        if decision.retry:
-            record["backoff_ms"] = decision.delay_ms
-        retried = Job(job.id, job.task, job.args, job.kwargs, runs_made, job.created_at, job.max_attempts,
-                      job.backoff, [*job.errors, record], job.replays, job.result_ttl,
-                      job.deaths + d.deliveries - 1, job.meta)
-        payload = retried.encode()
-        message = message or type(exc).__name__
-        stored = None
-        if job.result_ttl:
-            status = "READY" if decision.retry else "FAILED"
-            stored = (d.keys.result + job.id, job.result_ttl * 1000,
-                      _result_blob(retried, status, started=started, finished=finished, worker=self.id))
-        if decision.retry:
-            if self._retry_lines.allow():
-                logger.info("job %s (%s) failed on attempt %d: %s: %s; retrying in %d ms", job.id, job.task,
-                            runs_made, record["class"], message, decision.delay_ms)
-            self.settler.retry(d.keys, d.entry_id, decision.delay_ms, payload, job_id=job.id, task=job.task,
-                               attempt=runs_made, error_class=record["class"], error=message,
-                               duration_ms=duration, result=stored)
-        else:
-            if self._dead_lines.allow():
-                logger.warning("job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
-                               job.id, job.task, runs_made, record["class"], message, decision.reason)
-            self.settler.dead(d.keys, d.entry_id, payload, decision.reason, job_id=job.id, task=job.task,
-                              error_class=record["class"], error=message, handler_failed=True,
-                              duration_ms=duration, result=stored)
-
     # --- housekeeping -----------------------------------------------------------------
 
     async def _housekeeping(self) -> None:
@@ -586,7 +462,7 @@ class Worker:
         while True:
             now = time.monotonic()
             try:
-                await self._extend_leases(now)
+                await self._leases.renew(now)
                 if now - last_heartbeat >= self.heartbeat_interval:
                     await self._heartbeat()
                     last_heartbeat = now
@@ -600,42 +476,14 @@ class Worker:
                 raise
             except Exception as exc:
                 logger.warning("housekeeping: %s", exc)
-            self._retry_lines.summarise()
-            self._dead_lines.summarise()
+            self.outcomes.summarise_logs()
             await asyncio.sleep(min(lease_every, reclaim_every, self.heartbeat_interval))
-
-    async def _extend_leases(self, now: float) -> None:
-        """Renew the lease of every entry held longer than a third of the visibility timeout."""
-        horizon = self.visibility_timeout_ms / 3000
-        stale: dict[str, list[bytes]] = {}
-        keys_by_queue: dict[str, QueueKeys] = {}
-        for entry_id, (keys, since) in list(self._held.items()):
-            if now - since >= horizon:
-                stale.setdefault(keys.queue, []).append(entry_id)
-                keys_by_queue[keys.queue] = keys
-                self._held[entry_id] = (keys, now)
-        for queue, ids in stale.items():
-            for entry_id in await extend_leases(self.scripts, keys_by_queue[queue], self.id, ids):
-                logger.warning("entry %s on %s was reclaimed by another worker while this one held it "
-                               "(the event loop was blocked past the visibility timeout?)", entry_id.decode(), queue)
 
     async def _reclaim(self) -> None:
         for keys in self.keys:
-            if self._paused[keys.queue]:
-                continue
-            cursor = b"0-0"
-            for _ in range(10):  # bounded work per round
-                room = self.prefetch - self.buffered
-                if room <= 0:
-                    return
-                cursor, entries = await reclaim(self.scripts, keys, self.id, min_idle_ms=self.visibility_timeout_ms,
-                                                limit=min(room, 500), cursor=cursor)
-                for e in entries:
-                    logger.warning("reclaimed job entry %s on %s from a worker that stopped answering "
-                                   "(delivery %d)", e.entry_id.decode(), keys.queue, e.deliveries)
-                    self._accept(keys, [(e.entry_id, e.fields)], e.deliveries)
-                if cursor in (b"0-0", "0-0"):
-                    break
+            if not self._paused[keys.queue]:
+                await reclaim_abandoned(self.scripts, keys, self.id, min_idle_ms=self.visibility_timeout_ms,
+                                        room=lambda: self.prefetch - self.buffered, accept=self._accept)
 
     async def _forget_dead_workers(self) -> None:
         for keys in self.keys:

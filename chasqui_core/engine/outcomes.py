@@ -1,0 +1,156 @@
+"""What each fetched job came to, written down: success, retry, dead letter, requeue.
+
+This is the one place that answers "where is a retry written": the worker
+runs a handler and hands the outcome here; ``retry.decide`` says whether the
+job has runs left and how long to wait; this module builds what Redis must
+hold afterwards (the job's envelope with its new error record, the result
+record for ``get_result()``) and queues it on the settler, which writes a
+batch of outcomes per queue with one ``settle.lua`` call. Entries refused
+before they run (undecodable, oversize, unknown task, poison pill) are
+dead-lettered here too.
+
+Recording an outcome can itself fail (a user's backoff strategy returning
+None, a return value msgpack refuses): such a job goes to the DLQ as
+``internal``, with what went wrong, and nothing else is affected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .envelope import Job, error_record, now_ms
+from .keys import QueueKeys
+from .log_budget import LogBudget
+from .registry import Handler, JobContext
+from .results import encode_result
+from .retry import RetryPolicy, decide
+from .settler import Settler
+from .tracebacks import class_path, format_exception, message, printable
+
+logger = logging.getLogger("chasqui.worker")
+
+
+@dataclass(slots=True)
+class Delivery:
+    """A job fetched from a stream and accepted for running, until its outcome is written."""
+
+    keys: QueueKeys
+    entry_id: bytes
+    payload: bytes
+    job: Job
+    handler: Handler
+    deliveries: int = 1
+    max_attempts: int = 0
+    """The job's budget of runs (see retry.budget), for the JobContext."""
+
+    def handler_args(self, worker_id: str) -> tuple | list:
+        """Positional arguments for the handler: a JobContext first when it asked for one."""
+        if self.handler.takes_context:
+            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), self.deliveries,
+                             self.max_attempts)
+            return (ctx, *self.job.args)
+        return self.job.args
+
+
+class Outcomes:
+    """Turns what happened to each fetched job into the settler's batched writes."""
+
+    def __init__(self, settler: Settler, policy: RetryPolicy, worker_id: str) -> None:
+        self.settler = settler
+        self.policy = policy
+        self.worker_id = worker_id
+        self._retry_lines = LogBudget(logger, "jobs failed and were scheduled for a retry")
+        self._dead_lines = LogBudget(logger, "jobs failed for good and went to the dead-letter queue")
+
+    def summarise_logs(self) -> None:
+        """Log how many retry / dead-letter lines the per-second budget held back."""
+        self._retry_lines.summarise()
+        self._dead_lines.summarise()
+
+    # --- after a run ------------------------------------------------------------
+
+    def succeeded(self, d: Delivery, result: Any, started: int, duration: int) -> None:
+        job = d.job
+        stored = None
+        if job.result_ttl:
+            stored = self._stored(d.keys, job, "SUCCESSFUL", started, now_ms(), return_value=result)
+        self.settler.complete(d.keys, d.entry_id, job.id, job.task, duration, stored)
+
+    def failed(self, d: Delivery, exc: BaseException, started: int, duration: int) -> None:
+        """Record the error in the job's history, then retry it after its backoff or dead-letter it."""
+        job = d.job
+        finished = now_ms()
+        runs_made = job.attempt + d.deliveries
+        text = message(exc)
+        record = error_record(
+            attempt=runs_made, exc_class=class_path(exc), message=text,
+            traceback=printable(format_exception(exc)), worker=self.worker_id, started_at=started,
+            finished_at=finished,
+        )
+        decision = decide(job, exc, runs_made, d.handler, self.policy)
+        if decision.retry:
+            record["backoff_ms"] = decision.delay_ms
+        # Deliveries past the first were crashes of the worker running it: they count as deaths.
+        updated = dataclasses.replace(job, attempt=runs_made, errors=[*job.errors, record],
+                                      deaths=job.deaths + d.deliveries - 1)
+        payload = updated.encode()
+        text = text or type(exc).__name__
+        stored = None
+        if job.result_ttl:
+            stored = self._stored(d.keys, updated, "READY" if decision.retry else "FAILED", started, finished)
+        if decision.retry:
+            if self._retry_lines.allow():
+                logger.info("job %s (%s) failed on attempt %d: %s: %s; retrying in %d ms", job.id, job.task,
+                            runs_made, record["class"], text, decision.delay_ms)
+            self.settler.retry(d.keys, d.entry_id, decision.delay_ms, payload, job_id=job.id, task=job.task,
+                               attempt=runs_made, error_class=record["class"], error=text,
+                               duration_ms=duration, result=stored)
+        else:
+            if self._dead_lines.allow():
+                logger.warning("job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
+                               job.id, job.task, runs_made, record["class"], text, decision.reason)
+            self.settler.dead(d.keys, d.entry_id, payload, decision.reason, job_id=job.id, task=job.task,
+                              error_class=record["class"], error=text, handler_failed=True,
+                              duration_ms=duration, result=stored)
+
+    def internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
+        """Dead-letter a job whose outcome could not be recorded, with reason ``internal``."""
+        error = f"{doing} failed: {class_path(exc)}: {message(exc)}"
+        logger.error("job %s (%s): %s; moved to the dead-letter queue (internal)", d.job.id, d.job.task, error,
+                     exc_info=exc)
+        try:
+            self.settler.dead(d.keys, d.entry_id, d.payload, "internal", job_id=d.job.id, task=d.job.task,
+                              error_class=class_path(exc), error=error)
+        except Exception:  # not even that: the entry stays pending and is reclaimed after the visibility timeout
+            logger.exception("job %s: could not be dead-lettered either; it will be reclaimed", d.job.id)
+
+    def requeue(self, d: Delivery) -> None:
+        """Put a fetched job that never started back on the stream, as it was."""
+        self.settler.requeue(d.keys, d.entry_id, d.payload)
+
+    # --- before a run -----------------------------------------------------------
+
+    def refuse(self, keys: QueueKeys, entry_id: bytes, payload: bytes, reason: str, error_class: str, error: str,
+               job: Job | None = None) -> None:
+        """Dead-letter an entry no handler may run (it cannot be decoded, is too big, or names no task)."""
+        self.settler.dead(keys, entry_id, payload, reason, job_id=job.id if job else "", task=job.task if job else "",
+                          error_class=error_class, error=error)
+
+    def refuse_foreign(self, keys: QueueKeys, entry_id: bytes, fields: dict) -> None:
+        """Dead-letter a stream entry without a job envelope, keeping its fields for inspection."""
+        payload = msgpack.packb({k.decode(errors="replace"): v for k, v in fields.items()})
+        self.refuse(keys, entry_id, payload, "decode_failed", "DecodeError",
+                    "stream entry has no 'j' field (not written by a Chasqui producer)")
+
+    def _stored(self, keys: QueueKeys, job: Job, status: str, started: int, finished: int,
+                return_value: Any = None) -> tuple[str, int, bytes]:
+        """The (key, TTL ms, blob) of the job's result record, for ``get_result()``."""
+        blob = encode_result(job_id=job.id, task=job.task, status=status, args=job.args, kwargs=job.kwargs,
+                             enqueued_at=job.created_at, errors=job.errors, started_at=started,
+                             finished_at=finished, worker=self.worker_id, return_value=return_value)
+        return keys.result + job.id, job.result_ttl * 1000, blob
