@@ -289,7 +289,7 @@ class ChasquiBackend(BaseTaskBackend):
                         raise
                     raise type(exc)(f"call {index}: {exc}") from exc
                 built.append(job)
-                results.append(self._result(task, job[3], args, kwargs))
+                results.append(self._result(task, job.job_id, args, kwargs))
         if options["job_id"] is not None and len(built) > 1:
             raise ValueError("job_id names one job: use it with enqueue(), not with enqueue_many() of several calls")
         return queue, built, results
@@ -320,7 +320,7 @@ class ChasquiBackend(BaseTaskBackend):
             rows = OutboxEntry.objects.bulk_create(rows)
         ids = [row.id for row in rows]
         if None in ids:  # a database that does not return ids from bulk inserts
-            ids = list(OutboxEntry.objects.filter(job_id__in=[b[3] for b in built]).values_list("id", flat=True))
+            ids = list(OutboxEntry.objects.filter(job_id__in=[b.job_id for b in built]).values_list("id", flat=True))
 
         def after_commit() -> None:
             relay_after_commit(ids)

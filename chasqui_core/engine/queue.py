@@ -84,6 +84,17 @@ class Enqueued(NamedTuple):
     """True when a job with the same caller-given id was added within the idempotency window."""
 
 
+class BuiltJob(NamedTuple):
+    """A job validated and encoded by ``Queue.build``, ready to send (now, or on commit)."""
+
+    idempotency_key: str
+    """The caller-given job id ("" when the queue chose one): repeats within the window add nothing."""
+    when: str
+    """Empty to run now; else ``+<delay ms>``, or ``@<epoch ms>`` for a due time."""
+    payload: bytes
+    job_id: str
+
+
 def _when(delay: timedelta | int | float | None, run_at: datetime | None) -> str:
     if delay is not None and run_at is not None:
         raise ValueError("Give either delay= or run_at=, not both")
@@ -145,8 +156,8 @@ class Queue:
 
     # --- building jobs ------------------------------------------------------
 
-    def build(self, spec: JobSpec) -> tuple[str, str, bytes, str]:
-        """Validate one job; return (caller job id or "", when, payload, job id).
+    def build(self, spec: JobSpec) -> BuiltJob:
+        """Validate and encode one job.
 
         This runs once per job on the producer's hot path, so the common case
         (no options) skips straight to packing.
@@ -184,7 +195,7 @@ class Queue:
                 f"the queue accepts at most {self.max_payload_bytes} bytes. "
                 "Pass a reference (a row id, a file path) instead of the data."
             )
-        return (job_id or "", when, payload, jid)
+        return BuiltJob(job_id or "", when, payload, jid)
 
     @staticmethod
     def _items(built: list) -> bytes:
@@ -349,7 +360,7 @@ class Queue:
         """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta."""
         return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
 
-    def add_built(self, built: tuple[str, str, bytes, str]) -> Enqueued:
+    def add_built(self, built: BuiltJob) -> Enqueued:
         """Send one job returned by ``build`` (validate now, send later: on commit, say)."""
         link = self._take_link()
         try:
@@ -357,7 +368,7 @@ class Queue:
         finally:
             self._links.append(link)
 
-    def add_built_many(self, built: Sequence[tuple[str, str, bytes, str]]) -> list[Enqueued]:
+    def add_built_many(self, built: Sequence[BuiltJob]) -> list[Enqueued]:
         """Send jobs returned by ``build``, one round trip per chunk of ``chunk_size``."""
         size = self.chunk_size
         return self._write_chunks(list(built[start:start + size]) for start in range(0, len(built), size))
@@ -370,7 +381,7 @@ class Queue:
         """
         size = self.chunk_size
         return self._write_chunks(
-            [(job_id, when, payload, job_id) for job_id, when, payload in items[start:start + size]]
+            [BuiltJob(job_id, when, payload, job_id) for job_id, when, payload in items[start:start + size]]
             for start in range(0, len(items), size))
 
     def add_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
@@ -426,7 +437,7 @@ class Queue:
     async def aadd_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
         return await self._asend(self._chunks(jobs))
 
-    async def aadd_built_many(self, built: Sequence[tuple[str, str, bytes, str]]) -> list[Enqueued]:
+    async def aadd_built_many(self, built: Sequence[BuiltJob]) -> list[Enqueued]:
         """Send jobs returned by ``build`` from async code, one round trip per chunk."""
         size = self.chunk_size
         return await self._asend(list(built[start:start + size]) for start in range(0, len(built), size))
