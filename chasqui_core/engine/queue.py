@@ -306,7 +306,7 @@ class Queue:
         return link.receive(count + 1)[1:]
 
     def _unavailable(self, cause: BaseException, retrier: Retrier, chunk: list, server: str) -> EnqueueUnavailable:
-        jobs = f"{len(chunk)} jobs" if len(chunk) != 1 else f"job {chunk[0][3]}"
+        jobs = f"{len(chunk)} jobs" if len(chunk) != 1 else f"job {chunk[0].job_id}"
         fate = ("A write was sent before the connection broke, so they may have been added."
                 if retrier.maybe_run else "Nothing was added.")
         return EnqueueUnavailable(
