@@ -26,8 +26,11 @@ Outcome = tuple[int, Any, Any, int, int]
 
 
 class SyncLane:
-    def __init__(self, size: int, worker_id: str, on_outcomes: Callable[[list[Outcome]], None]) -> None:
+    def __init__(self, size: int, worker_id: str, on_outcomes: Callable[[list[Outcome]], None],
+                 running: dict[bytes, tuple[str, str, int]]) -> None:
         self.worker_id = worker_id
+        self.running = running
+        """The worker's record of jobs running now (entry id -> task, job id, started at ms), for its heartbeat."""
         self.outstanding = 0
         """Jobs handed to the lane and not yet reported back (updated on the loop only)."""
         self.stopping = False
@@ -87,6 +90,7 @@ class SyncLane:
     def _call(self, d) -> Outcome:
         job, handler = d.job, d.handler
         started = now_ms()
+        self.running[d.entry_id] = (job.task, job.id, started)
         t0 = time.perf_counter()
         try:
             result = handler.fn(*d.handler_args(self.worker_id), **job.kwargs)
@@ -94,6 +98,8 @@ class SyncLane:
                 check_json_types(result, "return value")
         except BaseException as exc:  # SystemExit from a handler fails its job, not the thread
             return (FAILED, d, exc, started, int((time.perf_counter() - t0) * 1000))
+        finally:
+            self.running.pop(d.entry_id, None)
         return (OK, d, result, started, int((time.perf_counter() - t0) * 1000))
 
     # --- on the loop ----------------------------------------------------------------

@@ -44,6 +44,18 @@ from .tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
 
+CURRENT_JOBS_SHOWN = 20
+"""How many running jobs a heartbeat lists (the oldest first): enough to spot a stuck one."""
+
+
+def resident_kb() -> int:
+    """This process's resident memory now, in KiB (0 where the system does not say)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+
 
 @dataclass(slots=True)
 class WorkerStats:
@@ -158,6 +170,8 @@ class Worker:
         self._room.set()
         self._leases = Leases(self.scripts, self.id, self.visibility_timeout_ms)
         self._running = 0
+        self._running_jobs: dict[bytes, tuple[str, str, int]] = {}
+        """Entry id -> (task, job id, started at ms) of each job running now, for the heartbeat."""
         self._lane: SyncLane | None = None  # started on the first sync job
         self._reader_ids: dict[str, int] = {}
 
@@ -355,7 +369,7 @@ class Worker:
                 accepted += 1
             else:
                 if self._lane is None:
-                    self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes)
+                    self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self._running_jobs)
                 self._lane.submit(delivery)
         if accepted:
             self._inbox_ready.set()
@@ -406,6 +420,8 @@ class Worker:
     async def _execute(self, d: Delivery) -> None:
         job, handler = d.job, d.handler
         started = now_ms()
+        running = self._running_jobs
+        running[d.entry_id] = (job.task, job.id, started)
         t0 = time.perf_counter()
         try:
             result = await handler.fn(*d.handler_args(self.id), **job.kwargs)
@@ -414,8 +430,10 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler fail its job, not the worker
+            running.pop(d.entry_id, None)
             self._outcome(d, exc, started, int((time.perf_counter() - t0) * 1000), failed=True)
             return
+        running.pop(d.entry_id, None)
         self._outcome(d, result, started, int((time.perf_counter() - t0) * 1000), failed=False)
 
     def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
@@ -497,7 +515,7 @@ class Worker:
             "concurrency": self.concurrency, "in_flight": self.in_flight,
             "processed": self.stats.processed, "failed": self.stats.failed,
             "started_at": int(self.stats.started_at * 1000), "last_seen": now_ms(),
-            "problem": self.problem,
+            "problem": self.problem, "rss_kb": resident_kb(), "current": self._current_jobs(),
         })
         pipe = self.client.pipeline(transaction=False)
         for k in self.keys:
@@ -510,6 +528,12 @@ class Worker:
             elif paused and not self._paused[k.queue]:
                 logger.info("queue %s is paused: not reading from it", k.queue)
             self._paused[k.queue] = bool(paused)
+
+    def _current_jobs(self) -> list[list]:
+        """The longest-running jobs (task, job id, started at ms), at most CURRENT_JOBS_SHOWN of them."""
+        running = list(self._running_jobs.values())  # a copy: sync threads add and remove meanwhile
+        running.sort(key=lambda job: job[2])
+        return [list(job) for job in running[:CURRENT_JOBS_SHOWN]]
 
     async def _unregister(self) -> None:
         try:
