@@ -6,17 +6,28 @@ clients never decode responses. hiredis, when installed, parses the replies.
 
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 import redis
 import redis.asyncio as aredis
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
+Client: TypeAlias = Any
+"""A redis-py client, sync or asyncio, as the function taking it says.
 
-def connect(url: str | None = None, **kwargs) -> redis.Redis:
+redis-py types each reply as the union of every shape a command can return
+(and an awaitable, for the shared sync/async methods); the engine knows the
+shape from the command it sent, so clients are typed loosely and everything
+built from their replies strictly.
+"""
+
+
+def connect(url: str | None = None, **kwargs: Any) -> redis.Redis:
     return redis.Redis.from_url(url or DEFAULT_URL, decode_responses=False, **kwargs)
 
 
-def aconnect(url: str | None = None, **kwargs) -> aredis.Redis:
+def aconnect(url: str | None = None, **kwargs: Any) -> aredis.Redis:
     return aredis.Redis.from_url(url or DEFAULT_URL, decode_responses=False, **kwargs)
 
 
@@ -33,7 +44,7 @@ def url_of(client: redis.Redis | aredis.Redis) -> str:
     return f"{scheme}://{auth}{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
-def server_of(client_or_connection) -> str:
+def server_of(client_or_connection: Any) -> str:
     """``host:port`` (or the Unix socket path) of a client or connection, never its password: for messages."""
     pool = getattr(client_or_connection, "connection_pool", None)
     if pool is None:  # a connection

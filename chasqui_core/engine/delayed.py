@@ -11,6 +11,9 @@ encoded jobs themselves, so acting on a job means naming its exact member:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from .connection import Client
 from .envelope import decode
 from .keys import QueueKeys
 from .scripts import Scripts
@@ -28,9 +31,9 @@ class DelayedJob:
     run_at_ms: int
     attempt: int
     """Runs already made (0 for a job scheduled ahead, 1+ for a retry)."""
-    args: list
-    kwargs: dict
-    errors: list[dict]
+    args: list[Any]
+    kwargs: dict[str, Any]
+    errors: list[dict[str, Any]]
     member: bytes
     """The member exactly as stored: what an action must name."""
 
@@ -72,7 +75,7 @@ def _parse_cursor(cursor: str) -> tuple[str, int]:
     return score, skip
 
 
-def page(client, queue: str, *, cursor: str | None = None, limit: int = 50) -> DelayedPage:
+def page(client: Client, queue: str, *, cursor: str | None = None, limit: int = 50) -> DelayedPage:
     """Up to ``limit`` delayed jobs, soonest first, in one round trip.
 
     The cursor holds the last score returned and how many entries of that score
@@ -100,7 +103,7 @@ def page(client, queue: str, *, cursor: str | None = None, limit: int = 50) -> D
     return DelayedPage(items, f"{_format_score(last)}:{same}")
 
 
-def depth(client, queue: str) -> int:
+def depth(client: Client, queue: str) -> int:
     return int(client.zcard(QueueKeys.for_queue(queue).delayed))
 
 
@@ -113,7 +116,7 @@ def _glob_escape(text: str) -> bytes:
     return bytes(out)
 
 
-def find(client, queue: str, job_id: str) -> DelayedJob | None:
+def find(client: Client, queue: str, job_id: str) -> DelayedJob | None:
     """The delayed job with this id, or None.
 
     Ids are stored verbatim inside the encoded members, so ZSCAN's MATCH lets
@@ -132,18 +135,18 @@ def find(client, queue: str, job_id: str) -> DelayedJob | None:
     return None
 
 
-def cancel(client, queue: str, job_id: str) -> bool:
+def cancel(client: Client, queue: str, job_id: str) -> bool:
     """Remove a delayed job for good; False when it is not (or no longer) in the delayed set."""
     job = find(client, queue, job_id)
     if job is None:
         return False
     keys = QueueKeys.for_queue(queue)
     # a cancelled job frees its id: the same job id may be added again at once
-    return Scripts(client).delayed_move(keys=[keys.delayed, keys.stream],
-                                        args=["cancel", job.member, keys.unique + job.job_id]) == 1
+    return bool(Scripts(client).delayed_move(keys=[keys.delayed, keys.stream],
+                                             args=["cancel", job.member, keys.unique + job.job_id]) == 1)
 
 
-def run_now(client, queue: str, job_id: str) -> str | None:
+def run_now(client: Client, queue: str, job_id: str) -> str | None:
     """Move a delayed job to the stream at once; its new stream entry id, or None when not found."""
     job = find(client, queue, job_id)
     if job is None:

@@ -72,15 +72,17 @@ class Job:
 _packer = msgpack.Packer(use_bin_type=True)
 
 
-def pack_job(job_id: str, task: str, args: list, kwargs: dict, created_at: int, max_attempts: int | None,
-             backoff: dict | None, result_ttl: int, meta: dict) -> bytes:
+def pack_job(job_id: str, task: str, args: list[Any], kwargs: dict[str, Any], created_at: int,
+             max_attempts: int | None, backoff: dict[str, Any] | None, result_ttl: int, meta: dict[str, Any]) -> bytes:
     """Encode a brand-new job without building a Job first (the producer's fast path)."""
-    return _packer.pack([VERSION, job_id, task, args, kwargs, 0, created_at, max_attempts, backoff, [], 0,
+    packed: bytes = _packer.pack([VERSION, job_id, task, args, kwargs, 0, created_at, max_attempts, backoff, [], 0,
                          result_ttl, 0, meta])
+    return packed
 
 
 def _packb(obj: Any) -> bytes:
-    return _packer.pack(obj)
+    packed: bytes = _packer.pack(obj)
+    return packed
 
 
 _unpackb = msgpack.unpackb

@@ -13,6 +13,8 @@ Handlers may raise any exception; these two change the outcome:
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ChasquiError(Exception):
     """Base class of the errors the engine raises to its callers."""
@@ -52,7 +54,7 @@ class EnqueueUnavailable(ChasquiError):
     """
 
     def __init__(self, message: str, *, server: str, cause: BaseException, job_ids: list[str],
-                 maybe_added: bool, added: list | None = None) -> None:
+                 maybe_added: bool, added: list[Any] | None = None) -> None:
         super().__init__(message)
         self.server = server
         self.cause = cause

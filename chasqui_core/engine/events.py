@@ -15,6 +15,9 @@ from typing import Any
 
 import msgpack
 
+from .connection import Client
+from .keys import QueueKeys
+
 logger = logging.getLogger("chasqui.events")
 
 COMPLETED = "completed"
@@ -108,10 +111,8 @@ def parse_entry(queue: str, fields: dict[bytes, bytes]) -> list[Event]:
     ]
 
 
-def read_events(client, queue: str, after: str = "0-0", count: int = 1000) -> tuple[str, list[Event]]:
+def read_events(client: Client, queue: str, after: str = "0-0", count: int = 1000) -> tuple[str, list[Event]]:
     """Events of ``queue`` after stream id ``after``; returns (last id, events)."""
-    from .keys import QueueKeys
-
     entries = client.xrange(QueueKeys.for_queue(queue).events, min=f"({after}" if after != "0-0" else "-", count=count)
     out: list[Event] = []
     last = after

@@ -35,6 +35,7 @@ import secrets
 import select
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import hiredis
@@ -65,7 +66,7 @@ def not_run(exc: BaseException) -> bool:
     return isinstance(exc, (redis.ResponseError, redis.BusyLoadingError)) or "connecting to" in str(exc)
 
 
-def backoff_delays(first: float = 0.05, cap: float = 1.0):
+def backoff_delays(first: float = 0.05, cap: float = 1.0) -> Iterator[float]:
     """Pauses between retries: 50 ms doubling to 1 s, each ±20 % so producers do not retry in step."""
     delay = first
     while True:
@@ -90,7 +91,7 @@ class Retrier:
         left = self.deadline - time.monotonic()
         if left <= 0:
             return None
-        return min(next(self._delays), left)
+        return float(min(next(self._delays), left))
 
 
 class Lane:
@@ -136,7 +137,7 @@ class Link(Lane):
             exc.sent = False  # type: ignore[attr-defined]
             raise
 
-    def receive(self, count: int) -> list:
+    def receive(self, count: int) -> list[Any]:
         """Read ``count`` replies; raise the first error reply, after reading them all.
 
         An exception raised here has ``sent`` True: the commands reached the
@@ -164,19 +165,22 @@ class Link(Lane):
             # connection (a restart). Reconnect rather than send into it, so a
             # failure here is known not to have run.
             self.reset()
-        if conn._sock is None:
+        sock = conn._sock
+        if sock is None:
             conn.connect()
+            sock = conn._sock
+            assert sock is not None  # connect() opened it or raised
             self._reader = hiredis.Reader(replyError=redis.ResponseError)
             self._poller = select.poll()
-            self._poller.register(conn._sock, select.POLLIN)
+            self._poller.register(sock, select.POLLIN)
         try:
-            conn._sock.sendall(packed)
+            sock.sendall(packed)
         except socket.timeout:
             raise redis.TimeoutError(f"Timeout writing to {self.server}") from None
         except OSError as exc:
             raise redis.ConnectionError(f"Error while writing to {self.server}: {exc}") from None
 
-    def _receive(self, count: int) -> list:
+    def _receive(self, count: int) -> list[Any]:
         if not self.raw:
             out = []
             for _ in range(count):

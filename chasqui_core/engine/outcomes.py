@@ -48,7 +48,7 @@ class Delivery:
     max_attempts: int = 0
     """The job's budget of runs (see retry.budget), for the JobContext."""
 
-    def handler_args(self, worker_id: str) -> tuple | list:
+    def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
         """Positional arguments for the handler: a JobContext first when it asked for one."""
         if self.handler.takes_context:
             ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), self.deliveries,
@@ -141,7 +141,7 @@ class Outcomes:
         self.settler.dead(keys, entry_id, payload, reason, job_id=job.id if job else "", task=job.task if job else "",
                           error_class=error_class, error=error)
 
-    def refuse_foreign(self, keys: QueueKeys, entry_id: bytes, fields: dict) -> None:
+    def refuse_foreign(self, keys: QueueKeys, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         """Dead-letter a stream entry without a job envelope, keeping its fields for inspection."""
         payload = msgpack.packb({k.decode(errors="replace"): v for k, v in fields.items()})
         self.refuse(keys, entry_id, payload, "decode_failed", "DecodeError",

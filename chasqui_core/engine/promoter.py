@@ -18,8 +18,10 @@ import asyncio
 import logging
 import time
 
+from .connection import Client
 from .events import EVENTS_MAXLEN
 from .keys import QueueKeys
+from .scripts import Scripts
 
 logger = logging.getLogger("chasqui.promoter")
 
@@ -27,8 +29,8 @@ logger = logging.getLogger("chasqui.promoter")
 class Promoter:
     def __init__(
         self,
-        client,
-        scripts,
+        client: Client,
+        scripts: Scripts,
         keys: QueueKeys,
         holder: str,
         *,
@@ -48,7 +50,7 @@ class Promoter:
         self._renewed_at = 0.0
         self._wake = asyncio.Event()
         self._wake_at: float | None = None
-        self._one_shots: set[asyncio.Task] = set()
+        self._one_shots: set[asyncio.Task[None]] = set()
 
     def hint(self, due_ms: int, server_now_ms: int) -> None:
         """A job was scheduled to be due at ``due_ms`` (server clock): look then."""

@@ -15,7 +15,7 @@ import hashlib
 import os
 import time
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -44,7 +44,7 @@ LANE_TTL_MS = 600_000
 """How long a lane remembers its last write: far longer than any write stays in doubt."""
 
 _ENQUEUE_SHA = hashlib.sha1(source("enqueue").encode()).hexdigest()
-_pack_command = hiredis.pack_command
+_pack_command: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
 _LOAD_ENQUEUE = _pack_command(("SCRIPT", "LOAD", source("enqueue")))
 _EMPTY_BULK = b"$0\r\n\r\n"
 
@@ -67,7 +67,7 @@ class JobSpec:
     delay: timedelta | int | float | None = None
     run_at: datetime | None = None
     attempts: int | None = None
-    backoff: BackoffSpec | int | dict | str | None = None
+    backoff: BackoffSpec | int | dict[str, Any] | str | None = None
     result_ttl: int = 0
     meta: Mapping[str, Any] | None = None
 
@@ -198,16 +198,17 @@ class Queue:
         return BuiltJob(job_id or "", when, payload, jid)
 
     @staticmethod
-    def _items(built: list) -> bytes:
-        flat: list = []
+    def _items(built: list[Any]) -> bytes:
+        flat: list[Any] = []
         for uid, when, payload, _ in built:
             flat += (uid, when, payload)
         # str type for every item: the scripting engine's msgpack reads raw strings
-        return _pack_items(flat)
+        packed: bytes = _pack_items(flat)
+        return packed
 
-    def _results(self, built: list, replies: list) -> list[Enqueued]:
+    def _results(self, built: list[Any], replies: list[Any]) -> list[Enqueued]:
         name = self.name
-        out = []
+        out: list[Enqueued] = []
         append = out.append
         for (_, _, _, job_id), reply in zip(built, replies):
             if reply == 0:
@@ -218,8 +219,8 @@ class Queue:
                 append(Enqueued(job_id, name, reply.decode(), False, False))
         return out
 
-    def _chunks(self, jobs: Iterable[JobSpec]) -> Iterable[list]:
-        chunk: list = []
+    def _chunks(self, jobs: Iterable[JobSpec]) -> Iterable[list[Any]]:
+        chunk: list[Any] = []
         for spec in jobs:
             chunk.append(self.build(spec))
             if len(chunk) >= self.chunk_size:
@@ -247,7 +248,7 @@ class Queue:
                  self.unique_ttl_ms, k.metrics, LANE_TTL_MS, "", ""))[:-2 * len(_EMPTY_BULK)]
         return link
 
-    def _request(self, link: Link, chunk: list) -> tuple[bytes, int]:
+    def _request(self, link: Link, chunk: list[Any]) -> tuple[bytes, int]:
         """Pack one write (its sequence number fixed now, for every try) and how many replies it gets."""
         seq = link.next_seq().encode()
         items = self._items(chunk)
@@ -256,7 +257,7 @@ class Queue:
             return packed, 1
         return self._register_cmd + packed, 2
 
-    def _start(self, link: Link, chunk: list) -> tuple[list, bytes, int, BaseException | None]:
+    def _start(self, link: Link, chunk: list[Any]) -> tuple[list[Any], bytes, int, BaseException | None]:
         """Send one write without waiting for its reply (a bulk add builds the next chunk meanwhile)."""
         packed, count = self._request(link, chunk)
         try:
@@ -267,7 +268,7 @@ class Queue:
             return chunk, packed, count, exc  # not sent: _finish retries it
         return chunk, packed, count, None
 
-    def _finish(self, link: Link, pending: tuple[list, bytes, int, BaseException | None]) -> list[Enqueued]:
+    def _finish(self, link: Link, pending: tuple[list[Any], bytes, int, BaseException | None]) -> list[Enqueued]:
         """Read the reply of a write started by ``_start``, retrying it while Redis is unavailable."""
         chunk, packed, count, error = pending
         retrier: Retrier | None = None
@@ -295,7 +296,7 @@ class Queue:
                 error = exc
 
     @staticmethod
-    def _receive(link: Link, packed: bytes, count: int) -> list:
+    def _receive(link: Link, packed: bytes, count: int) -> list[Any]:
         try:
             return link.receive(count)
         except redis.ResponseError as exc:
@@ -305,7 +306,7 @@ class Queue:
         link.send(_LOAD_ENQUEUE + packed)
         return link.receive(count + 1)[1:]
 
-    def _unavailable(self, cause: BaseException, retrier: Retrier, chunk: list, server: str) -> EnqueueUnavailable:
+    def _unavailable(self, cause: BaseException, retrier: Retrier, chunk: list[Any], server: str) -> EnqueueUnavailable:
         jobs = f"{len(chunk)} jobs" if len(chunk) != 1 else f"job {chunk[0].job_id}"
         fate = ("A write was sent before the connection broke, so they may have been added."
                 if retrier.maybe_run else "Nothing was added.")
@@ -313,9 +314,9 @@ class Queue:
             f"Could not add {jobs} to queue {self.name!r}: the Redis server at {server} was unavailable "
             f"for {retrier.retry_for:g}s ({retrier.tries} tries; last error: {type(cause).__name__}: {cause}). "
             f"{fate}",
-            server=server, cause=cause, job_ids=[b[3] for b in chunk], maybe_added=retrier.maybe_run)
+            server=server, cause=cause, job_ids=[b.job_id for b in chunk], maybe_added=retrier.maybe_run)
 
-    def _write_chunks(self, chunks: Iterable[list]) -> list[Enqueued]:
+    def _write_chunks(self, chunks: Iterable[list[Any]]) -> list[Enqueued]:
         """Send chunks on one link, one in flight: the next chunk is built while Redis runs the last."""
         out: list[Enqueued] = []
         link = self._take_link()
@@ -405,7 +406,7 @@ class Queue:
             self._aloop = loop
         return self._aredis, self._ascripts  # type: ignore[return-value]
 
-    async def _awrite(self, client: aredis.Redis, scripts: Scripts, lane: Lane, chunk: list) -> list[Enqueued]:
+    async def _awrite(self, client: aredis.Redis, scripts: Scripts, lane: Lane, chunk: list[Any]) -> list[Enqueued]:
         k = self.keys
         keys = [k.stream, k.delayed, k.lane + lane.lane]
         args = [k.unique, self.unique_ttl_ms, k.metrics, LANE_TTL_MS, lane.next_seq(), self._items(chunk)]
@@ -442,7 +443,7 @@ class Queue:
         size = self.chunk_size
         return await self._asend(list(built[start:start + size]) for start in range(0, len(built), size))
 
-    async def _asend(self, chunks: Iterable[list]) -> list[Enqueued]:
+    async def _asend(self, chunks: Iterable[list[Any]]) -> list[Enqueued]:
         client, scripts = self._async()
         out: list[Enqueued] = []
         lane = self._alanes.pop() if self._alanes else Lane()  # one lane per concurrent caller

@@ -14,12 +14,15 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import msgpack
 from redis.exceptions import ResponseError
 
+from .connection import Client
 from .events import EVENTS_MAXLEN
 from .keys import GROUP, QueueKeys
+from .scripts import Scripts
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -35,7 +38,7 @@ class Reclaimed:
     deliveries: int
 
 
-async def extend_leases(scripts, keys: QueueKeys, consumer: str, entry_ids: Iterable[bytes]) -> list[bytes]:
+async def extend_leases(scripts: Scripts, keys: QueueKeys, consumer: str, entry_ids: Iterable[bytes]) -> list[bytes]:
     """Renew the lease of entries this consumer still owns; return the ones it lost."""
     ids = list(entry_ids)
     lost: list[bytes] = []
@@ -51,7 +54,7 @@ class Leases:
     so a live worker's jobs never look abandoned however long they run.
     """
 
-    def __init__(self, scripts, consumer: str, visibility_timeout_ms: int) -> None:
+    def __init__(self, scripts: Scripts, consumer: str, visibility_timeout_ms: int) -> None:
         self.scripts = scripts
         self.consumer = consumer
         self.horizon = visibility_timeout_ms / 3000
@@ -81,8 +84,8 @@ class Leases:
                                "(the event loop was blocked past the visibility timeout?)", entry_id.decode(), queue)
 
 
-async def reclaim_abandoned(scripts, keys: QueueKeys, consumer: str, *, min_idle_ms: int, room: Callable[[], int],
-                            accept: Callable[[QueueKeys, list, int], None], rounds: int = 10) -> None:
+async def reclaim_abandoned(scripts: Scripts, keys: QueueKeys, consumer: str, *, min_idle_ms: int,
+                            room: Callable[[], int], accept: Callable[[QueueKeys, list[Any], int], None], rounds: int = 10) -> None:
     """Take over entries idle past the visibility timeout, as much as ``room()`` allows, bounded per call."""
     cursor: bytes | str = b"0-0"
     for _ in range(rounds):
@@ -100,7 +103,7 @@ async def reclaim_abandoned(scripts, keys: QueueKeys, consumer: str, *, min_idle
 
 
 async def reclaim(
-    scripts,
+    scripts: Scripts,
     keys: QueueKeys,
     consumer: str,
     *,
@@ -120,7 +123,7 @@ async def reclaim(
     return next_cursor, out
 
 
-async def forget_dead_workers(client, keys: QueueKeys, own_id: str, *, grace_ms: int) -> list[str]:
+async def forget_dead_workers(client: Client, keys: QueueKeys, own_id: str, *, grace_ms: int) -> list[str]:
     """Remove workers silent for longer than ``grace_ms`` from the consumer group and the workers list.
 
     Only consumers holding no pending entry are removed: a dead worker's

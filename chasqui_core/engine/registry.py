@@ -70,7 +70,7 @@ class HandlerRegistry:
         *,
         takes_context: bool = False,
         max_attempts: int | None = None,
-        backoff: BackoffSpec | int | dict | str | None = None,
+        backoff: BackoffSpec | int | dict[str, Any] | str | None = None,
         is_async: bool | None = None,
     ) -> Handler:
         if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1):

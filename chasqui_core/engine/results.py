@@ -28,12 +28,14 @@ def encode_result(
     worker: str = "",
     return_value: Any = None,
 ) -> bytes:
-    return msgpack.packb({
+    blob: bytes = msgpack.packb({
         "id": job_id, "task": task, "status": status, "args": list(args), "kwargs": kwargs,
         "enqueued_at": enqueued_at, "started_at": started_at, "finished_at": finished_at,
         "last_attempted_at": started_at, "errors": list(errors), "worker": worker, "return_value": return_value,
     })
+    return blob
 
 
 def decode_result(blob: bytes) -> dict[str, Any]:
-    return msgpack.unpackb(blob)
+    record: dict[str, Any] = msgpack.unpackb(blob)
+    return record

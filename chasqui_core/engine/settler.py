@@ -16,8 +16,10 @@ from typing import Any
 import msgpack
 
 from . import events
+from .connection import Client
 from .events import Event
 from .keys import GROUP, QueueKeys
+from .scripts import Scripts
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -48,8 +50,8 @@ class _Batch:
 class Settler:
     def __init__(
         self,
-        client,
-        scripts,
+        client: Client,
+        scripts: Scripts,
         *,
         flush_size: int = 500,
         flush_interval: float = 0.002,

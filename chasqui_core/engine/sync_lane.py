@@ -18,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from .envelope import check_json_types, now_ms
+from .outcomes import Delivery
 
 OK, FAILED, REQUEUE = 0, 1, 2
 
-Outcome = tuple[int, Any, Any, int, int]
+Outcome = tuple[int, Delivery, Any, int, int]
 """(kind, delivery, result or exception, started at ms, duration ms)."""
 
 
@@ -36,7 +37,7 @@ class SyncLane:
         self.stopping = False
         self._loop = asyncio.get_running_loop()
         self._on_outcomes = on_outcomes
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
         self._done: deque[Outcome] = deque()
         self._notified = False
         self._threads = [
@@ -45,13 +46,13 @@ class SyncLane:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, delivery) -> None:
+    def submit(self, delivery: Delivery) -> None:
         self.outstanding += 1
         self._queue.put(delivery)
 
-    def take_unstarted(self) -> list:
+    def take_unstarted(self) -> list[Delivery]:
         """Remove and return the jobs no thread has picked up yet."""
-        taken = []
+        taken: list[Delivery] = []
         while True:
             try:
                 delivery = self._queue.get_nowait()
@@ -87,7 +88,7 @@ class SyncLane:
                 self._notified = True
                 self._loop.call_soon_threadsafe(self._drain)
 
-    def _call(self, d) -> Outcome:
+    def _call(self, d: Delivery) -> Outcome:
         job, handler = d.job, d.handler
         started = now_ms()
         self.running[d.entry_id] = (job.task, job.id, started)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import linecache
 import traceback
+from types import CodeType
 
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
@@ -56,7 +57,7 @@ def _exception_only(err: BaseException) -> str:
     return text
 
 
-_FRAMES_CACHE: dict[tuple, str] = {}
+_FRAMES_CACHE: dict[tuple[object, ...], str] = {}
 _FRAMES_CACHE_SIZE = 512
 
 
@@ -70,7 +71,7 @@ def _frames(err: BaseException) -> str:
     tb = err.__traceback__
     if tb is None:
         return ""
-    path = []
+    path: list[tuple[CodeType, int]] = []
     while tb is not None and len(path) < MAX_FRAMES:
         path.append((tb.tb_frame.f_code, tb.tb_lineno))
         tb = tb.tb_next

@@ -116,7 +116,7 @@ class Worker:
         """Sync jobs still running in threads when run() returned (they cannot be cancelled)."""
         self.problem = ""
         """What went wrong inside the worker itself, if anything (shown with its heartbeat)."""
-        self._stop: asyncio.Event | None = None  # created on the loop in run()
+        self._stop = asyncio.Event()  # made anew by each run()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused: dict[str, bool] = {k.queue: False for k in self.keys}
 
@@ -137,7 +137,7 @@ class Worker:
     def request_stop(self) -> None:
         """Ask the worker to stop; safe to call from a signal handler or another thread."""
         loop, stop = self._loop, self._stop
-        if loop is None or stop is None:
+        if loop is None:
             return
         try:
             on_loop = asyncio.get_running_loop() is loop
@@ -271,6 +271,7 @@ class Worker:
                         self._reader_ids[keys.queue] = await reader.client_id()
                         conn = reader.connection
                         packed.clear()
+                    assert conn is not None  # client_id() above connected it
                     command = packed.get(count)
                     if command is None:
                         command = packed[count] = conn.pack_command(
@@ -300,7 +301,7 @@ class Worker:
             self._reader_ids.pop(keys.queue, None)
             await reader.aclose()
 
-    async def _unblock_readers(self, readers: list[asyncio.Task]) -> None:
+    async def _unblock_readers(self, readers: list[asyncio.Task[None]]) -> None:
         """Wake readers blocked in XREADGROUP so shutdown does not wait out BLOCK."""
         while not all(r.done() for r in readers):
             for client_id in list(self._reader_ids.values()):
@@ -323,7 +324,7 @@ class Worker:
         except TimeoutError:
             pass
 
-    def _accept(self, keys: QueueKeys, entries, deliveries: int) -> None:
+    def _accept(self, keys: QueueKeys, entries: list[Any], deliveries: int) -> None:
         """Decode fetched entries; refuse the ones no handler may run."""
         now = time.monotonic()
         accepted = 0
@@ -376,16 +377,18 @@ class Worker:
 
     # --- running ------------------------------------------------------------------
 
-    def _start_slot(self, number: int) -> asyncio.Task:
+    def _start_slot(self, number: int) -> asyncio.Task[None]:
         task = asyncio.create_task(self._slot(), name=f"slot:{number}")
         task.add_done_callback(lambda t: self._slot_ended(t, number))
         return task
 
-    def _slot_ended(self, task: asyncio.Task, number: int) -> None:
+    def _slot_ended(self, task: asyncio.Task[None], number: int) -> None:
         """A slot that died is logged, reported in the heartbeat, and started again."""
-        if task.cancelled() or task.exception() is None or self._stop.is_set():
+        if task.cancelled() or self._stop.is_set():
             return
         exc = task.exception()
+        if exc is None:
+            return
         self.problem = f"slot {number} died ({class_path(exc)}: {message(exc)}) and was restarted"
         logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
         self._slots[number] = self._start_slot(number)
@@ -458,7 +461,7 @@ class Worker:
         self._leases.release(d.entry_id)
         self.outcomes.requeue(d)
 
-    def _on_sync_outcomes(self, outcomes: list) -> None:
+    def _on_sync_outcomes(self, outcomes: list[Any]) -> None:
         for kind, d, value, started, duration in outcomes:
             if kind == REQUEUE:
                 try:
@@ -529,7 +532,7 @@ class Worker:
                 logger.info("queue %s is paused: not reading from it", k.queue)
             self._paused[k.queue] = bool(paused)
 
-    def _current_jobs(self) -> list[list]:
+    def _current_jobs(self) -> list[list[Any]]:
         """The longest-running jobs (task, job id, started at ms), at most CURRENT_JOBS_SHOWN of them."""
         running = list(self._running_jobs.values())  # a copy: sync threads add and remove meanwhile
         running.sort(key=lambda job: job[2])
