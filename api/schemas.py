@@ -346,6 +346,12 @@ class BulkOut(Schema):
 # --- workers and audit ------------------------------------------------------------------------------
 
 
+class CurrentJobOut(Schema):
+    task: str
+    job_id: str
+    started_at: datetime | None = Field(description="When this run started (the worker's clock).")
+
+
 class WorkerOut(Schema):
     id: str
     host: str
@@ -360,13 +366,18 @@ class WorkerOut(Schema):
     last_seen: datetime | None
     stale: bool = Field(description="No heartbeat for longer than stale_after_ms: stopped or cut off.")
     problem: str = Field("", description="What the worker reports wrong with itself; empty when healthy.")
+    memory_kb: int = Field(0, description="Resident memory of the worker process, KiB (0 when unknown).")
+    current: list[CurrentJobOut] = Field(
+        default_factory=list, description="Its longest-running jobs at the last heartbeat, oldest first (at most 20).")
 
     @classmethod
     def from_info(cls, w) -> WorkerOut:
         return cls(id=w.id, host=w.host, pid=w.pid, queues=w.queues, concurrency=w.concurrency,
                    in_flight=w.in_flight, processed=w.processed, failed=w.failed, started_at_ms=w.started_at_ms,
                    last_seen_ms=w.last_seen_ms, last_seen=_dt(w.last_seen_ms), stale=w.stale,
-                   problem=w.problem)
+                   problem=w.problem, memory_kb=w.memory_kb,
+                   current=[CurrentJobOut(task=j.task, job_id=j.job_id, started_at=_dt(j.started_at_ms))
+                            for j in w.current])
 
 
 class WorkerListOut(Schema):

@@ -53,6 +53,15 @@ class QueueStats:
 
 
 @dataclass(frozen=True, slots=True)
+class CurrentJob:
+    """A job a worker was running at its last heartbeat."""
+
+    task: str
+    job_id: str
+    started_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerInfo:
     id: str
     host: str
@@ -68,6 +77,10 @@ class WorkerInfo:
     """The heartbeat is older than the staleness bound: the worker stopped or cannot reach Redis."""
     problem: str = ""
     """What the worker reports wrong with itself (a slot that died and was restarted...); "" when healthy."""
+    memory_kb: int = 0
+    """Resident memory of the worker process at its last heartbeat (0 when unknown)."""
+    current: tuple[CurrentJob, ...] = ()
+    """Its longest-running jobs at the last heartbeat, oldest first (at most 20)."""
 
 
 # --- queues -----------------------------------------------------------------
@@ -215,6 +228,9 @@ def _decode_worker(raw: bytes, now: int, stale_after_ms: int) -> WorkerInfo | No
             last_seen_ms=last_seen,
             stale=now - last_seen > stale_after_ms,
             problem=str(info.get("problem") or ""),
+            memory_kb=int(info.get("rss_kb") or 0),
+            current=tuple(CurrentJob(str(task), str(job_id), int(started))
+                          for task, job_id, started in info.get("current") or ()),
         )
     except Exception:  # a heartbeat not written by a Chasqui worker
         return None

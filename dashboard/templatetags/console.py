@@ -77,6 +77,22 @@ def _dt(ms: Any) -> datetime | None:
 
 
 @register.filter
+def kib(value: Any) -> str:
+    """A size in KiB for people: "812 KiB", "143 MiB", "1.2 GiB"; "—" when unknown (0)."""
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        return "—"
+    if size <= 0:
+        return "—"
+    if size < 1024:
+        return f"{size} KiB"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.0f} MiB"
+    return f"{size / 1024 / 1024:.1f} GiB"
+
+
+@register.filter
 def ms_time(value: Any) -> str:
     """Epoch ms -> "2025-11-21 06:12:03" (UTC)."""
     dt = _dt(value)

@@ -8,7 +8,9 @@ pytestmark = pytest.mark.django_db
 
 
 def test_workers_live_and_stale(view_api, redis):
-    heartbeat(redis, ["default", "emails"], "w-live", in_flight=3, processed=120)
+    started = 1_760_000_000_000
+    heartbeat(redis, ["default", "emails"], "w-live", in_flight=3, processed=120, rss_kb=51_200,
+              current=[("emails.tasks.send", "01JOB", started)])
     heartbeat(redis, ["emails"], "w-gone", age_ms=120_000)
     r = view_api.get("/api/workers")
     assert r.status_code == 200
@@ -19,6 +21,9 @@ def test_workers_live_and_stale(view_api, redis):
         "box-1", 4242, ["default", "emails"], 8, 3, 120)
     assert live["stale"] is False and by_id["w-gone"]["stale"] is True
     assert live["last_seen"] is not None
+    assert live["memory_kb"] == 51_200 and by_id["w-gone"]["memory_kb"] == 0
+    assert live["current"] == [{"task": "emails.tasks.send", "job_id": "01JOB",
+                                "started_at": "2025-10-09T08:53:20Z"}]
     only_default = view_api.get("/api/workers", queue="default").json()["items"]
     assert [w["id"] for w in only_default] == ["w-live"]
     lenient = view_api.get("/api/workers", stale_after_ms=600_000).json()["items"]

@@ -159,6 +159,22 @@ def test_overview_lists_every_queue_with_its_figures(viewer, redis):
     assert "Retries scheduled per second, last 5 minutes" in html
 
 
+def test_the_queue_page_shows_each_worker_with_memory_and_running_jobs_and_lost_ones(viewer, redis):
+    from tests.api.helpers import heartbeat
+
+    now = int(time.time() * 1000)
+    heartbeat(redis, [Q], "w-busy", in_flight=1, rss_kb=150 * 1024,
+              current=[("emails.tasks.send_welcome", "01JBUSYJOB000000000000000", now - 95_000)])
+    heartbeat(redis, [Q], "w-gone", age_ms=300_000)
+    html = _client(viewer).get(f"/queues/{Q}/").content.decode()
+    busy = re.search(r'<tr class="">\s*<td[^>]*title="w-busy".*?</tr>\s*<tr class="current-jobs">.*?</tr>', html, re.S)
+    assert busy, "the busy worker's row and its running jobs are missing"
+    assert "150 MiB" in busy[0] and "emails.tasks.send_welcome" in busy[0]
+    assert re.search(r"running for 1 m \d+ s", busy[0]), busy[0]
+    gone = re.search(r'<tr class="stale">.*?</tr>', html, re.S)[0]
+    assert 'title="w-gone"' in gone and ">lost</span>" in gone and re.search(r"lost 5 m( \d+ s)? ago", gone)
+
+
 def test_pause_and_resume_are_audited_as_console_actions(operator, redis):
     c = _client(operator)
     response = c.post(f"/queues/{Q}/pause/", follow=True)

@@ -200,7 +200,7 @@ def test_real_worker_shows_up_with_its_running_job(redis, redis_url):
 
     registry = HandlerRegistry()
     registry.register("tasks.slow", slow)
-    Queue("live", redis_client=redis).add("tasks.slow", [1])
+    job_id = Queue("live", redis_client=redis).add("tasks.slow", [1]).job_id
     worker = Worker(["live"], registry, url=redis_url, concurrency=2, heartbeat_interval=0.05,
                     install_signal_handlers=False, shutdown_timeout=5)
     thread = threading.Thread(target=worker.run_sync, daemon=True)
@@ -216,6 +216,9 @@ def test_real_worker_shows_up_with_its_running_job(redis, redis_url):
         [info] = inspect.workers(redis, "live")
         assert info.id == worker.id and info.pid == os.getpid()
         assert (info.queues, info.concurrency, info.stale) == (["live"], 2, False)
+        assert [(j.task, j.job_id) for j in info.current] == [("tasks.slow", job_id)]
+        assert abs(info.current[0].started_at_ms - now_ms()) < 60_000
+        assert info.memory_kb > 1024  # a Python process is megabytes, whatever else it holds
     finally:
         release.set()
         worker.request_stop()
@@ -224,3 +227,47 @@ def test_real_worker_shows_up_with_its_running_job(redis, redis_url):
     after = inspect.queue_stats(redis, "live")
     assert (after.workers, after.pending, after.stream_length) == (0, 0, 0)
     assert inspect.workers(redis) == []
+
+
+def test_heartbeat_lists_running_async_jobs_oldest_first_and_forgets_finished_ones(redis, redis_url):
+    import asyncio
+
+    gates = {}
+
+    async def wait_for_gate(n):
+        gates[n] = asyncio.Event()
+        await gates[n].wait()
+
+    registry = HandlerRegistry()
+    registry.register("tasks.gated", wait_for_gate)
+    q = Queue("beats", redis_client=redis)
+    first = q.add("tasks.gated", [1]).job_id
+    worker = Worker(["beats"], registry, url=redis_url, concurrency=4, heartbeat_interval=0.05,
+                    install_signal_handlers=False, shutdown_timeout=5)
+    thread = threading.Thread(target=worker.run_sync, daemon=True)
+    thread.start()
+
+    def current():
+        workers = inspect.workers(redis, "beats")
+        return [j.job_id for j in workers[0].current] if workers else []
+
+    def wait_until(check, what):
+        deadline = time.monotonic() + 15
+        while not check() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert check(), what
+
+    try:
+        wait_until(lambda: current() == [first], "the first job never showed in the heartbeat")
+        second = q.add("tasks.gated", [2]).job_id
+        wait_until(lambda: current() == [first, second], "the second job never showed, after the first")
+        worker._loop.call_soon_threadsafe(gates[1].set)
+        wait_until(lambda: current() == [second], "the finished job stayed in the heartbeat")
+        worker._loop.call_soon_threadsafe(gates[2].set)
+        wait_until(lambda: current() == [], "a finished job stayed in the heartbeat")
+    finally:
+        for gate in list(gates.values()):
+            worker._loop.call_soon_threadsafe(gate.set)
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
