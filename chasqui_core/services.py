@@ -35,7 +35,7 @@ from redis.exceptions import ResponseError
 from chasqui_core import access
 from chasqui_core.backend import ChasquiBackend, ChasquiTask, discover_tasks
 from chasqui_core.engine import delayed as delayed_mod
-from chasqui_core.engine import inspect as inspect_mod
+from chasqui_core.engine import stats
 from chasqui_core.engine import metrics as metrics_mod
 from chasqui_core.engine.dlq import DeadJob, DeadLetters, DLQFilter, ErrorGroup, Page
 from chasqui_core.engine.errors import InvalidQueueName, JobNotFound
@@ -165,7 +165,7 @@ def _ms(value: datetime | int | None, name: str) -> int | None:
 
 def known_queues() -> list[str]:
     """The backend's configured queues plus every queue registered in Redis."""
-    names = set(backend().queues) | set(inspect_mod.list_queues(redis_client()))
+    names = set(backend().queues) | set(stats.list_queues(redis_client()))
     return sorted(names)
 
 
@@ -181,20 +181,20 @@ def require_queue(name: Any) -> str:
         validate_queue_name(name)
     except InvalidQueueName as exc:
         raise NotFound(f"No queue named {name!r}: {exc}") from None
-    if name in backend().queues or inspect_mod.queue_exists(redis_client(), name):
+    if name in backend().queues or stats.queue_exists(redis_client(), name):
         return name
     raise NotFound(f"No queue named {name!r}; known queues: {', '.join(known_queues()) or 'none'}")
 
 
-def queue_overview(actor, *, source: Source = "api") -> list[inspect_mod.QueueStats]:
+def queue_overview(actor, *, source: Source = "api") -> list[stats.QueueStats]:
     """Live stats of every known queue, in one round trip."""
     require(actor, access.VIEW, source)
-    return inspect_mod.all_queue_stats(redis_client(), known_queues())
+    return stats.all_queue_stats(redis_client(), known_queues())
 
 
-def queue_detail(actor, queue: str, *, source: Source = "api") -> inspect_mod.QueueStats:
+def queue_detail(actor, queue: str, *, source: Source = "api") -> stats.QueueStats:
     require(actor, access.VIEW, source)
-    return inspect_mod.queue_stats(redis_client(), require_queue(queue))
+    return stats.queue_stats(redis_client(), require_queue(queue))
 
 
 def queue_metrics(
@@ -208,16 +208,16 @@ def queue_metrics(
 
 
 def worker_list(
-    actor, *, queue: str | None = None, stale_after_ms: int = inspect_mod.DEFAULT_STALE_AFTER_MS,
+    actor, *, queue: str | None = None, stale_after_ms: int = stats.DEFAULT_STALE_AFTER_MS,
     source: Source = "api",
-) -> list[inspect_mod.WorkerInfo]:
+) -> list[stats.WorkerInfo]:
     """Workers known from their heartbeats; ``stale`` marks the ones that stopped beating."""
     require(actor, access.VIEW, source)
     if queue is not None:
         queue = require_queue(queue)
     if isinstance(stale_after_ms, bool) or not isinstance(stale_after_ms, int) or stale_after_ms < 1:
         raise InvalidInput(f"stale_after_ms must be a whole number of 1 or more, got {stale_after_ms!r}")
-    return inspect_mod.workers(redis_client(), queue, stale_after_ms=stale_after_ms)
+    return stats.workers(redis_client(), queue, stale_after_ms=stale_after_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,12 +434,12 @@ def _check_signature(task: ChasquiTask, name: str, args: list, kwargs: dict) -> 
 
 def pause(actor, queue: str, *, source: Source) -> bool:
     """Stop workers reading the queue (nothing is lost); False when it was paused already."""
-    return _switch(actor, queue, source, AuditEntry.Action.PAUSE, inspect_mod.pause)
+    return _switch(actor, queue, source, AuditEntry.Action.PAUSE, stats.pause)
 
 
 def resume(actor, queue: str, *, source: Source) -> bool:
     """Let workers read the queue again; False when it was not paused."""
-    return _switch(actor, queue, source, AuditEntry.Action.RESUME, inspect_mod.resume)
+    return _switch(actor, queue, source, AuditEntry.Action.RESUME, stats.resume)
 
 
 def _switch(actor, queue: str, source: str, action: str, flip: Callable[[Any, str], bool]) -> bool:

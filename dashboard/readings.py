@@ -4,7 +4,7 @@ The sampler takes a reading about once a second, so ``Reader`` keeps what it
 read before: the per-second and per-minute counter buckets of the past do not
 change, and only the newest couple of buckets are fetched again on each read.
 A reading therefore costs a handful of pipelined round trips whatever the
-window, through the engine's ``inspect`` and ``metrics`` functions.
+window, through the engine's ``stats`` and ``metrics`` functions.
 
 Delayed-set depth has no counter in Redis (it is a sorted set's size), so its
 history is sampled: each reading adds the depth it saw to a small sorted set
@@ -19,9 +19,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from chasqui_core.engine import inspect as inspect_mod
+from chasqui_core.engine import stats as stats_mod
 from chasqui_core.engine import metrics as metrics_mod
-from chasqui_core.engine.inspect import QueueStats, WorkerInfo
+from chasqui_core.engine.stats import QueueStats, WorkerInfo
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.metrics import FIELDS, Series
 
@@ -166,10 +166,10 @@ class Reader:
         with self._lock:
             seconds_now, micros = self.client.time()
             now_ms = int(seconds_now) * 1000 + int(micros) // 1000
-            stats = {s.name: s for s in inspect_mod.all_queue_stats(self.client, queues)}
+            stats = {s.name: s for s in stats_mod.all_queue_stats(self.client, queues)}
             per_second = self._seconds.update(self.client, queues, now_ms) if queues else {}
             per_minute = self._minutes.update(self.client, queues, now_ms) if queues else {}
-            workers = inspect_mod.workers(self.client)
+            workers = stats_mod.workers(self.client)
             newest = now_ms // 1000
             first = newest - SECOND_WINDOW + 1
             depths = self._sample_depth(queues, stats, first, newest)

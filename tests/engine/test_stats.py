@@ -8,7 +8,7 @@ import time
 import msgpack
 import pytest
 
-from chasqui_core.engine import inspect
+from chasqui_core.engine import stats
 from chasqui_core.engine.envelope import Job, now_ms
 from chasqui_core.engine.errors import InvalidQueueName
 from chasqui_core.engine.keys import GROUP, QUEUES_REGISTRY, QueueKeys
@@ -46,18 +46,18 @@ def server_major(client) -> int:
 
 
 def test_missing_queue_reads_as_zeros(redis):
-    stats = inspect.queue_stats(redis, "never-used")
-    assert stats == inspect.QueueStats(
+    qs = stats.queue_stats(redis, "never-used")
+    assert qs == stats.QueueStats(
         name="never-used", stream_length=0, pending=0, in_flight=0, delayed=0, overdue=0,
         oldest_overdue_age_ms=0, dlq=0, paused=False, workers=0, lag=None,
     )
-    assert not inspect.queue_exists(redis, "never-used")
+    assert not stats.queue_exists(redis, "never-used")
 
 
 def test_queue_without_consumer_group_has_no_pending(redis):
     Queue("fresh", redis_client=redis).add("tasks.a")
-    stats = inspect.queue_stats(redis, "fresh")
-    assert (stats.stream_length, stats.pending, stats.lag) == (1, 0, None)
+    qs = stats.queue_stats(redis, "fresh")
+    assert (qs.stream_length, qs.pending, qs.lag) == (1, 0, None)
 
 
 def test_stats_with_real_data(redis):
@@ -76,26 +76,26 @@ def test_stats_with_real_data(redis):
                               Job("late-2", "tasks.x").encode(): now - 2000})
     dlq_entry(redis, "emails", "dead-1")
     dlq_entry(redis, "emails", "dead-2")
-    inspect.pause(redis, "emails")
+    stats.pause(redis, "emails")
     heartbeat(redis, ["emails"], "live-1", last_seen=now_ms(), in_flight=3)
     heartbeat(redis, ["emails"], "live-2", last_seen=now_ms(), in_flight=1)
     heartbeat(redis, ["emails"], "gone", last_seen=now_ms() - 60_000, in_flight=7)
 
-    stats = inspect.queue_stats(redis, "emails")
+    qs = stats.queue_stats(redis, "emails")
 
-    assert stats.name == "emails"
-    assert stats.stream_length == 5
-    assert stats.pending == 2
-    assert stats.delayed == 5
-    assert stats.overdue == 2
-    assert 5000 <= stats.oldest_overdue_age_ms < 5000 + 30_000
-    assert stats.dlq == 2
-    assert stats.paused is True
-    assert stats.workers == 2
-    assert stats.in_flight == 4
+    assert qs.name == "emails"
+    assert qs.stream_length == 5
+    assert qs.pending == 2
+    assert qs.delayed == 5
+    assert qs.overdue == 2
+    assert 5000 <= qs.oldest_overdue_age_ms < 5000 + 30_000
+    assert qs.dlq == 2
+    assert qs.paused is True
+    assert qs.workers == 2
+    assert qs.in_flight == 4
     if server_major(redis) >= 7:
-        assert stats.lag == 3
-    assert inspect.queue_exists(redis, "emails")
+        assert qs.lag == 3
+    assert stats.queue_exists(redis, "emails")
 
 
 def test_all_queue_stats_matches_single_calls(redis):
@@ -107,53 +107,53 @@ def test_all_queue_stats_matches_single_calls(redis):
             q.add("t", [i], delay=600_000)
     now = server_ms(redis)
     redis.zadd(QueueKeys.for_queue("c").delayed, {Job("over", "t").encode(): now - 1000})
-    inspect.pause(redis, "b")
+    stats.pause(redis, "b")
     dlq_entry(redis, "a", "d")
     heartbeat(redis, ["a", "c"], "w", last_seen=now_ms(), in_flight=2)
 
-    together = inspect.all_queue_stats(redis)
+    together = stats.all_queue_stats(redis)
     assert [s.name for s in together] == ["a", "b", "c"]
-    one_by_one = [inspect.queue_stats(redis, n) for n in ("a", "b", "c")]
+    one_by_one = [stats.queue_stats(redis, n) for n in ("a", "b", "c")]
     # the overdue age keeps growing between calls; everything else must match
     assert [dataclasses.replace(s, oldest_overdue_age_ms=0) for s in together] == \
         [dataclasses.replace(s, oldest_overdue_age_ms=0) for s in one_by_one]
     assert together[2].overdue == 1 and together[2].oldest_overdue_age_ms >= 1000
     assert (together[0].dlq, together[1].paused, together[1].delayed, together[2].workers) == (1, True, 4, 1)
 
-    picked = inspect.all_queue_stats(redis, ["c", "nope"])
+    picked = stats.all_queue_stats(redis, ["c", "nope"])
     assert [s.name for s in picked] == ["c", "nope"]
     assert picked[1].stream_length == 0 and picked[1].lag is None
-    assert inspect.all_queue_stats(redis, []) == []
+    assert stats.all_queue_stats(redis, []) == []
 
 
 def test_all_queue_stats_rejects_bad_names(redis):
     with pytest.raises(InvalidQueueName):
-        inspect.all_queue_stats(redis, ["has space"])
+        stats.all_queue_stats(redis, ["has space"])
 
 
 def test_list_queues_sorted_and_skips_foreign_names(redis):
     for name in ("zeta", "alpha", "mid"):
         Queue(name, redis_client=redis).add("t")
     redis.sadd(QUEUES_REGISTRY, "not a queue!")
-    assert inspect.list_queues(redis) == ["alpha", "mid", "zeta"]
+    assert stats.list_queues(redis) == ["alpha", "mid", "zeta"]
 
 
 def test_queue_exists_by_stream_alone(redis):
     redis.xadd(QueueKeys.for_queue("orphan").stream, {"j": b"x"})
-    assert inspect.queue_exists(redis, "orphan")
+    assert stats.queue_exists(redis, "orphan")
     redis.sadd(QUEUES_REGISTRY, "registered")
-    assert inspect.queue_exists(redis, "registered")
-    assert not inspect.queue_exists(redis, "other")
+    assert stats.queue_exists(redis, "registered")
+    assert not stats.queue_exists(redis, "other")
 
 
 def test_pause_and_resume_are_idempotent(redis):
-    assert inspect.pause(redis, "jobs") is True
-    assert inspect.pause(redis, "jobs") is False
-    assert inspect.queue_stats(redis, "jobs").paused is True
+    assert stats.pause(redis, "jobs") is True
+    assert stats.pause(redis, "jobs") is False
+    assert stats.queue_stats(redis, "jobs").paused is True
     assert redis.exists(QueueKeys.for_queue("jobs").paused)
-    assert inspect.resume(redis, "jobs") is True
-    assert inspect.resume(redis, "jobs") is False
-    assert inspect.queue_stats(redis, "jobs").paused is False
+    assert stats.resume(redis, "jobs") is True
+    assert stats.resume(redis, "jobs") is False
+    assert stats.queue_stats(redis, "jobs").paused is False
 
 
 def test_workers_stale_flag_and_dedupe(redis):
@@ -164,15 +164,15 @@ def test_workers_stale_flag_and_dedupe(redis):
     heartbeat(redis, ["b"], "multi", last_seen=now, processed=9)  # ...a fresher one on the other
     heartbeat(redis, ["c"], "old", last_seen=now - 30_000)
 
-    listed = inspect.workers(redis)
+    listed = stats.workers(redis)
     assert [w.id for w in listed] == ["multi", "old"]
     multi, old = listed
     assert multi.stale is False and multi.last_seen_ms == now and multi.processed == 9
     assert (multi.host, multi.pid, multi.concurrency, multi.queues) == ("host-a", 4242, 8, ["b"])
     assert old.stale is True
-    assert inspect.workers(redis, stale_after_ms=60_000)[1].stale is False
-    assert [w.id for w in inspect.workers(redis, "c")] == ["old"]
-    assert inspect.workers(redis, "unknown") == []
+    assert stats.workers(redis, stale_after_ms=60_000)[1].stale is False
+    assert [w.id for w in stats.workers(redis, "c")] == ["old"]
+    assert stats.workers(redis, "unknown") == []
 
 
 def test_prune_stale_workers(redis):
@@ -183,10 +183,10 @@ def test_prune_stale_workers(redis):
     heartbeat(redis, ["a"], "alive", last_seen=now)
     redis.hset(QueueKeys.for_queue("b").workers, "garbage", b"\xc1 not msgpack")
 
-    assert inspect.prune_stale_workers(redis) == 3
+    assert stats.prune_stale_workers(redis) == 3
     assert redis.hkeys(QueueKeys.for_queue("a").workers) == [b"alive"]
     assert redis.hlen(QueueKeys.for_queue("b").workers) == 0
-    assert inspect.prune_stale_workers(redis) == 0
+    assert stats.prune_stale_workers(redis) == 0
 
 
 def test_real_worker_shows_up_with_its_running_job(redis, redis_url):
@@ -208,12 +208,12 @@ def test_real_worker_shows_up_with_its_running_job(redis, redis_url):
     try:
         assert started.wait(15), "the worker never started the job"
         deadline = time.monotonic() + 15
-        stats = inspect.queue_stats(redis, "live")
-        while stats.in_flight != 1 and time.monotonic() < deadline:
+        qs = stats.queue_stats(redis, "live")
+        while qs.in_flight != 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-            stats = inspect.queue_stats(redis, "live")
-        assert (stats.workers, stats.in_flight, stats.pending, stats.stream_length) == (1, 1, 1, 1)
-        [info] = inspect.workers(redis, "live")
+            qs = stats.queue_stats(redis, "live")
+        assert (qs.workers, qs.in_flight, qs.pending, qs.stream_length) == (1, 1, 1, 1)
+        [info] = stats.workers(redis, "live")
         assert info.id == worker.id and info.pid == os.getpid()
         assert (info.queues, info.concurrency, info.stale) == (["live"], 2, False)
         assert [(j.task, j.job_id) for j in info.current] == [("tasks.slow", job_id)]
@@ -224,9 +224,9 @@ def test_real_worker_shows_up_with_its_running_job(redis, redis_url):
         worker.request_stop()
         thread.join(30)
     assert not thread.is_alive()
-    after = inspect.queue_stats(redis, "live")
+    after = stats.queue_stats(redis, "live")
     assert (after.workers, after.pending, after.stream_length) == (0, 0, 0)
-    assert inspect.workers(redis) == []
+    assert stats.workers(redis) == []
 
 
 def test_heartbeat_lists_running_async_jobs_oldest_first_and_forgets_finished_ones(redis, redis_url):
@@ -248,7 +248,7 @@ def test_heartbeat_lists_running_async_jobs_oldest_first_and_forgets_finished_on
     thread.start()
 
     def current():
-        workers = inspect.workers(redis, "beats")
+        workers = stats.workers(redis, "beats")
         return [j.job_id for j in workers[0].current] if workers else []
 
     def wait_until(check, what):
