@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .results import BenchError
+import contextlib
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE_HINT = "pip install --no-deps -r requirements-bench.txt"
@@ -89,7 +90,7 @@ class Child:
     def pid(self) -> int:
         return self.proc.pid
 
-    def __enter__(self) -> "Child":
+    def __enter__(self) -> Child:
         return self
 
     def __exit__(self, exc_type, *exc: object) -> None:
@@ -159,10 +160,8 @@ class Child:
     def _close_pipes(self) -> None:
         self._stop_profiler()
         for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 pipe.close()
-            except OSError:
-                pass
 
 
 # --- the child's side --------------------------------------------------------------------

@@ -15,7 +15,7 @@ import asyncio
 import resource
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
@@ -53,7 +53,7 @@ SETUPS = {
 def preload(q: Queue, n: int, handler: str, delayed: bool = False) -> None:
     task = TASK_OF[handler]
     if delayed:
-        due = datetime.now(timezone.utc) - timedelta(seconds=1)
+        due = datetime.now(UTC) - timedelta(seconds=1)
         q.add_bulk(JobSpec(task, [i], run_at=due) for i in range(n))
     else:
         q.add_bulk(JobSpec(task, [i]) for i in range(n))

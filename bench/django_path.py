@@ -152,14 +152,15 @@ class RunworkerProcess:
         env["DJANGO_SETTINGS_MODULE"] = SETTINGS
         env[TARGET_ENV] = str(target)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-        self.log = tempfile.TemporaryFile()  # not a pipe: a worker printing more than a pipe holds would block
+        # not a pipe: a worker printing more than a pipe holds would block; closed by stop()
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "manage.py", "runworker", queue, "--concurrency", str(concurrency)],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
         )
         self._profiler = start_profiler(self.proc.pid, name)
 
-    def __enter__(self) -> "RunworkerProcess":
+    def __enter__(self) -> RunworkerProcess:
         return self
 
     def __exit__(self, exc_type, *exc: object) -> None:

@@ -11,6 +11,7 @@ may do).
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
 from chasqui_core.engine.keys import QueueKeys
@@ -99,11 +100,11 @@ def run(ctx) -> list[Measurement]:
         ctx.say(f"   filled {size:,} DLQ entries in {fill_s:.1f} s; server memory {memory:,.0f} MB")
         dl = DeadLetters(ctx.client, ctx.queue)
         cases = (
-            ("", lambda: dl.page(limit=50), "newest page, no filter (what the console opens)"),
-            ("page from the middle", lambda: dl.page(cursor=middle, limit=50), "cursor half way down"),
-            ("filtered, 1 in 10 match", lambda: dl.page(limit=50, filter=DLQFilter(error_class="TimeoutError")),
+            ("", partial(dl.page, limit=50), "newest page, no filter (what the console opens)"),
+            ("page from the middle", partial(dl.page, cursor=middle, limit=50), "cursor half way down"),
+            ("filtered, 1 in 10 match", partial(dl.page, limit=50, filter=DLQFilter(error_class="TimeoutError")),
              "filter on error class"),
-            ("filter matching nothing", lambda: dl.page(limit=50, filter=DLQFilter(task="shop.tasks.absent")),
+            ("filter matching nothing", partial(dl.page, limit=50, filter=DLQFilter(task="shop.tasks.absent")),
              "scans up to the page's scan limit"),
         )
         for case, call, what in cases:

@@ -33,7 +33,7 @@ class RawPipe:
         self._pool = client.connection_pool
         self._conn = self._pool.get_connection()
 
-    def __enter__(self) -> "RawPipe":
+    def __enter__(self) -> RawPipe:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -102,7 +102,9 @@ def run(scenarios, *, smoke: bool, repeats: int, url: str | None, allow_flush: b
         ctx.say(f"Server:  {info.describe()}")
         if info.appendonly != "no":
             ctx.say("         note: the append-only file is not off on this server; writes also cost fsyncs")
-        ctx.say(f"Mode:    {'smoke (tiny sizes, 1 repeat: proves the suite works, the numbers mean little)' if smoke else f'median of {repeats} repeats after an uncounted warm-up'}")
+        mode = ("smoke (tiny sizes, 1 repeat: proves the suite works, the numbers mean little)" if smoke
+                else f"median of {repeats} repeats after an uncounted warm-up")
+        ctx.say(f"Mode:    {mode}")
         the_run = Run(machine, info.to_dict(), smoke, repeats, command, started, [], {})
         ctx.say("\n== ceiling: pipelined XADD rate of this server")
         top = ceiling.measure(server, total=ctx.size(200_000, 20_000), repeats=repeats)

@@ -65,7 +65,7 @@ class BenchServer:
         self.url = ""
         self.client: redis.Redis | None = None
 
-    def __enter__(self) -> "BenchServer":
+    def __enter__(self) -> BenchServer:
         try:
             self.start()
         except BaseException:
@@ -120,7 +120,8 @@ class BenchServer:
         else:
             name, version = "Redis", str(server.get("redis_version", "unknown"))
         try:
-            reply = {k.decode() if isinstance(k, bytes) else k: v for k, v in self.client.config_get("appendonly").items()}
+            config = self.client.config_get("appendonly")
+            reply = {k.decode() if isinstance(k, bytes) else k: v for k, v in config.items()}
             appendonly = reply.get("appendonly", "unknown")
             appendonly = appendonly.decode() if isinstance(appendonly, bytes) else str(appendonly)
         except redis.RedisError:

@@ -35,7 +35,7 @@ class ChasquiSettings:
     PROMOTER_LOCK_TTL_MS: int = 5_000
     SHUTDOWN_TIMEOUT: float = 25.0
     DEAD_WORKER_GRACE_MS: int = 600_000
-    """Workers silent this long are removed from the consumer group and the workers list, once their jobs are reclaimed."""
+    """Workers silent this long leave the consumer group and the workers list, once their jobs are reclaimed."""
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
     BACKGROUND_THRESHOLD: int = 2000
     """Filtered DLQ operations touching more entries than this run in the background."""
@@ -70,7 +70,8 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         )
     for key in _POSITIVE_INTS:
         if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], int) or raw[key] < 1):
-            raise ImproperlyConfigured(f"settings.CHASQUI[{key!r}] must be a whole number of 1 or more, got {raw[key]!r}")
+            raise ImproperlyConfigured(
+                f"settings.CHASQUI[{key!r}] must be a whole number of 1 or more, got {raw[key]!r}")
     for key in _POSITIVE_NUMBERS:
         if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], (int, float)) or raw[key] <= 0):
             raise ImproperlyConfigured(f"settings.CHASQUI[{key!r}] must be a number above 0, got {raw[key]!r}")

@@ -37,6 +37,9 @@ class QueueAccess(models.Model):
             ("pause_queues", "Pause and resume queues"),
         ]
 
+    def __str__(self) -> str:
+        return "Chasqui queue access"
+
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()

@@ -83,10 +83,7 @@ class TaskSignal:
         self._refresh()
         if not self._plain:
             return True
-        for _, level_of in self._logging:
-            if _logger.isEnabledFor(level_of(status)):
-                return True
-        return False
+        return any(_logger.isEnabledFor(level_of(status)) for _, level_of in self._logging)
 
     def send(self, task_result: TaskResult) -> None:
         """From synchronous code (a worker thread, a view)."""

@@ -100,10 +100,12 @@ def _dead_letters(client, now_ms: int, rng: random.Random) -> None:
         message = template.format(n=n)
         died = now_ms - int(rng.expovariate(1 / 3_600_000)) - 2000
         runs = 5 if cls != "KeyError" else 1
+        module, function = task.rsplit(".", 1)
+        module_file = module.replace(".", "/") + ".py"
         errors = [
             error_record(attempt=a + 1, exc_class=cls, message=message,
-                         traceback=(f"Traceback (most recent call last):\n  File \"{task.rsplit('.', 1)[0].replace('.', '/')}.py\", "
-                                    f"line {40 + a}, in {task.rsplit('.', 1)[1]}\n    result = client.call(payload)\n"
+                         traceback=(f"Traceback (most recent call last):\n  File \"{module_file}\", "
+                                    f"line {40 + a}, in {function}\n    result = client.call(payload)\n"
                                     f"{cls}: {message}\n"),
                          worker=f"{socket.gethostname()}:41{a}2:9f3c1a", started_at=died - (runs - a) * 4000,
                          finished_at=died - (runs - a) * 4000 + rng.randrange(40, 900))

@@ -8,7 +8,7 @@ the operator was looking at.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from django import forms
@@ -102,7 +102,7 @@ def describe_filter(params: dict[str, object]) -> list[tuple[str, str]]:
     out = []
     for key, value in params.items():
         if key in ("since_ms", "until_ms") and isinstance(value, int):
-            value = datetime.fromtimestamp(value / 1000, tz=dt_timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            value = datetime.fromtimestamp(value / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M UTC")
         out.append((FILTER_LABELS.get(key, key), str(value)))
     return out
 

@@ -30,6 +30,7 @@ from chasqui_core.models import Operation
 from . import fragments
 from .readings import Reader, Reading
 from .topics import Topic
+import contextlib
 
 logger = logging.getLogger("chasqui.console")
 
@@ -155,10 +156,8 @@ class Sampler:
         self._counts.clear()
         if task is not None and not task.done():
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
 
 
 _sampler = Sampler()

@@ -88,7 +88,7 @@ def filter_chips(request: HttpRequest, name: str, params: dict[str, str]) -> lis
     """A chip per active filter; its link is the same view without that filter (and back at the newest page)."""
     base = reverse("dashboard:dlq", args=[name])
     chips = []
-    for key, (label, value) in zip(params, describe_filter(params)):
+    for key, (label, value) in zip(params, describe_filter(params), strict=False):
         query = request.GET.copy()
         for dropped in (key, "cursor"):
             query.pop(dropped, None)

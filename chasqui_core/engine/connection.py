@@ -6,14 +6,14 @@ clients never decode responses. hiredis, when installed, parses the replies.
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+from typing import Any
 
 import redis
 import redis.asyncio as aredis
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
-Client: TypeAlias = Any
+type Client = Any
 """A redis-py client, sync or asyncio, as the function taking it says.
 
 redis-py types each reply as the union of every shape a command can return

@@ -100,7 +100,7 @@ class EmbeddedValkey:
             proc.kill()
             proc.wait()
 
-    def __enter__(self) -> "EmbeddedValkey":
+    def __enter__(self) -> EmbeddedValkey:
         self.start()
         return self
 

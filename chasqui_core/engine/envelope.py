@@ -167,7 +167,8 @@ def new_job_id() -> str:
     if ms != _last_ms:
         # 48 timestamp bits padded to 50 = 10 characters
         p = _PAIRS
-        _last_prefix = p[(ms >> 40) & 1023] + p[(ms >> 30) & 1023] + p[(ms >> 20) & 1023] + p[(ms >> 10) & 1023] + p[ms & 1023]
+        _last_prefix = (p[(ms >> 40) & 1023] + p[(ms >> 30) & 1023] + p[(ms >> 20) & 1023]
+                        + p[(ms >> 10) & 1023] + p[ms & 1023])
         _last_ms = ms
     r = random.getrandbits(80)  # the module-level generator is reseeded after fork
     p = _PAIRS

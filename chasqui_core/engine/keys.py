@@ -47,7 +47,7 @@ class QueueKeys:
     """Prefix of the producer lanes: ``<lane><lane id>`` holds the last write of one lane (see engine/link.py)."""
 
     @classmethod
-    def for_queue(cls, queue: str) -> "QueueKeys":
+    def for_queue(cls, queue: str) -> QueueKeys:
         validate_queue_name(queue)
         p = f"{{chasqui:{queue}}}:"
         return cls(

@@ -44,6 +44,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from .connection import server_of
+import contextlib
 
 SPINS = 100
 """Non-blocking reads tried before the link sleeps in ``recv`` (about 1 µs each)."""
@@ -175,7 +176,7 @@ class Link(Lane):
             self._poller.register(sock, select.POLLIN)
         try:
             sock.sendall(packed)
-        except socket.timeout:
+        except TimeoutError:
             raise redis.TimeoutError(f"Timeout writing to {self.server}") from None
         except OSError as exc:
             raise redis.ConnectionError(f"Error while writing to {self.server}: {exc}") from None
@@ -205,7 +206,7 @@ class Link(Lane):
             data = self._poll(sock)
             if data is None:
                 data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise redis.TimeoutError(f"Timeout reading from {self.server}") from None
         except OSError as exc:
             raise redis.ConnectionError(f"Error while reading from {self.server}: {exc}") from None
@@ -242,10 +243,8 @@ class Link(Lane):
 
     def reset(self) -> None:
         """Drop the connection (reconnect on the next call); the lane stays."""
-        try:
+        with contextlib.suppress(Exception):
             self.conn.disconnect()
-        except Exception:
-            pass
         self._reader = hiredis.Reader(replyError=redis.ResponseError)
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from .connection import Client
 from .events import EVENTS_MAXLEN
 from .keys import QueueKeys
 from .scripts import Scripts
+import contextlib
 
 logger = logging.getLogger("chasqui.promoter")
 
@@ -109,7 +110,8 @@ class Promoter:
     async def _acquire_or_renew(self) -> None:
         if self.is_leader:
             if time.monotonic() - self._renewed_at >= self.lock_ttl_ms / 3000:
-                renewed = await self.scripts.lock(keys=[self.keys.promoter_lock], args=["renew", self.holder, self.lock_ttl_ms])
+                renewed = await self.scripts.lock(keys=[self.keys.promoter_lock],
+                                                  args=["renew", self.holder, self.lock_ttl_ms])
                 self.is_leader = bool(renewed)
                 self._renewed_at = time.monotonic()
                 if not self.is_leader:
@@ -162,17 +164,13 @@ class Promoter:
         try:
             while (remaining := self._wake_at - time.monotonic()) > 0:
                 self._wake.clear()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=remaining)
-                except TimeoutError:
-                    pass
         finally:
             self._wake_at = None
 
     async def release(self) -> None:
         if self.is_leader:
-            try:
+            with contextlib.suppress(Exception):
                 await self.scripts.lock(keys=[self.keys.promoter_lock], args=["release", self.holder, 0])
-            except Exception:
-                pass
             self.is_leader = False

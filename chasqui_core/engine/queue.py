@@ -210,7 +210,7 @@ class Queue:
         name = self.name
         out: list[Enqueued] = []
         append = out.append
-        for (_, _, _, job_id), reply in zip(built, replies):
+        for (_, _, _, job_id), reply in zip(built, replies, strict=False):
             if reply == 0:
                 append(Enqueued(job_id, name, None, False, True))
             elif reply == b"delayed":

@@ -85,7 +85,8 @@ class Leases:
 
 
 async def reclaim_abandoned(scripts: Scripts, keys: QueueKeys, consumer: str, *, min_idle_ms: int,
-                            room: Callable[[], int], accept: Callable[[QueueKeys, list[Any], int], None], rounds: int = 10) -> None:
+                            room: Callable[[], int], accept: Callable[[QueueKeys, list[Any], int], None],
+                            rounds: int = 10) -> None:
     """Take over entries idle past the visibility timeout, as much as ``room()`` allows, bounded per call."""
     cursor: bytes | str = b"0-0"
     for _ in range(rounds):

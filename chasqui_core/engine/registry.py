@@ -73,7 +73,8 @@ class HandlerRegistry:
         backoff: BackoffSpec | int | dict[str, Any] | str | None = None,
         is_async: bool | None = None,
     ) -> Handler:
-        if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1):
+        if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
+                                         or max_attempts < 1):
             raise ValueError(f"max_attempts for {name!r} must be a whole number of 1 or more, got {max_attempts!r}")
         handler = Handler(
             name=name,

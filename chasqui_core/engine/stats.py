@@ -254,7 +254,7 @@ def _heartbeats(client, queue: str | None) -> tuple[int, list[tuple[QueueKeys, d
     for k in all_keys:
         pipe.hgetall(k.workers)
     replies = pipe.execute()
-    return _server_ms(replies[0]), list(zip(all_keys, replies[1:]))
+    return _server_ms(replies[0]), list(zip(all_keys, replies[1:], strict=False))
 
 
 def workers(client, queue: str | None = None, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> list[WorkerInfo]:

@@ -41,6 +41,7 @@ from .outcomes import Delivery, Outcomes
 from .settler import Settler
 from .sync_lane import FAILED, REQUEUE, SyncLane
 from .tracebacks import class_path, message
+import contextlib
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -305,10 +306,8 @@ class Worker:
         """Wake readers blocked in XREADGROUP so shutdown does not wait out BLOCK."""
         while not all(r.done() for r in readers):
             for client_id in list(self._reader_ids.values()):
-                try:
+                with contextlib.suppress(Exception):
                     await self.client.client_unblock(client_id)
-                except Exception:
-                    pass
             await asyncio.wait(readers, timeout=0.05)
 
     async def _wait_room(self) -> None:
@@ -319,10 +318,8 @@ class Worker:
         stopper.cancel()
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
 
     def _accept(self, keys: QueueKeys, entries: list[Any], deliveries: int) -> None:
         """Decode fetched entries; refuse the ones no handler may run."""
@@ -336,7 +333,7 @@ class Worker:
             if type(fields) is list:  # raw reply: [field, value, ...]
                 payload = fields[1] if len(fields) == 2 and fields[0] == b"j" else None
                 if payload is None:
-                    fields = dict(zip(fields[::2], fields[1::2]))
+                    fields = dict(zip(fields[::2], fields[1::2], strict=False))
                     payload = fields.get(b"j")
             else:
                 payload = fields.get(b"j")
@@ -525,7 +522,7 @@ class Worker:
             pipe.hset(k.workers, self.id, info)
             pipe.exists(k.paused)
         replies = await pipe.execute()
-        for k, paused in zip(self.keys, replies[1::2]):
+        for k, paused in zip(self.keys, replies[1::2], strict=False):
             if self._paused[k.queue] and not paused:
                 logger.info("queue %s resumed", k.queue)
             elif paused and not self._paused[k.queue]:

@@ -7,7 +7,7 @@ them marks anything safe, so job data stays escaped whatever it contains.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from django import template
@@ -71,7 +71,7 @@ def age(value: Any) -> str:
 
 def _dt(ms: Any) -> datetime | None:
     try:
-        return datetime.fromtimestamp(int(ms) / 1000, tz=dt_timezone.utc)
+        return datetime.fromtimestamp(int(ms) / 1000, tz=UTC)
     except (TypeError, ValueError, OverflowError, OSError):
         return None
 

@@ -9,6 +9,7 @@ too, so the developer never keeps half a stack running without noticing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -202,8 +203,6 @@ class Command(BaseCommand):
         for child in alive:
             assert child.process is not None
             self.stderr.write(f"The {child.name} did not stop in time; killing it.")
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.process.pid, signal.SIGKILL)  # with its own children
-            except ProcessLookupError:
-                pass
             child.process.wait()
