@@ -6,11 +6,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 
-.PHONY: help venv run test bench
+.PHONY: help venv run test lint bench
 
 help:
 	@echo "make run    start the dev stack on http://127.0.0.1:8000 (Ctrl+C stops it)"
 	@echo "make test   run the test suite (extra pytest arguments: ARGS=...)"
+	@echo "make lint   ruff over the project, mypy (strict) over the engine"
 	@echo "make bench  run the benchmarks (ARGS=...)"
 
 # The interpreter comes from .python-version under pyenv; elsewhere python3
@@ -48,6 +49,10 @@ test: venv
 		else echo "Chromium is missing and this is not root: the browser tests will be skipped" \
 			"(sudo apt-get install -y chromium to run them)."; fi; }
 	$(BIN)/pytest $(ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: venv
 	$(BIN)/python -m bench $(ARGS)
