@@ -21,7 +21,7 @@ from api.schemas import (
     ReplayIn,
 )
 from chasqui_core import services
-from chasqui_core.engine.dlq import DLQFilter
+from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.models import Operation
 
 router = Router(tags=["dlq"])

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from ninja import Field, Schema
 
-from chasqui_core.engine.dlq import REASONS, DeadJob, ErrorGroup
+from chasqui_core.engine.dlq.browse import ErrorGroup
+from chasqui_core.engine.dlq.entries import REASONS, DeadJob
 from chasqui_core.masking import mask, mask_text
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services import MAX_PAGE

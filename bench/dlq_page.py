@@ -88,7 +88,8 @@ def _time_ms(call, repeats: int) -> list[float]:
 
 
 def run(ctx) -> list[Measurement]:
-    from chasqui_core.engine.dlq import DeadLetters, DLQFilter
+    from chasqui_core.engine.dlq.filter import DLQFilter
+    from chasqui_core.engine.dlq.replay import DeadLetters
 
     out = []
     for size in ctx.size((200_000, 1_000_000), (2_000,)):

@@ -25,7 +25,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from chasqui_core.engine.dlq import DLQFilter
+from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.models import AuditEntry, Operation
 
 logger = logging.getLogger("chasqui.operations")

@@ -37,7 +37,10 @@ from chasqui_core.backend import ChasquiBackend, ChasquiTask, discover_tasks
 from chasqui_core.engine import delayed as delayed_mod
 from chasqui_core.engine import stats
 from chasqui_core.engine import metrics as metrics_mod
-from chasqui_core.engine.dlq import DeadJob, DeadLetters, DLQFilter, ErrorGroup, Page
+from chasqui_core.engine.dlq.browse import ErrorGroup, Page
+from chasqui_core.engine.dlq.entries import DeadJob
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.errors import InvalidQueueName, JobNotFound
 from chasqui_core.engine.keys import validate_queue_name
 from chasqui_core.models import KEY_PREFIX_LENGTH, ApiKey, AuditEntry, Operation, hash_key

@@ -15,7 +15,8 @@ from django import forms
 from django.utils import timezone
 
 from chasqui_core import services
-from chasqui_core.engine.dlq import REASONS, DLQFilter
+from chasqui_core.engine.dlq.entries import REASONS
+from chasqui_core.engine.dlq.filter import DLQFilter
 
 DATETIME_FORMATS = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"]
 

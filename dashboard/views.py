@@ -16,7 +16,7 @@ from django.shortcuts import render
 from django.urls import reverse
 
 from chasqui_core import services
-from chasqui_core.engine.dlq import DeadJob
+from chasqui_core.engine.dlq.entries import DeadJob
 from chasqui_core.models import AuditEntry
 
 from . import fragments

@@ -95,7 +95,7 @@ def test_dlq_discard_with_filters(redis):
 
 
 def test_dlq_groups_print_fingerprints_that_select_one_group(redis):
-    from chasqui_core.engine.dlq import fingerprint
+    from chasqui_core.engine.dlq.fingerprint import fingerprint
 
     bulk_dead(redis, Q, 3, cls="TimeoutError", message="gateway timed out after {i} s")
     bulk_dead(redis, Q, 2, cls="ValueError")

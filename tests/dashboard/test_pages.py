@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from django.test import Client
 
-from chasqui_core.engine.dlq import fingerprint_id
+from chasqui_core.engine.dlq.fingerprint import fingerprint_id
 from django.utils import timezone
 
 from chasqui_core import operations

@@ -12,7 +12,10 @@ from collections import Counter
 import pytest
 
 from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.dlq import REASONS, DeadLetters, DLQFilter, fingerprint
+from chasqui_core.engine.dlq.entries import REASONS
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.fingerprint import fingerprint
+from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, now_ms
 from chasqui_core.engine.errors import JobNotFound, UnrecoverableError
 from chasqui_core.engine.keys import GROUP, QueueKeys
@@ -488,8 +491,6 @@ def test_client_must_return_bytes(redis_url):
 
 
 def test_filter_by_fingerprint_acts_on_one_error_group(redis):
-    from chasqui_core.engine.dlq import DLQFilter, DeadLetters, fingerprint
-
     pipe = redis.pipeline()
     for i in range(30):
         job = Job(id=f"job-{i}", task="t", args=[i])

@@ -29,7 +29,8 @@ from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from chasqui_core import services
-from chasqui_core.engine.dlq import REASONS, DLQFilter
+from chasqui_core.engine.dlq.entries import REASONS
+from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.masking import mask, mask_text
 from chasqui_core.models import ApiKey, Operation
 

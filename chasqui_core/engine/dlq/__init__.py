@@ -1,0 +1,23 @@
+"""The dead-letter queue as operators use it: browse, search, replay, discard.
+
+A queue's DLQ is a Redis stream whose entry ids carry the time each job died,
+so a time range is an id range and a page is one XREVRANGE call, quick at any
+size. Filters on other fields scan in bounded chunks, and the bulk operations
+act one chunk per call, so sweeping 100,000 entries never blocks Redis for
+long and an operator can stop a sweep half way (what is done stays done).
+
+Replays go through ``dlq_move.lua``, which deletes each entry and re-publishes
+it in one step: two operators replaying the same entries at once publish each
+job once.
+
+The client must return bytes (``decode_responses=False``), as the engine's
+``connect()`` does: payloads are msgpack.
+
+The modules, in the order they build on each other:
+
+- ``entries``: entry ids, and a DLQ entry decoded into a ``DeadJob``
+- ``fingerprint``: the error fingerprint that groups failures with one cause
+- ``filter``: ``DLQFilter``, which dead jobs to show or act on
+- ``browse``: ``DLQReader``: pages, counts, lookups and error groups
+- ``replay``: ``DeadLetters``: everything ``DLQReader`` reads, plus replay and discard
+"""

@@ -1,0 +1,179 @@
+"""Acting on a queue's DLQ: replay dead jobs, or discard them for good.
+
+By id, a call acts on at most ``MOVE_CHUNK`` entries per round trip. By
+filter (``replay_matching``, ``discard_matching``) a sweep goes oldest first
+one chunk per call, reports progress and can be stopped between chunks,
+which is what the console's background operations rely on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ..envelope import Job
+from ..scripts import Scripts
+from .browse import DLQReader, check_positive
+from .entries import DeadJob, Row, decode_entry, format_id, parse_id
+from .filter import DLQFilter
+
+MOVE_CHUNK = 500
+"""Entries replayed or deleted per call when acting on a list of ids."""
+
+
+def _id_list(entry_ids: Iterable[str], caller: str) -> list[str]:
+    """Validate every id before touching anything; drop repeats, keep order."""
+    if isinstance(entry_ids, (str, bytes)):
+        raise TypeError(f"{caller}() takes a list of entry ids; wrap a single id in a list: {caller}([id])")
+    out: dict[str, None] = {}
+    for eid in entry_ids:
+        out[format_id(parse_id(eid))] = None
+    return list(out)
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _check_run_at(run_at_ms: int | None) -> None:
+    if run_at_ms is not None and (isinstance(run_at_ms, bool) or not isinstance(run_at_ms, int) or run_at_ms < 0):
+        raise ValueError(f"run_at_ms must be a time in epoch milliseconds (0 or more), got {run_at_ms!r}")
+
+
+def _replayed(dead: DeadJob, reset_attempts: bool) -> bytes:
+    """The envelope to send back: same id and history, a fresh budget or exactly one more run."""
+    job = dead.job
+    assert job is not None
+    if reset_attempts:
+        attempt, max_attempts = 0, job.max_attempts
+    else:
+        attempt, max_attempts = job.attempt, job.attempt + 1
+    return Job(job.id, job.task, job.args, job.kwargs, attempt, job.created_at, max_attempts, job.backoff,
+               list(dead.errors), job.replays + 1, job.result_ttl, 0, job.meta).encode()
+
+
+class DeadLetters(DLQReader):
+    """The dead-letter queue of one queue, on a sync redis-py client: read it, replay or discard its entries."""
+
+    def __init__(self, client, queue: str) -> None:
+        super().__init__(client, queue)
+        self._scripts = Scripts(client)
+
+    def replay(self, entry_ids: Iterable[str], *, reset_attempts: bool = True, run_at_ms: int | None = None) -> int:
+        """Send entries back to the stream (or the delayed set, at ``run_at_ms``).
+
+        Same job id and error history; ``replays`` goes up by one and the lost
+        runs count (``deaths``) starts again. ``reset_attempts=True`` gives the
+        job its whole budget again; False grants exactly one more run. Entries
+        whose payload cannot be decoded stay in the DLQ. Returns how many
+        entries this call moved: entries already replayed or discarded by
+        someone else are not counted.
+        """
+        ids = _id_list(entry_ids, "replay")
+        _check_run_at(run_at_ms)
+        moved = 0
+        for chunk in _chunks(ids, MOVE_CHUNK):
+            pipe = self.client.pipeline(transaction=False)
+            for eid in chunk:
+                pipe.xrange(self.keys.dlq, eid, eid, count=1)
+            rows = [found[0] for found in pipe.execute() if found]
+            moved += self._move([decode_entry(self.queue, eid, flds) for eid, flds in rows], reset_attempts, run_at_ms)
+        return moved
+
+    def discard(self, entry_ids: Iterable[str]) -> int:
+        """Delete entries for good; returns how many were still there."""
+        ids = _id_list(entry_ids, "discard")
+        return sum(int(self.client.xdel(self.keys.dlq, *chunk)) for chunk in _chunks(ids, MOVE_CHUNK))
+
+    def replay_matching(
+        self,
+        filter: DLQFilter,
+        *,
+        reset_attempts: bool = True,
+        run_at_ms: int | None = None,
+        chunk: int = 500,
+        progress: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> int:
+        """``replay`` every entry that matches, oldest first, one call per chunk; see ``_sweep``."""
+        _check_run_at(run_at_ms)
+
+        def act(matched: list[tuple[Row, DeadJob | None]]) -> int:
+            dead = [d if d is not None else decode_entry(self.queue, *row) for row, d in matched]
+            return self._move(dead, reset_attempts, run_at_ms)
+
+        return self._sweep(filter, act, chunk, progress, should_stop)
+
+    def discard_matching(
+        self,
+        filter: DLQFilter,
+        *,
+        chunk: int = 500,
+        progress: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> int:
+        """``discard`` every entry that matches, oldest first, one call per chunk; see ``_sweep``."""
+
+        def act(matched: list[tuple[Row, DeadJob | None]]) -> int:
+            return int(self.client.xdel(self.keys.dlq, *[row[0] for row, _ in matched])) if matched else 0
+
+        return self._sweep(filter, act, chunk, progress, should_stop)
+
+    def _move(self, dead: list[DeadJob], reset_attempts: bool, run_at_ms: int | None) -> int:
+        argv: list[Any] = []
+        when = "" if run_at_ms is None else str(run_at_ms)
+        for d in dead:
+            if d.job is not None:
+                argv += (d.entry_id, _replayed(d, reset_attempts), when)
+        if not argv:
+            return 0
+        return int(self._scripts.dlq_move(keys=[self.keys.dlq, self.keys.stream, self.keys.delayed], args=argv))
+
+    def _sweep(
+        self,
+        filter: DLQFilter,
+        act: Callable[[list[tuple[Row, DeadJob | None]]], int],
+        chunk: int,
+        progress: Callable[[int, int], None] | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> int:
+        """Act on every matching entry, oldest first, one chunk per call.
+
+        Only entries present when the sweep starts are considered (the scan
+        stops at the newest id seen then), so jobs that die during a long
+        sweep are left for the operator to look at. ``progress(done, total)``
+        is called once before the first chunk and after each one; ``done``
+        counts matching entries handled, including ones someone else removed
+        meanwhile and undecodable ones a replay must leave behind.
+        ``should_stop`` is asked before each chunk.
+        """
+        if not isinstance(filter, DLQFilter):
+            raise TypeError(
+                f"Pass a DLQFilter (DLQFilter() matches every entry), not {type(filter).__name__}"
+            )
+        check_positive(chunk, "chunk")
+        f = None if filter.is_empty() else filter
+        edges = self._edges()
+        bounds = self._bounds(f)
+        if edges is None or bounds is None:
+            if progress is not None:
+                progress(0, 0)
+            return 0
+        lo, hi = bounds[0], min(bounds[1], edges[1])
+        total = self.count() if f is None else (self._count_in(f, lo, hi, max(chunk, 1000)) if lo <= hi else 0)
+        done = acted = 0
+        if progress is not None:
+            progress(0, total)
+        if lo > hi:
+            return 0
+        for rows in self._scan_oldest(lo, hi, chunk):
+            if should_stop is not None and should_stop():
+                break
+            matched = self._select(f, rows)
+            if matched:
+                acted += act(matched)
+                done += len(matched)
+            if progress is not None:
+                progress(done, total)
+        return acted
