@@ -8,10 +8,10 @@ which is what the console's background operations rely on.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..envelope import Job
 from ..scripts import Scripts
 from .browse import DLQReader, check_positive
 from .entries import DeadJob, Row, decode_entry, format_id, parse_id
@@ -49,8 +49,9 @@ def _replayed(dead: DeadJob, reset_attempts: bool) -> bytes:
         attempt, max_attempts = 0, job.max_attempts
     else:
         attempt, max_attempts = job.attempt, job.attempt + 1
-    return Job(job.id, job.task, job.args, job.kwargs, attempt, job.created_at, max_attempts, job.backoff,
-               list(dead.errors), job.replays + 1, job.result_ttl, 0, job.meta).encode()
+    # deaths start again at 0: an operator sending a job back vouches that it may run
+    return dataclasses.replace(job, attempt=attempt, max_attempts=max_attempts, errors=list(dead.errors),
+                               replays=job.replays + 1, deaths=0).encode()
 
 
 class DeadLetters(DLQReader):
