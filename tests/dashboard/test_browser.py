@@ -23,7 +23,7 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from dashboard.screenshots import CHROMIUM, launch, log_in, serve, wait_live
 from tests.dashboard.e2e_app import GATEWAY_DOWN, QUEUE
-from tests.django.test_backend import settings_db_url
+from tests.helpers import subprocess_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = QueueKeys.for_queue(QUEUE)
@@ -61,7 +61,7 @@ def _chromium():
 @pytest.fixture
 def stack(redis, redis_url, operator, viewer, tmp_path):
     """Daphne and a worker for QUEUE, both on the e2e settings, the test database and Redis."""
-    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": settings_db_url(),
+    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": subprocess_database_url(),
            "DJANGO_SETTINGS_MODULE": "tests.dashboard.e2e_settings", "PYTHONPATH": str(ROOT), "DEBUG": "1"}
     worker_log = open(tmp_path / "worker.log", "w")
     worker = subprocess.Popen(

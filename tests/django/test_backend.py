@@ -24,6 +24,8 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.engine.worker import Worker
 
+from tests.helpers import subprocess_database_url
+
 from . import sample_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,7 +233,7 @@ def test_runworker_command_runs_the_demo_task_from_the_view(redis, redis_url, cl
     [job] = _stream_jobs(redis, EMAILS)
     assert job.task == "emails.tasks.send_welcome_email" and job.args == [signup.id]
 
-    db = settings_db_url()
+    db = subprocess_database_url()
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": db, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "manage.py", "runworker", "emails", "--concurrency", "2"], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -253,11 +255,3 @@ def test_runworker_command_runs_the_demo_task_from_the_view(redis, redis_url, cl
     assert redis.xlen(EMAILS.stream) == 0 and redis.xlen(EMAILS.dlq) == 0
     assert redis.xpending(EMAILS.stream, "chasqui")["pending"] == 0
 
-
-def settings_db_url() -> str:
-    from django.db import connection
-
-    s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{s['NAME']}"
-    return f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 from django.db import transaction
 from django.tasks import task_backends
 
+from chasqui_core.engine.connection import connect
+from chasqui_core.engine.embedded import EmbeddedValkey
 from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.models import OutboxEntry
 from chasqui_core.outbox import OutboxRelay, relay
 
+from tests.helpers import ROOT, subprocess_database_url
+
 from . import sample_tasks
 
 DEFAULT = QueueKeys.for_queue("default")
+EMAILS = QueueKeys.for_queue("emails")
 
 
 def _closed_port_url() -> str:
@@ -100,3 +109,70 @@ def test_transaction_outbox_relay_thread_drains_leftovers(outbox_on, redis):
         relay_thread.stop()
     assert not OutboxEntry.objects.exists()
     assert redis.xlen(DEFAULT.stream) == 5
+
+
+def _completed(client, keys: QueueKeys) -> int:
+    return sum(int(client.hget(key, "completed") or 0) for key in client.scan_iter(keys.metrics + "m:*"))
+
+
+def _wait(predicate, timeout: float, what: str, worker: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if worker.poll() is not None:
+            raise AssertionError(f"the worker exited ({worker.returncode}) while waiting for {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_runworker_relays_jobs_staged_while_redis_was_down(settings, tmp_path):
+    """The outbox's promise rests on the workers: a job staged during an outage must run once Redis is back.
+
+    A real ``manage.py runworker`` watches a Valkey of this test's own, which then goes down. Jobs enqueued
+    meanwhile wait in the outbox table; when the server comes back on the same port (with its data), the
+    worker's relay sends them and the worker runs them. Nothing else would send them: the on-commit relay
+    already failed.
+    """
+    from emails.models import Signup
+    from emails.tasks import send_welcome_email
+
+    server = EmbeddedValkey(tmp_path / "valkey", appendonly=True)
+    url = server.start()
+    settings.TASKS = {"default": {"BACKEND": "chasqui_core.backend.ChasquiBackend", "QUEUES": ["default", "emails"],
+                                  "OPTIONS": {"OUTBOX": True}}}
+    settings.CHASQUI = {"REDIS_URL": url, "ENQUEUE_RETRY_SECONDS": 0}
+    env = {**os.environ, "REDIS_URL": url, "DATABASE_URL": subprocess_database_url(), "PYTHONPATH": str(ROOT),
+           "DJANGO_SETTINGS_MODULE": "tests.django.outbox_settings"}
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        worker = subprocess.Popen([sys.executable, "manage.py", "runworker", "emails"], cwd=ROOT, env=env,
+                                  stdout=out, stderr=subprocess.STDOUT)
+    client = connect(url)
+    try:
+        _wait(lambda: client.hlen(EMAILS.workers) == 1, 60, "the worker to start", worker)
+        server.stop()  # Redis goes down under a running worker
+
+        with transaction.atomic():
+            signups = [Signup.objects.create(email=f"user{i}@example.com") for i in range(3)]
+            for signup in signups:
+                send_welcome_email.enqueue(signup.id)
+        staged = list(OutboxEntry.objects.order_by("id"))
+        assert len(staged) == 3 and all(row.attempts == 1 for row in staged), "staged, the first relay failed"
+
+        server.start()  # back on the same port, with its data
+        _wait(lambda: not OutboxEntry.objects.exists(), 60, "the worker to relay the outbox", worker)
+        _wait(lambda: _completed(client, EMAILS) == 3, 60, "the three jobs to run", worker)
+        worker.terminate()
+        worker.wait(30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        client.close()
+        server.stop()
+    output = log.read_text(errors="replace")
+    assert worker.returncode == 0, output
+    for signup in signups:
+        assert f"Sent welcome email to {signup.email}" in output

@@ -51,6 +51,30 @@ def test_job_failing_twice_runs_three_times_spaced_by_its_backoff(redis, workers
 
 
 @pytest.mark.timeout(60)
+def test_exponential_backoff_grows_from_one_retry_to_the_next(redis, workers):
+    """Each retry must wait longer than the one before, or a failing dependency gets hammered.
+
+    Jitter is off, so the recorded waits are exact: 100, 200, 400 and 800 ms. Every run must start
+    at least its wait after the run before; no upper bound is needed to tell growth from a flat wait.
+    """
+    workers.start("r-grow")
+    workers.wait_ready(redis, "r-grow", 1)
+    spec = BackoffSpec(strategy="exponential", initial_ms=100, multiplier=2, jitter="none")
+    q = Queue("r-grow", redis_client=redis)
+    job = q.add("fail_n_times", kwargs=ALWAYS, attempts=5, backoff=spec)
+
+    wait_for(lambda: redis.xlen(q.keys.dlq) == 1, 30, "the job to be dead-lettered")
+    [entry] = dlq_entries(redis, "r-grow")
+    waits = [record.get("backoff_ms") for record in decode(entry["j"]).errors]
+    assert waits == [100, 200, 400, 800, None], "retry n waits initial * 2 ** (n - 1); none after the last run"
+
+    runs = runs_of(redis, job.job_id)
+    assert [r.attempt for r in runs] == [1, 2, 3, 4, 5]
+    for wait, gap in zip(waits, gaps_ms(runs)):
+        assert gap >= wait, f"a retry ran before its backoff had passed: gaps {gaps_ms(runs)}, waits {waits}"
+
+
+@pytest.mark.timeout(60)
 def test_job_options_beat_task_defaults_which_beat_worker_defaults(redis, workers):
     worker_backoff_ms = 400
     workers.start("r-layers", max_attempts=3, backoff_ms=worker_backoff_ms)
