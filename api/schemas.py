@@ -360,13 +360,15 @@ class WorkerOut(Schema):
     last_seen: datetime | None
     stale: bool = Field(description="No heartbeat for longer than stale_after_ms: stopped or cut off.")
     problem: str = Field("", description="What the worker reports wrong with itself; empty when healthy.")
+    supervisor_pid: int | None = Field(None, description="Pid of the `runworker --processes` supervisor it runs "
+                                                         "under (on the same host); null when it runs alone.")
 
     @classmethod
     def from_info(cls, w) -> WorkerOut:
         return cls(id=w.id, host=w.host, pid=w.pid, queues=w.queues, concurrency=w.concurrency,
                    in_flight=w.in_flight, processed=w.processed, failed=w.failed, started_at_ms=w.started_at_ms,
                    last_seen_ms=w.last_seen_ms, last_seen=_dt(w.last_seen_ms), stale=w.stale,
-                   problem=w.problem)
+                   problem=w.problem, supervisor_pid=w.supervisor_pid)
 
 
 class WorkerListOut(Schema):

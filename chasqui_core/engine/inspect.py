@@ -68,6 +68,8 @@ class WorkerInfo:
     """The heartbeat is older than the staleness bound: the worker stopped or cannot reach Redis."""
     problem: str = ""
     """What the worker reports wrong with itself (a slot that died and was restarted...); "" when healthy."""
+    supervisor_pid: int | None = None
+    """The pid of the ``runworker --processes`` supervisor this worker runs under; None when it runs alone."""
 
 
 # --- queues -----------------------------------------------------------------
@@ -215,6 +217,7 @@ def _decode_worker(raw: bytes, now: int, stale_after_ms: int) -> WorkerInfo | No
             last_seen_ms=last_seen,
             stale=now - last_seen > stale_after_ms,
             problem=str(info.get("problem") or ""),
+            supervisor_pid=int(info["supervisor"]) if info.get("supervisor") else None,
         )
     except Exception:  # a heartbeat not written by a Chasqui worker
         return None

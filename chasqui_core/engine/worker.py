@@ -10,6 +10,12 @@ Beside them run the promoter of each queue and a housekeeping loop
 Shutdown (SIGTERM/SIGINT or ``request_stop``): stop reading, put fetched but
 unstarted jobs back on the stream, let running jobs finish up to a deadline,
 settle everything, release the promoter lock, exit.
+
+A worker can also stop itself after ``max_jobs`` jobs or once its memory
+passes ``max_memory_mb``, the same graceful way, and says why in
+``recycle_reason``: a supervisor (chasqui_core/supervisor.py) then starts a
+fresh process in its place, which is how a slow leak in task code is kept in
+check without anyone watching.
 """
 
 from __future__ import annotations
@@ -100,6 +106,24 @@ def printable(text: str) -> str:
     return text
 
 
+def resident_memory_mb() -> int:
+    """This process's resident memory now, in MB.
+
+    Linux tells the current figure (/proc/self/statm); elsewhere the peak
+    (getrusage) stands in, which only ever errs towards recycling sooner.
+    """
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024)
+    except (OSError, ValueError, IndexError):
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KB on Linux, bytes on macOS
+        return peak // (1024 * 1024) if sys.platform == "darwin" else peak // 1024
+
+
 def _result_blob(job: Job, status: str, *, started: int, finished: int, worker: str,
                  return_value: Any = None) -> bytes:
     return encode_result(job_id=job.id, task=job.task, status=status, args=job.args, kwargs=job.kwargs,
@@ -128,6 +152,9 @@ class Worker:
         install_signal_handlers: bool = True,
         worker_id: str | None = None,
         dead_worker_grace_ms: int = 600_000,
+        max_jobs: int | None = None,
+        max_memory_mb: int | None = None,
+        supervisor_pid: int | None = None,
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
@@ -150,6 +177,15 @@ class Worker:
         self.install_signal_handlers = install_signal_handlers
         self.dead_worker_grace_ms = dead_worker_grace_ms
         """Workers silent this long leave the consumer group and the workers list (once they hold nothing)."""
+        for name, limit in (("max_jobs", max_jobs), ("max_memory_mb", max_memory_mb)):
+            if limit is not None and limit < 1:
+                raise ValueError(f"{name} must be 1 or more, got {limit}")
+        self.max_jobs = max_jobs
+        self.max_memory_mb = max_memory_mb
+        self.supervisor_pid = supervisor_pid
+        """The pid of the supervisor that started this process, shown with its heartbeat; None when standalone."""
+        self.recycle_reason = ""
+        """Why the worker stopped itself (``max_jobs`` or ``max_memory_mb`` reached); "" when it did not."""
         self.hostname = socket.gethostname()
         self.id = worker_id or f"{self.hostname}:{os.getpid()}:{os.urandom(3).hex()}"
         self.stats = WorkerStats()
@@ -527,6 +563,8 @@ class Worker:
         job = d.job
         self.stats.processed += 1
         self.stats.succeeded += 1
+        if self.stats.processed == self.max_jobs:
+            self._recycle(f"{self.max_jobs} jobs processed (max_jobs {self.max_jobs})")
         self._held.pop(d.entry_id, None)
         stored = None
         if job.result_ttl:
@@ -540,6 +578,8 @@ class Worker:
         job = d.job
         self.stats.processed += 1
         self.stats.failed += 1
+        if self.stats.processed == self.max_jobs:
+            self._recycle(f"{self.max_jobs} jobs processed (max_jobs {self.max_jobs})")
         self._held.pop(d.entry_id, None)
         finished = now_ms()
         runs_made = job.attempt + d.deliveries
@@ -576,6 +616,23 @@ class Worker:
                               error_class=record["class"], error=message, handler_failed=True,
                               duration_ms=duration, result=stored)
 
+    # --- recycling --------------------------------------------------------------------
+
+    def _recycle(self, reason: str) -> None:
+        """Stop gracefully because a limit was reached: running jobs finish, the rest go back to the stream."""
+        if self.recycle_reason or self._stop.is_set():
+            return
+        self.recycle_reason = reason
+        logger.info("worker %s recycling: %s", self.id, reason)
+        self._stop.set()
+
+    def _check_memory(self) -> None:
+        if self.max_memory_mb is None:
+            return
+        rss_mb = resident_memory_mb()
+        if rss_mb >= self.max_memory_mb:
+            self._recycle(f"memory at {rss_mb} MB (max_memory_mb {self.max_memory_mb})")
+
     # --- housekeeping -----------------------------------------------------------------
 
     async def _housekeeping(self) -> None:
@@ -589,6 +646,7 @@ class Worker:
                 await self._extend_leases(now)
                 if now - last_heartbeat >= self.heartbeat_interval:
                     await self._heartbeat()
+                    self._check_memory()
                     last_heartbeat = now
                 if now - last_reclaim >= reclaim_every:
                     await self._reclaim()
@@ -649,7 +707,7 @@ class Worker:
             "concurrency": self.concurrency, "in_flight": self.in_flight,
             "processed": self.stats.processed, "failed": self.stats.failed,
             "started_at": int(self.stats.started_at * 1000), "last_seen": now_ms(),
-            "problem": self.problem,
+            "problem": self.problem, "supervisor": self.supervisor_pid,
         })
         pipe = self.client.pipeline(transaction=False)
         for k in self.keys:
