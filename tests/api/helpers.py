@@ -71,11 +71,12 @@ def server_ms(redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def heartbeat(redis, queues, worker_id: str, *, age_ms: int = 0, in_flight: int = 0, processed: int = 0) -> None:
+def heartbeat(redis, queues, worker_id: str, *, age_ms: int = 0, in_flight: int = 0, processed: int = 0,
+              supervisor: int | None = None) -> None:
     info = msgpack.packb({
         "id": worker_id, "host": "box-1", "pid": 4242, "queues": list(queues), "concurrency": 8,
         "in_flight": in_flight, "processed": processed, "failed": 1,
-        "started_at": server_ms(redis) - 60_000, "last_seen": server_ms(redis) - age_ms,
+        "started_at": server_ms(redis) - 60_000, "last_seen": server_ms(redis) - age_ms, "supervisor": supervisor,
     })
     for q in queues:
         redis.sadd(QUEUES_REGISTRY, q)

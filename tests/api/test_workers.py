@@ -8,7 +8,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_workers_live_and_stale(view_api, redis):
-    heartbeat(redis, ["default", "emails"], "w-live", in_flight=3, processed=120)
+    heartbeat(redis, ["default", "emails"], "w-live", in_flight=3, processed=120, supervisor=4200)
     heartbeat(redis, ["emails"], "w-gone", age_ms=120_000)
     r = view_api.get("/api/workers")
     assert r.status_code == 200
@@ -18,6 +18,7 @@ def test_workers_live_and_stale(view_api, redis):
     assert (live["host"], live["pid"], live["queues"], live["concurrency"], live["in_flight"], live["processed"]) == (
         "box-1", 4242, ["default", "emails"], 8, 3, 120)
     assert live["stale"] is False and by_id["w-gone"]["stale"] is True
+    assert live["supervisor_pid"] == 4200 and by_id["w-gone"]["supervisor_pid"] is None
     assert live["last_seen"] is not None
     only_default = view_api.get("/api/workers", queue="default").json()["items"]
     assert [w["id"] for w in only_default] == ["w-live"]
