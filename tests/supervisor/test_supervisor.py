@@ -9,6 +9,7 @@ a busy machine, so the bounds are generous; nothing here measures time.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -24,6 +25,8 @@ from django.core.management import CommandError, call_command
 from chasqui_core.engine import inspect
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.worker import Worker
 from chasqui_core.supervisor import (READY_FD_ENV, SUPERVISOR_PID_ENV, SupervisedChild, child_command, describe_exit,
                                      restart_delay)
 from tests.supervisor.app import DONE, NAP, QUEUE, STARTED
@@ -284,3 +287,16 @@ def test_children_are_started_the_way_the_supervisor_was():
 def test_bad_process_options_are_refused_in_words(options, message):
     with pytest.raises(CommandError, match=message):
         call_command("runworker", QUEUE, **options)
+
+
+def test_a_worker_over_its_memory_limit_stops_itself_and_says_why(redis, redis_url):
+    """Any Python process holds more than 1 MB, so the first check after start-up recycles the worker."""
+    worker = Worker([QUEUE], HandlerRegistry(), url=redis_url, install_signal_handlers=False, heartbeat_interval=0.05,
+                    max_memory_mb=1)
+
+    async def run_until_stopped():
+        await asyncio.wait_for(worker.run(), timeout=60)
+
+    asyncio.run(run_until_stopped())
+    assert worker.recycle_reason.startswith("memory at ") and "(max_memory_mb 1)" in worker.recycle_reason
+    assert redis.hgetall(KEYS.workers) == {}
