@@ -370,6 +370,8 @@ class WorkerOut(Schema):
     memory_kb: int = Field(0, description="Resident memory of the worker process, KiB (0 when unknown).")
     current: list[CurrentJobOut] = Field(
         default_factory=list, description="Its longest-running jobs at the last heartbeat, oldest first (at most 20).")
+    supervisor_pid: int | None = Field(None, description="Pid of the `runworker --processes` supervisor it runs "
+                                                         "under (on the same host); null when it runs alone.")
 
     @classmethod
     def from_info(cls, w) -> WorkerOut:
@@ -378,7 +380,8 @@ class WorkerOut(Schema):
                    last_seen_ms=w.last_seen_ms, last_seen=_dt(w.last_seen_ms), stale=w.stale,
                    problem=w.problem, memory_kb=w.memory_kb,
                    current=[CurrentJobOut(task=j.task, job_id=j.job_id, started_at=_dt(j.started_at_ms))
-                            for j in w.current])
+                            for j in w.current],
+                   supervisor_pid=w.supervisor_pid)
 
 
 class WorkerListOut(Schema):

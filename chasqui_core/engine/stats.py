@@ -81,6 +81,8 @@ class WorkerInfo:
     """Resident memory of the worker process at its last heartbeat (0 when unknown)."""
     current: tuple[CurrentJob, ...] = ()
     """Its longest-running jobs at the last heartbeat, oldest first (at most 20)."""
+    supervisor_pid: int | None = None
+    """The pid of the ``runworker --processes`` supervisor this worker runs under; None when it runs alone."""
 
 
 # --- queues -----------------------------------------------------------------
@@ -231,6 +233,7 @@ def _decode_worker(raw: bytes, now: int, stale_after_ms: int) -> WorkerInfo | No
             memory_kb=int(info.get("rss_kb") or 0),
             current=tuple(CurrentJob(str(task), str(job_id), int(started))
                           for task, job_id, started in info.get("current") or ()),
+            supervisor_pid=int(info["supervisor"]) if info.get("supervisor") else None,
         )
     except Exception:  # a heartbeat not written by a Chasqui worker
         return None

@@ -10,6 +10,12 @@ Beside them run the promoter of each queue and a housekeeping loop
 Shutdown (SIGTERM/SIGINT or ``request_stop``): stop reading, put fetched but
 unstarted jobs back on the stream, let running jobs finish up to a deadline,
 settle everything, release the promoter lock, exit.
+
+A worker can also stop itself after ``max_jobs`` jobs or once its memory
+passes ``max_memory_mb``, the same graceful way, and says why in
+``recycle_reason``: a supervisor (chasqui_core/supervisor.py) then starts a
+fresh process in its place, which is how a slow leak in task code is kept in
+check without anyone watching.
 """
 
 from __future__ import annotations
@@ -87,6 +93,9 @@ class Worker:
         install_signal_handlers: bool = True,
         worker_id: str | None = None,
         dead_worker_grace_ms: int = 600_000,
+        max_jobs: int | None = None,
+        max_memory_mb: int | None = None,
+        supervisor_pid: int | None = None,
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
@@ -109,6 +118,15 @@ class Worker:
         self.install_signal_handlers = install_signal_handlers
         self.dead_worker_grace_ms = dead_worker_grace_ms
         """Workers silent this long leave the consumer group and the workers list (once they hold nothing)."""
+        for name, limit in (("max_jobs", max_jobs), ("max_memory_mb", max_memory_mb)):
+            if limit is not None and limit < 1:
+                raise ValueError(f"{name} must be 1 or more, got {limit}")
+        self.max_jobs = max_jobs
+        self.max_memory_mb = max_memory_mb
+        self.supervisor_pid = supervisor_pid
+        """The pid of the supervisor that started this process, shown with its heartbeat; None when standalone."""
+        self.recycle_reason = ""
+        """Why the worker stopped itself (``max_jobs`` or ``max_memory_mb`` reached); "" when it did not."""
         self.hostname = socket.gethostname()
         self.id = worker_id or f"{self.hostname}:{os.getpid()}:{os.urandom(3).hex()}"
         self.stats = WorkerStats()
@@ -440,6 +458,8 @@ class Worker:
         """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
         self._leases.release(d.entry_id)
         self.stats.processed += 1
+        if self.stats.processed == self.max_jobs:
+            self._recycle(f"{self.max_jobs} jobs processed (max_jobs {self.max_jobs})")
         try:
             if failed:
                 self.stats.failed += 1
@@ -470,6 +490,23 @@ class Worker:
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 
+    # --- recycling --------------------------------------------------------------------
+
+    def _recycle(self, reason: str) -> None:
+        """Stop gracefully because a limit was reached: running jobs finish, the rest go back to the stream."""
+        if self.recycle_reason or self._stop.is_set():
+            return
+        self.recycle_reason = reason
+        logger.info("worker %s recycling: %s", self.id, reason)
+        self._stop.set()
+
+    def _check_memory(self) -> None:
+        if self.max_memory_mb is None:
+            return
+        rss_mb = resident_kb() // 1024
+        if rss_mb >= self.max_memory_mb:
+            self._recycle(f"memory at {rss_mb} MB (max_memory_mb {self.max_memory_mb})")
+
     # --- housekeeping -----------------------------------------------------------------
 
     async def _housekeeping(self) -> None:
@@ -483,6 +520,7 @@ class Worker:
                 await self._leases.renew(now)
                 if now - last_heartbeat >= self.heartbeat_interval:
                     await self._heartbeat()
+                    self._check_memory()
                     last_heartbeat = now
                 if now - last_reclaim >= reclaim_every:
                     await self._reclaim()
@@ -516,6 +554,7 @@ class Worker:
             "processed": self.stats.processed, "failed": self.stats.failed,
             "started_at": int(self.stats.started_at * 1000), "last_seen": now_ms(),
             "problem": self.problem, "rss_kb": resident_kb(), "current": self._current_jobs(),
+            "supervisor": self.supervisor_pid,
         })
         pipe = self.client.pipeline(transaction=False)
         for k in self.keys:

@@ -72,13 +72,13 @@ def server_ms(redis) -> int:
 
 
 def heartbeat(redis, queues, worker_id: str, *, age_ms: int = 0, in_flight: int = 0, processed: int = 0,
-              current=(), rss_kb: int = 0) -> None:
+              current=(), rss_kb: int = 0, supervisor: int | None = None) -> None:
     """Write a heartbeat as a worker does; ``current`` holds (task, job id, started at ms) triples."""
     info = msgpack.packb({
         "id": worker_id, "host": "box-1", "pid": 4242, "queues": list(queues), "concurrency": 8,
         "in_flight": in_flight, "processed": processed, "failed": 1,
         "started_at": server_ms(redis) - 60_000, "last_seen": server_ms(redis) - age_ms,
-        "current": [list(job) for job in current], "rss_kb": rss_kb,
+        "current": [list(job) for job in current], "rss_kb": rss_kb, "supervisor": supervisor,
     })
     for q in queues:
         redis.sadd(QUEUES_REGISTRY, q)

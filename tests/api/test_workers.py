@@ -9,7 +9,7 @@ pytestmark = pytest.mark.django_db
 
 def test_workers_live_and_stale(view_api, redis):
     started = 1_760_000_000_000
-    heartbeat(redis, ["default", "emails"], "w-live", in_flight=3, processed=120, rss_kb=51_200,
+    heartbeat(redis, ["default", "emails"], "w-live", in_flight=3, processed=120, rss_kb=51_200, supervisor=4200,
               current=[("emails.tasks.send", "01JOB", started)])
     heartbeat(redis, ["emails"], "w-gone", age_ms=120_000)
     r = view_api.get("/api/workers")
@@ -20,6 +20,7 @@ def test_workers_live_and_stale(view_api, redis):
     assert (live["host"], live["pid"], live["queues"], live["concurrency"], live["in_flight"], live["processed"]) == (
         "box-1", 4242, ["default", "emails"], 8, 3, 120)
     assert live["stale"] is False and by_id["w-gone"]["stale"] is True
+    assert live["supervisor_pid"] == 4200 and by_id["w-gone"]["supervisor_pid"] is None
     assert live["last_seen"] is not None
     assert live["memory_kb"] == 51_200 and by_id["w-gone"]["memory_kb"] == 0
     assert live["current"] == [{"task": "emails.tasks.send", "job_id": "01JOB",

@@ -256,10 +256,10 @@ class Command(BaseCommand):
         workers = services.worker_list(self.actor, queue=queue, source="cli")
         self._say(f"\nWorkers of {queue}:")
         if workers:
-            self._say(table([(w.id, w.host, w.pid, w.concurrency, w.in_flight, w.processed, w.failed,
-                              _fmt_ms(w.last_seen_ms), "stale" if w.stale else "live") for w in workers],
-                            ("ID", "HOST", "PID", "CONCURRENCY", "IN-FLIGHT", "PROCESSED", "FAILED", "LAST-SEEN",
-                             "STATE")))
+            self._say(table([(w.id, w.host, w.pid, w.supervisor_pid or "-", w.concurrency, w.in_flight, w.processed,
+                              w.failed, _fmt_ms(w.last_seen_ms), "stale" if w.stale else "live") for w in workers],
+                            ("ID", "HOST", "PID", "SUPERVISOR", "CONCURRENCY", "IN-FLIGHT", "PROCESSED", "FAILED",
+                             "LAST-SEEN", "STATE")))
         else:
             self._say("  none")
         groups = services.dlq_groups(self.actor, queue, source="cli")[:10]

@@ -1,5 +1,10 @@
 """``python manage.py runworker emails [queue ...]``: run a Chasqui worker.
 
+With ``--processes N`` (or ``--max-jobs`` / ``--max-memory``) this process
+becomes a supervisor (chasqui_core/supervisor.py) and runs the worker itself in
+N child processes: the same command, with ``--processes 1``, told by its
+environment who supervises it.
+
 Channels ships a ``runworker`` command too; ours wins because chasqui_core comes
 first in INSTALLED_APPS.
 """
@@ -9,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -19,6 +25,12 @@ from chasqui_core.engine.errors import InvalidQueueName
 from chasqui_core.engine.keys import validate_queue_name
 from chasqui_core.engine.retry import RetryPolicy
 from chasqui_core.engine.worker import Worker
+from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, SupervisedChild, Supervisor, SupervisorConfig, child_command,
+                                     cpu_count)
+
+WORKER_OPTIONS = ("concurrency", "batch_size", "max_attempts", "backoff", "visibility_timeout", "poll_interval",
+                  "shutdown_timeout", "max_jobs", "max_memory")
+"""Options a supervisor hands on to its children as they were given."""
 
 
 def _positive_int(value: str) -> int:
@@ -29,6 +41,19 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise CommandError(f"expected a number of 1 or more, got {number}")
     return number
+
+
+def _processes(value: str) -> int:
+    if value == "auto":
+        return cpu_count()
+    if not value.isdigit() or int(value) < 1:
+        raise CommandError(f"--processes must be a whole number of 1 or more, or 'auto' (one per CPU), got {value!r}")
+    return int(value)
+
+
+def _configure_logging() -> None:
+    if not logging.getLogger("chasqui").handlers and not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _outbox_relay():
@@ -57,6 +82,17 @@ class Command(BaseCommand):
         parser.add_argument("--visibility-timeout", type=int, help="Milliseconds before a silent worker's jobs are reclaimed")
         parser.add_argument("--poll-interval", type=float, help="Promoter poll interval in seconds (default 0.1)")
         parser.add_argument("--shutdown-timeout", type=float, help="Seconds to let running jobs finish on SIGTERM")
+        parser.add_argument("--processes", default="1",
+                            help="Worker processes to run, or 'auto' for one per CPU. Above 1, this process "
+                                 "supervises them: it restarts those that die, reloads them one by one on SIGHUP "
+                                 "and stops them all on SIGTERM (default 1: one worker, no supervisor)")
+        parser.add_argument("--max-jobs", type=int,
+                            help="Replace a worker process after it has run this many jobs (it finishes its running "
+                                 "jobs first). Starts a supervisor, even with --processes 1")
+        parser.add_argument("--max-memory", type=int, metavar="MB",
+                            help="Replace a worker process once its resident memory reaches this many MB (checked "
+                                 "every 2 s; it finishes its running jobs first). Starts a supervisor, even with "
+                                 "--processes 1")
 
     def handle(self, *args, **options) -> None:
         try:
@@ -65,7 +101,8 @@ class Command(BaseCommand):
         except InvalidQueueName as exc:
             raise CommandError(str(exc)) from None
         conf = chasqui_settings()
-        for key in ("concurrency", "batch_size", "max_attempts", "visibility_timeout"):
+        processes = _processes(options["processes"])
+        for key in ("concurrency", "batch_size", "max_attempts", "visibility_timeout", "max_jobs", "max_memory"):
             if options[key] is not None and options[key] < 1:
                 raise CommandError(f"--{key.replace('_', '-')} must be 1 or more, got {options[key]}")
         backoff = conf.backoff
@@ -75,6 +112,16 @@ class Command(BaseCommand):
                 backoff = coerce_backoff(int(raw) if raw.isdigit() else raw) or backoff
             except (TypeError, ValueError) as exc:
                 raise CommandError(f"--backoff: {exc}") from None
+        if options["shutdown_timeout"] is not None and options["shutdown_timeout"] <= 0:
+            raise CommandError(f"--shutdown-timeout must be above 0, got {options['shutdown_timeout']}")
+        child = SupervisedChild.from_environment()
+        if child is None and (processes > 1 or options["max_jobs"] or options["max_memory"]):
+            self._supervise(processes, options, conf.SHUTDOWN_TIMEOUT)
+            return
+        worker: Worker | None = None
+        if child is not None:
+            # Before anything slow: a supervisor that dies while this process loads its tasks still takes it along.
+            child.watch_supervisor(lambda: worker.request_stop() if worker is not None else None)
         registry = build_registry()
         if not len(registry):
             self.stderr.write("warning: no Django Tasks found in this project (looked in every app's tasks.py)")
@@ -91,9 +138,11 @@ class Command(BaseCommand):
             shutdown_timeout=options["shutdown_timeout"] or conf.SHUTDOWN_TIMEOUT,
             max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
             dead_worker_grace_ms=conf.DEAD_WORKER_GRACE_MS,
+            max_jobs=options["max_jobs"],
+            max_memory_mb=options["max_memory"],
+            supervisor_pid=child.supervisor_pid if child is not None else None,
         )
-        if not logging.getLogger("chasqui").handlers and not logging.getLogger().handlers:
-            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _configure_logging()
         tasks_logger = logging.getLogger("django.tasks")
         if tasks_logger.level == logging.NOTSET:
             # Django logs two INFO lines per job (started, finished), which would
@@ -104,13 +153,38 @@ class Command(BaseCommand):
                           f"{len(registry)} task(s), concurrency {worker.concurrency}")
         self.stdout.flush()
         relay = _outbox_relay()
+        if child is not None:
+            child.ready()
         try:
             asyncio.run(worker.run())
         finally:
             if relay is not None:
                 relay.stop()
+        code = RECYCLE_EXIT_CODE if worker.recycle_reason else 0
         if worker.unfinished_sync_jobs:
             # Threads cannot be cancelled; their entries stay pending and are reclaimed.
             self.stdout.write(f"{worker.unfinished_sync_jobs} job(s) were still running; exiting anyway")
             self.stdout.flush()
-            os._exit(0)
+            os._exit(code)
+        if code:
+            sys.exit(code)
+
+    def _supervise(self, processes: int, options: dict, default_shutdown_timeout: float) -> None:
+        """Run as the supervisor of ``processes`` children, each this command with ``--processes 1``."""
+        arguments = ["runworker", *options["queues"], "--processes", "1"]
+        for key in WORKER_OPTIONS:
+            if options[key] is not None:
+                arguments += [f"--{key.replace('_', '-')}", str(options[key])]
+        for key in ("settings", "pythonpath"):
+            if options.get(key):
+                arguments += [f"--{key}", options[key]]
+        config = SupervisorConfig(
+            command=tuple(child_command(sys.argv[0], arguments)),
+            processes=processes,
+            shutdown_timeout=options["shutdown_timeout"] or default_shutdown_timeout,
+        )
+        _configure_logging()
+        self.stdout.write(f"Chasqui supervisor {os.getpid()}: {processes} worker process(es) for queues "
+                          f"{', '.join(options['queues'])}")
+        self.stdout.flush()
+        sys.exit(Supervisor(config).run())

@@ -1,0 +1,302 @@
+"""``runworker --processes N`` with real processes: a supervisor, its worker children, signals, Redis.
+
+Every test starts ``manage.py runworker`` as operators do, on the test
+server, with ``tests.supervisor.settings`` (the project plus the ``nap``
+task), and follows the children through their heartbeats and the runs the
+task records in Redis. Start-up of a Django process can take many seconds on
+a busy machine, so the bounds are generous; nothing here measures time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from chasqui_core.engine import inspect
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.worker import Worker
+from chasqui_core.supervisor import (READY_FD_ENV, SUPERVISOR_PID_ENV, SupervisedChild, child_command, describe_exit,
+                                     restart_delay)
+from tests.supervisor.app import DONE, NAP, QUEUE, STARTED
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = QueueKeys.for_queue(QUEUE)
+WAIT = 120.0
+"""Seconds any one step may take: Django start-up of a child on a machine other test runs keep busy."""
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            found.add(int(entry))
+    return found
+
+
+class Supervised:
+    """``manage.py runworker supervised <args>`` with its output in a file; every process it left is killed at the end."""
+
+    def __init__(self, tmp_path: Path, redis_url: str, *args: str) -> None:
+        self.log_path = tmp_path / "runworker.log"
+        env = {**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "tests.supervisor.settings",
+               "PYTHONPATH": str(ROOT)}
+        env.pop(SUPERVISOR_PID_ENV, None)
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "manage.py", "runworker", QUEUE, "--poll-interval", "0.05", *args],
+                cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        self.seen_children: set[int] = set()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def worker_pids(self, redis) -> set[int]:
+        """Pids of the live workers whose heartbeat names this supervisor."""
+        pids = {w.pid for w in inspect.workers(redis, QUEUE) if w.supervisor_pid == self.pid and _alive(w.pid)}
+        self.seen_children |= pids
+        return pids
+
+    def wait(self, what: str, predicate, timeout: float = WAIT):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"{what}: not within {timeout:.0f} s. runworker's output:\n{self.log()}")
+
+    def wait_workers(self, redis, count: int, *, not_among: set[int] = frozenset()) -> set[int]:
+        def ready():
+            pids = self.worker_pids(redis)
+            return pids if len(pids) == count and not pids & not_among else None
+
+        return self.wait(f"{count} worker processes under supervisor {self.pid}", ready)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(WAIT)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the supervisor did not exit after {sig!r}; its output:\n{self.log()}") from None
+
+    def kill_everything(self) -> None:
+        self.seen_children |= _children_of(self.pid) if self.proc.poll() is None else set()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pid in self.seen_children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def start(tmp_path, redis_url, redis):
+    started: list[Supervised] = []
+
+    def start_supervisor(*args: str) -> Supervised:
+        supervised = Supervised(tmp_path, redis_url, *args)
+        started.append(supervised)
+        return supervised
+
+    yield start_supervisor
+    for supervised in started:
+        supervised.kill_everything()
+
+
+def _runs(redis, key: str) -> list[tuple[str, int]]:
+    """(job key, pid) of every run recorded in ``key``."""
+    out = []
+    for raw in redis.lrange(key, 0, -1):
+        job, pid = raw.decode().rsplit(":", 1)
+        out.append((job, int(pid)))
+    return out
+
+
+def _nap(redis, key: str, seconds: float) -> None:
+    Queue(QUEUE, redis_client=redis).add(NAP, [key, seconds])
+
+
+# --- with real processes ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(600)
+def test_a_child_killed_with_sigkill_is_replaced_and_its_job_still_completes(start, redis):
+    supervisor = start("--processes", "2", "--visibility-timeout", "2000", "--concurrency", "2")
+    first = supervisor.wait_workers(redis, 2)
+    _nap(redis, "doomed", 3)
+    [(_, victim)] = supervisor.wait("the job starts", lambda: _runs(redis, STARTED))
+    assert victim in first
+    os.kill(victim, signal.SIGKILL)
+
+    survivors = supervisor.wait_workers(redis, 2, not_among={victim})
+    assert len(survivors - first) == 1, "one new process took the dead one's place"
+    [(job, finisher)] = supervisor.wait("the dead process's job completes elsewhere", lambda: _runs(redis, DONE))
+    assert job == "doomed" and finisher != victim
+    assert [job for job, _ in _runs(redis, STARTED)] == ["doomed", "doomed"], "it ran again, once"
+    assert redis.xlen(KEYS.dlq) == 0
+    log = supervisor.log()
+    assert f"worker process {victim} (slot" in log and "was killed by SIGKILL; restarting now" in log
+    assert supervisor.stop() == 0
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_lets_running_jobs_finish_stops_every_child_and_exits_0(start, redis):
+    supervisor = start("--processes", "2")
+    children = supervisor.wait_workers(redis, 2)
+    _nap(redis, "last-one", 2)
+    supervisor.wait("the job starts", lambda: _runs(redis, STARTED))
+
+    assert supervisor.stop(signal.SIGTERM) == 0
+    assert not [pid for pid in children if _alive(pid)], "no child outlives its supervisor"
+    assert _children_of(supervisor.pid) == set()
+    assert [job for job, _ in _runs(redis, DONE)] == ["last-one"], "the running job was let finish"
+    assert redis.hgetall(KEYS.workers) == {}, "every child stopped cleanly and took its heartbeat away"
+    assert redis.xpending(KEYS.stream, "chasqui")["pending"] == 0
+    log = supervisor.log()
+    assert "stopping 2 worker process(es)" in log and f"supervisor {supervisor.pid}: stopped" in log
+
+
+@pytest.mark.timeout(600)
+def test_children_stop_by_themselves_when_the_supervisor_is_killed(start, redis):
+    supervisor = start("--processes", "2")
+    children = supervisor.wait_workers(redis, 2)
+    supervisor.stop(signal.SIGKILL)
+
+    supervisor.wait("every orphaned child exits", lambda: not [pid for pid in children if _alive(pid)])
+    supervisor.wait("the children stopped cleanly (heartbeats removed)", lambda: redis.hgetall(KEYS.workers) == {})
+
+
+@pytest.mark.timeout(600)
+def test_sighup_replaces_every_child_one_by_one_while_jobs_keep_running(start, redis):
+    supervisor = start("--processes", "2", "--concurrency", "4")
+    old = supervisor.wait_workers(redis, 2)
+    keys: list[str] = []
+    reloading = threading.Event()
+
+    def feed() -> None:
+        """A steady trickle of short jobs for the whole reload."""
+        while not reloading.is_set() or len(keys) < 5:
+            key = f"job-{len(keys)}"
+            keys.append(key)
+            _nap(redis, key, 0.2)
+            time.sleep(0.25)
+            if len(keys) > 2000:
+                return
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        supervisor.proc.send_signal(signal.SIGHUP)
+        new = supervisor.wait_workers(redis, 2, not_among=old)
+        supervisor.wait("the reload ends", lambda: "reload done" in supervisor.log())
+    finally:
+        reloading.set()
+        feeder.join()
+
+    supervisor.wait("every job enqueued runs", lambda: len(_runs(redis, DONE)) >= len(keys))
+    done = Counter(job for job, _ in _runs(redis, DONE))
+    assert set(done) == set(keys) and set(done.values()) == {1}, "each job ran once, none lost"
+    assert redis.xlen(KEYS.dlq) == 0
+    ran_on = {pid for _, pid in _runs(redis, DONE)}
+    assert ran_on & old and ran_on & new, "jobs ran before and after the reload"
+    supervisor.wait("the old processes exit", lambda: not [pid for pid in old if _alive(pid)])
+    assert supervisor.proc.poll() is None, "the supervisor itself stays"
+    assert supervisor.stop() == 0
+
+
+@pytest.mark.timeout(600)
+def test_max_jobs_recycles_a_child_once_it_ran_that_many(start, redis):
+    supervisor = start("--max-jobs", "2", "--concurrency", "1")  # a supervisor even with one process
+    supervisor.wait_workers(redis, 1)
+    for n in range(6):
+        _nap(redis, f"job-{n}", 0)
+
+    supervisor.wait("six jobs done", lambda: len(_runs(redis, DONE)) >= 6)
+    per_process = Counter(pid for _, pid in _runs(redis, DONE))
+    assert sorted({job for job, _ in _runs(redis, DONE)}) == [f"job-{n}" for n in range(6)]
+    assert len(per_process) >= 3 and max(per_process.values()) <= 2, per_process
+    log = supervisor.log()
+    assert "recycling: 2 jobs processed" in log and "recycled itself at its limit; starting a fresh one" in log
+    assert supervisor.stop() == 0
+
+
+# --- the parts that need no process -------------------------------------------------------------------
+
+
+def test_restart_delay_grows_to_its_cap():
+    delays = [restart_delay(deaths, first=1.0, cap=30.0) for deaths in range(1, 9)]
+    assert delays == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+
+
+def test_exits_are_described_in_words():
+    assert describe_exit(1) == "exited with code 1"
+    assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"
+
+
+def test_a_child_knows_its_supervisor_from_the_environment_only():
+    assert SupervisedChild.from_environment({}) is None
+    child = SupervisedChild.from_environment({SUPERVISOR_PID_ENV: "4242", READY_FD_ENV: "7"})
+    assert child == SupervisedChild(4242, 7)
+
+
+def test_children_are_started_the_way_the_supervisor_was():
+    assert child_command("/srv/app/manage.py", ["runworker", "q"]) == [sys.executable, "/srv/app/manage.py",
+                                                                         "runworker", "q"]
+    assert child_command("/x/lib/django/__main__.py", ["runworker", "q"])[1:] == ["-m", "django", "runworker", "q"]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"processes": "many"}, "--processes must be a whole number of 1 or more, or 'auto'"),
+    ({"processes": "0"}, "--processes must be a whole number of 1 or more"),
+    ({"max_jobs": 0}, "--max-jobs must be 1 or more"),
+    ({"max_memory": -5}, "--max-memory must be 1 or more"),
+])
+def test_bad_process_options_are_refused_in_words(options, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("runworker", QUEUE, **options)
+
+
+def test_a_worker_over_its_memory_limit_stops_itself_and_says_why(redis, redis_url):
+    """Any Python process holds more than 1 MB, so the first check after start-up recycles the worker."""
+    worker = Worker([QUEUE], HandlerRegistry(), url=redis_url, install_signal_handlers=False, heartbeat_interval=0.05,
+                    max_memory_mb=1)
+
+    async def run_until_stopped():
+        await asyncio.wait_for(worker.run(), timeout=60)
+
+    asyncio.run(run_until_stopped())
+    assert worker.recycle_reason.startswith("memory at ") and "(max_memory_mb 1)" in worker.recycle_reason
+    assert redis.hgetall(KEYS.workers) == {}
