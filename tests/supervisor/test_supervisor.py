@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from chasqui_core.engine import inspect
+from chasqui_core.engine import stats
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.engine.registry import HandlerRegistry
@@ -85,7 +85,7 @@ class Supervised:
 
     def worker_pids(self, redis) -> set[int]:
         """Pids of the live workers whose heartbeat names this supervisor."""
-        pids = {w.pid for w in inspect.workers(redis, QUEUE) if w.supervisor_pid == self.pid and _alive(w.pid)}
+        pids = {w.pid for w in stats.workers(redis, QUEUE) if w.supervisor_pid == self.pid and _alive(w.pid)}
         self.seen_children |= pids
         return pids
 
