@@ -17,7 +17,7 @@ from ninja import Field, Schema
 from chasqui_core.engine.dlq import REASONS, DeadJob, ErrorGroup
 from chasqui_core.masking import mask, mask_text
 from chasqui_core.models import AuditEntry, Operation
-from chasqui_core.services import MAX_PAGE
+from chasqui_core.services.common import MAX_PAGE
 
 Reason = Literal[REASONS]  # type: ignore[valid-type]
 
