@@ -28,7 +28,7 @@ from api.jobs import router as jobs_router
 from api.operations import router as operations_router
 from api.queues import router as queues_router
 from api.workers import router as workers_router
-from chasqui_core.services import Conflict, InvalidInput, NotFound
+from chasqui_core.services.common import Conflict, InvalidInput, NotFound
 
 logger = logging.getLogger("chasqui.api")
 

@@ -6,7 +6,7 @@ from ninja import Query, Router
 from api.auth import needs
 from api.errors import READ
 from api.schemas import AuditOut, AuditPageOut, AuditQuery
-from chasqui_core import services
+from chasqui_core.services import audit as audit_service
 
 router = Router(tags=["audit"])
 
@@ -14,6 +14,6 @@ router = Router(tags=["audit"])
 @router.get("", response={200: AuditPageOut, **READ}, summary="List audit entries", auth=needs("view_queues"))
 def list_audit(request: HttpRequest, q: Query[AuditQuery]):
     """Newest first, filtered by action, queue, actor, source and time. Needs view_queues."""
-    page = services.audit_log(request.auth, action=q.action, queue=q.queue, actor_name=q.actor,
-                              source_filter=q.source, since=q.since, until=q.until, cursor=q.cursor, limit=q.limit)
+    page = audit_service.audit_log(request.auth, action=q.action, queue=q.queue, actor_name=q.actor,
+                                   source_filter=q.source, since=q.since, until=q.until, cursor=q.cursor, limit=q.limit)
     return AuditPageOut(items=[AuditOut.from_entry(e) for e in page.items], next_cursor=page.next_cursor)

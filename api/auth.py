@@ -29,8 +29,8 @@ from ninja.utils import check_csrf
 
 from django.core.cache import cache
 
-from chasqui_core import services
-from chasqui_core.services import authenticate_api_key
+from chasqui_core.services.api_keys import authenticate_api_key
+from chasqui_core.services.common import require
 
 
 class TooManyAttempts(Exception):
@@ -115,11 +115,11 @@ def _permitted(user: Any, permission: str | tuple[str, ...] | None) -> Any:
     wanted = (permission,) if isinstance(permission, str) else permission
     for codename in wanted[:-1]:
         try:
-            services.require(user, codename)
+            require(user, codename)
             return user
         except PermissionDenied:
             continue
-    services.require(user, wanted[-1])
+    require(user, wanted[-1])
     return user
 
 

@@ -6,7 +6,8 @@ from ninja import Query, Router
 from api.auth import needs
 from api.errors import CHANGE, READ
 from api.schemas import CancelledOut, DelayedJobOut, DelayedPageOut, RunNowOut
-from chasqui_core import services
+from chasqui_core.services import delayed as delayed_service
+from chasqui_core.services.common import MAX_PAGE
 
 router = Router(tags=["delayed"])
 
@@ -17,10 +18,10 @@ def list_delayed(
     request: HttpRequest,
     queue: str,
     cursor: str | None = Query(None, max_length=200, description="next_cursor of the previous page."),
-    limit: int = Query(50, ge=1, le=services.MAX_PAGE, description="Items per page."),
+    limit: int = Query(50, ge=1, le=MAX_PAGE, description="Items per page."),
 ):
     """Soonest first; pass ``next_cursor`` back as ``cursor`` for the next page. Needs view_queues."""
-    page = services.delayed_page(request.auth, queue, cursor=cursor, limit=limit)
+    page = delayed_service.delayed_page(request.auth, queue, cursor=cursor, limit=limit)
     return DelayedPageOut(items=[DelayedJobOut.from_job(j) for j in page.items], next_cursor=page.next_cursor)
 
 
@@ -28,14 +29,14 @@ def list_delayed(
             auth=needs("view_queues"))
 def get_delayed(request: HttpRequest, queue: str, job_id: str):
     """Needs view_queues."""
-    return DelayedJobOut.from_job(services.delayed_job(request.auth, queue, job_id))
+    return DelayedJobOut.from_job(delayed_service.delayed_job(request.auth, queue, job_id))
 
 
 @router.post("/{queue}/delayed/{job_id}/cancel", response={200: CancelledOut, **CHANGE},
              summary="Cancel a delayed job", auth=needs("discard_jobs"))
 def cancel_delayed(request: HttpRequest, queue: str, job_id: str):
     """Remove the job for good; 404 when it already ran or was cancelled. Needs discard_jobs."""
-    services.cancel_delayed(request.auth, queue, job_id, source="api")
+    delayed_service.cancel_delayed(request.auth, queue, job_id, source="api")
     return CancelledOut(job_id=job_id, cancelled=True)
 
 
@@ -43,5 +44,5 @@ def cancel_delayed(request: HttpRequest, queue: str, job_id: str):
              summary="Run a delayed job now", auth=needs("enqueue_jobs"))
 def run_delayed_now(request: HttpRequest, queue: str, job_id: str):
     """Move the job to the stream at once. Needs enqueue_jobs."""
-    entry_id = services.run_delayed_now(request.auth, queue, job_id, source="api")
+    entry_id = delayed_service.run_delayed_now(request.auth, queue, job_id, source="api")
     return RunNowOut(job_id=job_id, entry_id=entry_id)

@@ -20,16 +20,17 @@ from api.schemas import (
     OperationOut,
     ReplayIn,
 )
-from chasqui_core import services
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.models import Operation
+from chasqui_core.services import dlq as dlq_service
+from chasqui_core.services.common import NotFound, require
 
 router = Router(tags=["dlq"])
 
 
 def _filter(q: DLQQuery) -> DLQFilter:
-    return services.build_filter(task=q.task, reason=q.reason, error_class=q.error_class, error_text=q.error_text,
-                                 fingerprint=q.fingerprint, since=q.since, until=q.until)
+    return dlq_service.build_filter(task=q.task, reason=q.reason, error_class=q.error_class, error_text=q.error_text,
+                                    fingerprint=q.fingerprint, since=q.since, until=q.until)
 
 
 def _bulk_response(result: int | Operation):
@@ -43,7 +44,7 @@ def _bulk_response(result: int | Operation):
 def list_dead(request: HttpRequest, queue: str, q: Query[DLQPageQuery]):
     """Newest first, filtered by task, reason, error class, error text, error group (``fingerprint``) and
     time range; pass ``next_cursor`` back as ``cursor`` for older entries. Needs view_queues."""
-    page = services.dlq_page(request.auth, queue, filter=_filter(q), cursor=q.cursor, limit=q.limit)
+    page = dlq_service.dlq_page(request.auth, queue, filter=_filter(q), cursor=q.cursor, limit=q.limit)
     return DLQPageOut(items=[DeadJobSummaryOut.from_dead(d) for d in page.items], next_cursor=page.next_cursor,
                       scanned=page.scanned)
 
@@ -53,7 +54,7 @@ def list_dead(request: HttpRequest, queue: str, q: Query[DLQPageQuery]):
 def dead_groups(request: HttpRequest, queue: str, q: Query[DLQQuery]):
     """Groups by fingerprint (exception class + message with ids and numbers normalised), with count and
     first/last seen, biggest first. Needs view_queues."""
-    groups = services.dlq_groups(request.auth, queue, filter=_filter(q))
+    groups = dlq_service.dlq_groups(request.auth, queue, filter=_filter(q))
     return GroupsOut(items=[ErrorGroupOut.from_group(g) for g in groups])
 
 
@@ -63,7 +64,7 @@ def replay(request: HttpRequest, queue: str, payload: ReplayIn):
     """Give ``ids`` or a ``filter`` (``{"fingerprint": ...}`` is one error group). Filters matching more
     than a few thousand entries run in the background: the answer is 202 with an operation to poll at
     /api/operations/{id}. Needs replay_jobs."""
-    result = services.replay(
+    result = dlq_service.replay(
         request.auth, queue, ids=payload.ids,
         filter=_filter(payload.filter) if payload.filter is not None else None,
         reset_attempts=payload.reset_attempts, run_at=payload.run_at, source="api",
@@ -76,7 +77,7 @@ def replay(request: HttpRequest, queue: str, payload: ReplayIn):
 def discard(request: HttpRequest, queue: str, payload: BulkIn):
     """Delete for good. Same ``ids``/``filter`` rules and background behaviour as replay.
     Needs discard_jobs."""
-    result = services.discard(
+    result = dlq_service.discard(
         request.auth, queue, ids=payload.ids,
         filter=_filter(payload.filter) if payload.filter is not None else None, source="api",
     )
@@ -87,7 +88,7 @@ def discard(request: HttpRequest, queue: str, payload: BulkIn):
             auth=needs("view_queues"))
 def get_dead(request: HttpRequest, queue: str, entry_id: str):
     """The entry with its arguments and whole error history (tracebacks included). Needs view_queues."""
-    return DeadJobOut.from_dead(services.dlq_entry(request.auth, queue, entry_id))
+    return DeadJobOut.from_dead(dlq_service.dlq_entry(request.auth, queue, entry_id))
 
 
 @router.post("/{queue}/dlq/{entry_id}/replay", response={200: BulkOut, **CHANGE}, summary="Replay one dead job",
@@ -95,10 +96,10 @@ def get_dead(request: HttpRequest, queue: str, entry_id: str):
 def replay_one(request: HttpRequest, queue: str, entry_id: str, payload: OneReplayIn | None = None):
     """404 when the entry is gone (replayed or discarded already). Needs replay_jobs."""
     options = payload or OneReplayIn()
-    services.require(request.auth, "replay_jobs")
-    services.dlq_entry(request.auth, queue, entry_id)
-    count = services.replay(request.auth, queue, ids=[entry_id], reset_attempts=options.reset_attempts,
-                            run_at=options.run_at, source="api")
+    require(request.auth, "replay_jobs")
+    dlq_service.dlq_entry(request.auth, queue, entry_id)
+    count = dlq_service.replay(request.auth, queue, ids=[entry_id], reset_attempts=options.reset_attempts,
+                               run_at=options.run_at, source="api")
     return _missing_if_zero(count, queue, entry_id)
 
 
@@ -106,14 +107,14 @@ def replay_one(request: HttpRequest, queue: str, entry_id: str, payload: OneRepl
              auth=needs("discard_jobs"))
 def discard_one(request: HttpRequest, queue: str, entry_id: str):
     """404 when the entry is gone already. Needs discard_jobs."""
-    services.require(request.auth, "discard_jobs")
-    services.dlq_entry(request.auth, queue, entry_id)
-    count = services.discard(request.auth, queue, ids=[entry_id], source="api")
+    require(request.auth, "discard_jobs")
+    dlq_service.dlq_entry(request.auth, queue, entry_id)
+    count = dlq_service.discard(request.auth, queue, ids=[entry_id], source="api")
     return _missing_if_zero(count, queue, entry_id)
 
 
 def _missing_if_zero(count, queue: str, entry_id: str):
     if count == 0:
-        raise services.NotFound(f"Dead-letter entry {entry_id} of queue {queue!r} was removed meanwhile, "
-                                f"or cannot be replayed (its payload is unreadable)")
+        raise NotFound(f"Dead-letter entry {entry_id} of queue {queue!r} was removed meanwhile, "
+                       f"or cannot be replayed (its payload is unreadable)")
     return _bulk_response(count)

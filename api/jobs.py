@@ -7,7 +7,7 @@ from ninja.responses import Status
 from api.auth import needs
 from api.errors import CHANGE, READ
 from api.schemas import EnqueueIn, EnqueueOut, JobResultOut, TaskOut
-from chasqui_core import services
+from chasqui_core.services import jobs as jobs_service
 
 router = Router(tags=["jobs"])
 
@@ -17,7 +17,7 @@ router = Router(tags=["jobs"])
 def list_tasks(request: HttpRequest):
     """The project's Django tasks by module path, with their default queue. Needs view_queues."""
     return [TaskOut(name=t.name, queue=t.queue, max_attempts=t.max_attempts, parameters=t.parameters)
-            for t in services.task_list(request.auth)]
+            for t in jobs_service.task_list(request.auth)]
 
 
 @router.post("/queues/{queue}/jobs", response={201: EnqueueOut, **CHANGE}, summary="Enqueue a task",
@@ -25,7 +25,7 @@ def list_tasks(request: HttpRequest):
 def enqueue(request: HttpRequest, queue: str, payload: EnqueueIn):
     """Enqueue a registered task by name, with args, kwargs and per-job options (delay, attempts,
     backoff, job_id). Arguments must fit the task's signature. Needs enqueue_jobs."""
-    result = services.enqueue(
+    result = jobs_service.enqueue(
         request.auth, queue, payload.task, payload.args, payload.kwargs, delay_ms=payload.delay_ms,
         attempts=payload.attempts, backoff=payload.backoff, job_id=payload.job_id, source="api",
     )
@@ -38,4 +38,4 @@ def enqueue(request: HttpRequest, queue: str, payload: EnqueueIn):
 def job_result(request: HttpRequest, job_id: str):
     """Status, arguments, return value and errors of a job, while result storage keeps it
     (``TASKS['default']['OPTIONS']['RESULT_TTL']``). Needs view_queues."""
-    return JobResultOut.from_result(services.job_result(request.auth, job_id))
+    return JobResultOut.from_result(jobs_service.job_result(request.auth, job_id))

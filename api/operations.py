@@ -9,7 +9,8 @@ from ninja import Query, Router
 from api.auth import needs
 from api.errors import CHANGE, READ
 from api.schemas import OperationListOut, OperationOut
-from chasqui_core import services
+from chasqui_core.services import operations as operations_service
+from chasqui_core.services.common import MAX_PAGE
 
 router = Router(tags=["operations"])
 
@@ -20,10 +21,10 @@ def list_operations(
     request: HttpRequest,
     queue: str | None = Query(None, max_length=100),
     status: Literal["pending", "running", "done", "cancelled", "failed"] | None = Query(None),
-    limit: int = Query(50, ge=1, le=services.MAX_PAGE),
+    limit: int = Query(50, ge=1, le=MAX_PAGE),
 ):
     """Newest first. Needs view_queues."""
-    ops = services.list_operations(request.auth, queue=queue, status=status, limit=limit)
+    ops = operations_service.list_operations(request.auth, queue=queue, status=status, limit=limit)
     return OperationListOut(items=[OperationOut.from_op(op) for op in ops])
 
 
@@ -31,7 +32,7 @@ def list_operations(
             auth=needs("view_queues"))
 def get_operation(request: HttpRequest, op_id: uuid.UUID):
     """Poll ``done``/``total`` until ``status`` is done, cancelled or failed. Needs view_queues."""
-    return OperationOut.from_op(services.get_operation(request.auth, op_id))
+    return OperationOut.from_op(operations_service.get_operation(request.auth, op_id))
 
 
 @router.post("/{op_id}/cancel", response={200: OperationOut, **CHANGE}, summary="Cancel an operation",
@@ -39,4 +40,4 @@ def get_operation(request: HttpRequest, op_id: uuid.UUID):
 def cancel_operation(request: HttpRequest, op_id: uuid.UUID):
     """Stops after the current chunk: entries handled stay handled, none is half-moved. 409 when the
     operation already finished. Needs replay_jobs or discard_jobs, as the operation's kind."""
-    return OperationOut.from_op(services.cancel_operation(request.auth, op_id, source="api"))
+    return OperationOut.from_op(operations_service.cancel_operation(request.auth, op_id, source="api"))

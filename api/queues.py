@@ -8,8 +8,8 @@ from ninja import Query, Router
 from api.auth import needs
 from api.errors import CHANGE, READ
 from api.schemas import MetricsOut, QueueListOut, QueueStatsOut, SwitchOut
-from chasqui_core import services
 from chasqui_core.engine.metrics import FIELDS
+from chasqui_core.services import queues as queues_service
 
 router = Router(tags=["queues"])
 
@@ -18,21 +18,21 @@ router = Router(tags=["queues"])
 def list_queues(request: HttpRequest):
     """Every queue the backend serves or Redis knows, with stream length, pending, in-flight, delayed
     depth, overdue count and age, DLQ size and paused flag. Needs view_queues."""
-    stats = services.queue_overview(request.auth)
+    stats = queues_service.queue_overview(request.auth)
     return QueueListOut(items=[QueueStatsOut(**_stats(s)) for s in stats])
 
 
 @router.get("/{queue}", response={200: QueueStatsOut, **READ}, summary="One queue's stats", auth=needs("view_queues"))
 def get_queue(request: HttpRequest, queue: str):
     """Live stats of one queue. Needs view_queues."""
-    return QueueStatsOut(**_stats(services.queue_detail(request.auth, queue)))
+    return QueueStatsOut(**_stats(queues_service.queue_detail(request.auth, queue)))
 
 
 @router.post("/{queue}/pause", response={200: SwitchOut, **CHANGE}, summary="Pause a queue", auth=needs("pause_queues"))
 def pause_queue(request: HttpRequest, queue: str):
     """Workers stop reading the queue within a heartbeat; jobs keep arriving and nothing is lost.
     Needs pause_queues."""
-    changed = services.pause(request.auth, queue, source="api")
+    changed = queues_service.pause(request.auth, queue, source="api")
     return SwitchOut(queue=queue, paused=True, changed=changed)
 
 
@@ -40,7 +40,7 @@ def pause_queue(request: HttpRequest, queue: str):
              auth=needs("pause_queues"))
 def resume_queue(request: HttpRequest, queue: str):
     """Workers read the queue again. Needs pause_queues."""
-    changed = services.resume(request.auth, queue, source="api")
+    changed = queues_service.resume(request.auth, queue, source="api")
     return SwitchOut(queue=queue, paused=False, changed=changed)
 
 
@@ -55,7 +55,7 @@ def queue_metrics(
     """Per-second counters for the last hour (``resolution=second``, up to 3720 points) or per-minute
     for the last day (``resolution=minute``, up to 1500): enqueued, completed, failed, retried, dlq,
     promoted. ``window`` picks fewer points. Needs view_queues."""
-    series = services.queue_metrics(request.auth, queue, resolution=resolution, window=window)
+    series = queues_service.queue_metrics(request.auth, queue, resolution=resolution, window=window)
     return MetricsOut(queue=series.queue, resolution=series.resolution, start_ms=series.start_ms,
                       step_ms=series.step_ms, fields=list(FIELDS), points=series.points)
 

@@ -18,7 +18,7 @@ from chasqui_core.engine.dlq.browse import ErrorGroup
 from chasqui_core.engine.dlq.entries import REASONS, DeadJob
 from chasqui_core.masking import mask, mask_text
 from chasqui_core.models import AuditEntry, Operation
-from chasqui_core.services import MAX_PAGE
+from chasqui_core.services.common import MAX_PAGE
 
 Reason = Literal[REASONS]  # type: ignore[valid-type]
 

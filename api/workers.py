@@ -6,7 +6,7 @@ from ninja import Query, Router
 from api.auth import needs
 from api.errors import READ
 from api.schemas import WorkerListOut, WorkerOut
-from chasqui_core import services
+from chasqui_core.services import workers as workers_service
 
 router = Router(tags=["workers"])
 
@@ -20,5 +20,5 @@ def list_workers(
 ):
     """Host, pid, queues, concurrency, in-flight, processed and last heartbeat of every worker;
     ``stale`` marks the ones that stopped beating. Needs view_queues."""
-    found = services.worker_list(request.auth, queue=queue or None, stale_after_ms=stale_after_ms)
+    found = workers_service.worker_list(request.auth, queue=queue or None, stale_after_ms=stale_after_ms)
     return WorkerListOut(items=[WorkerOut.from_info(w) for w in found])

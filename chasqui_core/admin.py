@@ -2,8 +2,10 @@
 background operations."""
 
 from django.contrib import admin
+from django.utils import timezone
 
 from chasqui_core.models import ApiKey, AuditEntry, Operation, OutboxEntry
+from chasqui_core.services.audit import record
 
 
 @admin.register(AuditEntry)
@@ -40,10 +42,6 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request, queryset):
-        from django.utils import timezone
-
-        from chasqui_core.services import record
-
         revoked = 0
         for row in queryset.filter(revoked_at__isnull=True).select_related("user"):
             row.revoked_at = timezone.now()

@@ -16,8 +16,13 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from chasqui_core import access, services
+from chasqui_core import access
 from chasqui_core.models import Operation
+from chasqui_core.services import delayed as delayed_service
+from chasqui_core.services import dlq as dlq_service
+from chasqui_core.services import operations as operations_service
+from chasqui_core.services import queues as queues_service
+from chasqui_core.services.common import Conflict, InvalidInput, NotFound, known_queues, require, require_queue
 
 from .forms import BulkForm, DLQFilterForm, ReplayOptionsForm, describe_filter
 from .guards import console_action
@@ -47,7 +52,7 @@ def _entries(n: int) -> str:
 
 @console_action
 def pause(request: HttpRequest, name: str) -> HttpResponse:
-    changed = services.pause(request.user, name, source=SOURCE)
+    changed = queues_service.pause(request.user, name, source=SOURCE)
     messages.success(request, f"Queue {name} is paused: workers stop reading it within a heartbeat. Nothing is lost."
                      if changed else f"Queue {name} was already paused.")
     return _back(request, reverse("dashboard:queue", args=[name]))
@@ -55,7 +60,7 @@ def pause(request: HttpRequest, name: str) -> HttpResponse:
 
 @console_action
 def resume(request: HttpRequest, name: str) -> HttpResponse:
-    changed = services.resume(request.user, name, source=SOURCE)
+    changed = queues_service.resume(request.user, name, source=SOURCE)
     messages.success(request, f"Queue {name} is running again." if changed else f"Queue {name} was not paused.")
     return _back(request, reverse("dashboard:queue", args=[name]))
 
@@ -67,9 +72,9 @@ def resume(request: HttpRequest, name: str) -> HttpResponse:
 def delayed_run(request: HttpRequest, name: str) -> HttpResponse:
     job_id = request.POST.get("job_id", "")
     try:
-        services.run_delayed_now(request.user, name, job_id, source=SOURCE)
+        delayed_service.run_delayed_now(request.user, name, job_id, source=SOURCE)
         messages.success(request, f"Job {job_id} is on the queue now.")
-    except (services.NotFound, services.InvalidInput) as exc:
+    except (NotFound, InvalidInput) as exc:
         messages.error(request, str(exc))
     return _back(request, reverse("dashboard:queue", args=[name]))
 
@@ -78,9 +83,9 @@ def delayed_run(request: HttpRequest, name: str) -> HttpResponse:
 def delayed_cancel(request: HttpRequest, name: str) -> HttpResponse:
     job_id = request.POST.get("job_id", "")
     try:
-        services.cancel_delayed(request.user, name, job_id, source=SOURCE)
+        delayed_service.cancel_delayed(request.user, name, job_id, source=SOURCE)
         messages.success(request, f"Delayed job {job_id} is cancelled: it will not run.")
-    except (services.NotFound, services.InvalidInput) as exc:
+    except (NotFound, InvalidInput) as exc:
         messages.error(request, str(exc))
     return _back(request, reverse("dashboard:queue", args=[name]))
 
@@ -90,13 +95,13 @@ def delayed_cancel(request: HttpRequest, name: str) -> HttpResponse:
 
 def _require_action(request: HttpRequest, action: str) -> None:
     codename = access.REPLAY if action == "replay" else access.DISCARD
-    services.require(request.user, codename, SOURCE)
+    require(request.user, codename, SOURCE)
 
 
 @console_action
 def confirm(request: HttpRequest, name: str) -> HttpResponse:
     """Say exactly how many entries a bulk action would touch, and ask to go ahead."""
-    name = services.require_queue(name)
+    name = require_queue(name)
     bulk = BulkForm(request.POST)
     filters = DLQFilterForm(request.POST)
     if not filters.is_valid():
@@ -112,18 +117,18 @@ def confirm(request: HttpRequest, name: str) -> HttpResponse:
     ids = bulk.cleaned_data.get("ids") or []
     if bulk.scope == "matching":
         try:
-            count = services.dlq_count(request.user, name, filter=filters.dlq_filter, source=SOURCE)
-        except services.InvalidInput as exc:
+            count = dlq_service.dlq_count(request.user, name, filter=filters.dlq_filter, source=SOURCE)
+        except InvalidInput as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(_dlq_url(name, params))
     else:
         count = len(set(ids))
     ctx = {
-        "nav_queues": services.known_queues(), "section": "dlq", "current_queue": name,
+        "nav_queues": known_queues(), "section": "dlq", "current_queue": name,
         "queue": name, "action": bulk.action, "scope": bulk.scope, "ids": ids, "count": count,
         "filter_params": params, "filter_summary": describe_filter(params),
         "replay_form": ReplayOptionsForm(), "back": _dlq_url(name, params),
-        "background": bulk.scope == "matching" and count > services.background_threshold(),
+        "background": bulk.scope == "matching" and count > dlq_service.background_threshold(),
     }
     return render(request, "dashboard/confirm.html", ctx)
 
@@ -131,7 +136,7 @@ def confirm(request: HttpRequest, name: str) -> HttpResponse:
 @console_action
 def bulk(request: HttpRequest, name: str, action: str) -> HttpResponse:
     """Carry out a confirmed replay or discard (ticked ids, or everything matching the filter)."""
-    name = services.require_queue(name)
+    name = require_queue(name)
     _require_action(request, action)
     filters = DLQFilterForm(request.POST)
     params = filters.params() if filters.is_valid() else {}
@@ -158,11 +163,11 @@ def bulk(request: HttpRequest, name: str, action: str) -> HttpResponse:
     try:
         if action == "replay":
             assert options is not None
-            result = services.replay(request.user, name, ids=ids, filter=f, reset_attempts=options.reset_attempts,
-                                     run_at=options.cleaned_data.get("run_at"), source=SOURCE)
+            result = dlq_service.replay(request.user, name, ids=ids, filter=f, reset_attempts=options.reset_attempts,
+                                        run_at=options.cleaned_data.get("run_at"), source=SOURCE)
         else:
-            result = services.discard(request.user, name, ids=ids, filter=f, source=SOURCE)
-    except (services.InvalidInput, services.Conflict) as exc:
+            result = dlq_service.discard(request.user, name, ids=ids, filter=f, source=SOURCE)
+    except (InvalidInput, Conflict) as exc:
         messages.error(request, str(exc))
         return HttpResponseRedirect(back)
 
@@ -191,9 +196,9 @@ def entry_replay(request: HttpRequest, name: str, entry_id: str) -> HttpResponse
         messages.error(request, " ".join(str(e) for errs in options.errors.values() for e in errs))
         return HttpResponseRedirect(entry_url)
     try:
-        count = services.replay(request.user, name, ids=[entry_id], reset_attempts=options.reset_attempts,
-                                run_at=options.cleaned_data.get("run_at"), source=SOURCE)
-    except services.InvalidInput as exc:
+        count = dlq_service.replay(request.user, name, ids=[entry_id], reset_attempts=options.reset_attempts,
+                                   run_at=options.cleaned_data.get("run_at"), source=SOURCE)
+    except InvalidInput as exc:
         messages.error(request, str(exc))
         return HttpResponseRedirect(entry_url)
     if count:
@@ -212,8 +217,8 @@ def entry_replay(request: HttpRequest, name: str, entry_id: str) -> HttpResponse
 @console_action
 def operation_cancel(request: HttpRequest, op_id: str) -> HttpResponse:
     try:
-        op = services.cancel_operation(request.user, op_id, source=SOURCE)
+        op = operations_service.cancel_operation(request.user, op_id, source=SOURCE)
         messages.success(request, f"Stopping the {op.kind} after its current chunk; what is done stays done.")
-    except services.Conflict as exc:
+    except Conflict as exc:
         messages.info(request, str(exc))
     return HttpResponseRedirect(reverse("dashboard:operation", args=[op_id]))

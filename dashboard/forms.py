@@ -14,9 +14,10 @@ from typing import Any
 from django import forms
 from django.utils import timezone
 
-from chasqui_core import services
 from chasqui_core.engine.dlq.entries import REASONS
 from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.services import dlq as dlq_service
+from chasqui_core.services.common import InvalidInput
 
 DATETIME_FORMATS = ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d"]
 
@@ -56,12 +57,12 @@ class DLQFilterForm(forms.Form):
                                         "the time range is empty.")
         if not self.errors:
             try:
-                self.engine_filter = services.build_filter(
+                self.engine_filter = dlq_service.build_filter(
                     task=data.get("task") or None, reason=data.get("reason") or None,
                     error_class=data.get("error_class") or None, error_text=data.get("q") or None,
                     fingerprint=data.get("fp") or None, since=_aware(since), until=_aware(until),
                 )
-            except services.InvalidInput as exc:
+            except InvalidInput as exc:
                 raise forms.ValidationError(str(exc)) from None
         return data
 

@@ -21,7 +21,8 @@ from django.views.decorators.http import require_POST
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from chasqui_core import access, services
+from chasqui_core import access
+from chasqui_core.services.common import NotFound
 
 
 def forbidden(request: HttpRequest, message: str) -> HttpResponse:
@@ -49,7 +50,7 @@ def console_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
             return view(request, *args, **kwargs)
         except PermissionDenied as exc:
             return forbidden(request, str(exc) or "You do not have permission to do this.")
-        except services.NotFound as exc:
+        except NotFound as exc:
             return render(request, "dashboard/not_found.html", {"message": str(exc)}, status=404)
         except (RedisConnectionError, RedisTimeoutError) as exc:
             return render(request, "dashboard/unavailable.html", {"message": str(exc)}, status=503)

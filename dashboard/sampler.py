@@ -24,8 +24,8 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import close_old_connections
 
-from chasqui_core import services
 from chasqui_core.models import Operation
+from chasqui_core.services.common import known_queues, redis_client
 
 from . import fragments
 from .readings import Reader, Reading
@@ -62,11 +62,11 @@ class Sampler:
     def reader(self) -> Reader:
         with self._reader_lock:
             if self._reader is None:
-                self._reader = Reader(services.redis_client())
+                self._reader = Reader(redis_client())
             return self._reader
 
     def read(self, topics: list[Topic] | tuple[Topic, ...] = ()) -> Reading:
-        queues = set(services.known_queues())
+        queues = set(known_queues())
         queues.update(t.queue for t in topics if t.queue)
         return self.reader.read(sorted(queues))
 

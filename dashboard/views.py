@@ -15,9 +15,14 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 
-from chasqui_core import services
 from chasqui_core.engine.dlq.entries import DeadJob
 from chasqui_core.models import AuditEntry
+from chasqui_core.services import audit as audit_service
+from chasqui_core.services import delayed as delayed_service
+from chasqui_core.services import dlq as dlq_service
+from chasqui_core.services import jobs as jobs_service
+from chasqui_core.services import operations as operations_service
+from chasqui_core.services.common import InvalidInput, NotFound, known_queues, require_queue
 
 from . import fragments
 from .forms import DLQFilterForm, ReplayOptionsForm, describe_filter
@@ -34,7 +39,7 @@ def _live(topic: Topic) -> dict[str, Any]:
 
 
 def _base(request: HttpRequest, section: str, queue: str | None = None) -> dict[str, Any]:
-    return {"nav_queues": services.known_queues(), "section": section, "current_queue": queue}
+    return {"nav_queues": known_queues(), "section": section, "current_queue": queue}
 
 
 # --- overview and queue ---------------------------------------------------------------
@@ -50,16 +55,17 @@ def overview(request: HttpRequest) -> HttpResponse:
 
 @console_page
 def queue(request: HttpRequest, name: str) -> HttpResponse:
-    name = services.require_queue(name)
+    name = require_queue(name)
     topic = Topic("queue", name)
     reading = get_sampler().read([topic])
     cursor = request.GET.get("after") or None
     delayed_error = ""
     try:
-        delayed = services.delayed_page(request.user, name, cursor=cursor, limit=DELAYED_PAGE_SIZE, source="console")
-    except services.InvalidInput as exc:
+        delayed = delayed_service.delayed_page(request.user, name, cursor=cursor, limit=DELAYED_PAGE_SIZE,
+                                               source="console")
+    except InvalidInput as exc:
         delayed_error, cursor = str(exc), None
-        delayed = services.delayed_page(request.user, name, limit=DELAYED_PAGE_SIZE, source="console")
+        delayed = delayed_service.delayed_page(request.user, name, limit=DELAYED_PAGE_SIZE, source="console")
     ctx = {
         **_base(request, "queue", name), **_live(topic), **fragments.queue_context(reading, name),
         "delayed": delayed, "delayed_error": delayed_error, "delayed_cursor": cursor,
@@ -71,7 +77,7 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
 
 
 def _task_names(request: HttpRequest) -> list[str]:
-    return [t.name for t in services.task_list(request.user, source="console")]
+    return [t.name for t in jobs_service.task_list(request.user, source="console")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +104,7 @@ def filter_chips(request: HttpRequest, name: str, params: dict[str, str]) -> lis
 
 @console_page
 def dlq(request: HttpRequest, name: str) -> HttpResponse:
-    name = services.require_queue(name)
+    name = require_queue(name)
     topic = Topic("dlq", name)
     form = DLQFilterForm(request.GET)
     valid = form.is_valid()
@@ -110,11 +116,11 @@ def dlq(request: HttpRequest, name: str) -> HttpResponse:
     if valid:
         try:
             if view == "groups":
-                groups = services.dlq_groups(request.user, name, filter=form.dlq_filter, source="console")
+                groups = dlq_service.dlq_groups(request.user, name, filter=form.dlq_filter, source="console")
             else:
-                page = services.dlq_page(request.user, name, filter=form.dlq_filter, cursor=cursor,
-                                         limit=DLQ_PAGE_SIZE, source="console")
-        except services.InvalidInput as exc:
+                page = dlq_service.dlq_page(request.user, name, filter=form.dlq_filter, cursor=cursor,
+                                            limit=DLQ_PAGE_SIZE, source="console")
+        except InvalidInput as exc:
             error = str(exc)
     reading = get_sampler().read([topic])
     ctx = {
@@ -173,11 +179,11 @@ def generations(dead: DeadJob) -> list[Generation]:
 
 @console_page
 def entry(request: HttpRequest, name: str, entry_id: str) -> HttpResponse:
-    name = services.require_queue(name)
+    name = require_queue(name)
     try:
-        dead = services.dlq_entry(request.user, name, entry_id, source="console")
-    except services.InvalidInput as exc:
-        raise services.NotFound(str(exc)) from None
+        dead = dlq_service.dlq_entry(request.user, name, entry_id, source="console")
+    except InvalidInput as exc:
+        raise NotFound(str(exc)) from None
     ctx = {
         **_base(request, "dlq", name), "dead": dead, "job": dead.job, "generations": generations(dead),
         "replay_form": ReplayOptionsForm(),
@@ -190,7 +196,7 @@ def entry(request: HttpRequest, name: str, entry_id: str) -> HttpResponse:
 
 @console_page
 def operation(request: HttpRequest, op_id: str) -> HttpResponse:
-    op = services.get_operation(request.user, op_id, source="console")
+    op = operations_service.get_operation(request.user, op_id, source="console")
     topic = Topic("operation", str(op.pk))
     ctx = {**_base(request, "dlq", op.queue), **_live(topic), **fragments.operation_context(op),
            "filter_summary": describe_filter(op.filter or {})}
@@ -205,12 +211,12 @@ def audit(request: HttpRequest) -> HttpResponse:
     cursor = request.GET.get("cursor") or None
     error = ""
     try:
-        log = services.audit_log(request.user, action=action, queue=queue_name, source_filter=source, cursor=cursor,
-                                 limit=50, source="console")
-    except services.InvalidInput as exc:
+        log = audit_service.audit_log(request.user, action=action, queue=queue_name, source_filter=source,
+                                      cursor=cursor, limit=50, source="console")
+    except InvalidInput as exc:
         error = str(exc)
-        log = services.audit_log(request.user, limit=50, source="console")
-    operations = services.list_operations(request.user, limit=10, source="console")
+        log = audit_service.audit_log(request.user, limit=50, source="console")
+    operations = operations_service.list_operations(request.user, limit=10, source="console")
     ctx = {
         **_base(request, "audit"), "log": log, "error": error, "operations": operations,
         "actions": AuditEntry.Action.choices, "sources": AuditEntry.Source.choices,
@@ -230,9 +236,9 @@ def live(request: HttpRequest, topic: str) -> HttpResponse:
     except BadTopic as exc:
         raise Http404(str(exc)) from None
     if parsed.queue:
-        services.require_queue(parsed.queue)
+        require_queue(parsed.queue)
     elif parsed.kind == "operation":
-        services.get_operation(request.user, parsed.arg, source="console")
+        operations_service.get_operation(request.user, parsed.arg, source="console")
     html = get_sampler().render([parsed])[parsed]
     response = HttpResponse(html)
     response["Cache-Control"] = "no-store"

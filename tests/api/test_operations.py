@@ -7,10 +7,11 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from chasqui_core import operations, services
 from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.models import AuditEntry, Operation
+from chasqui_core.services import background
+from chasqui_core.services import dlq as dlq_service
 
 from .helpers import bulk_dead, dlq_len, stream_jobs
 
@@ -29,7 +30,7 @@ def poll(api, op_id, timeout=120.0):
         body = r.json()
         seen.append((body["done"], body["total"]))
         if body["status"] in ("done", "cancelled", "failed"):
-            operations.wait(uuid.UUID(op_id), 30)
+            background.wait(uuid.UUID(op_id), 30)
             return body, seen
         time.sleep(0.1)
     raise AssertionError(f"operation {op_id} did not finish in {timeout} s: {seen[-1:]}")
@@ -87,7 +88,7 @@ def test_two_concurrent_inline_replays_move_each_entry_once(operator, redis):
     def run():
         try:
             barrier.wait()
-            results.append(services.replay(operator, Q, filter={}, source="console", background=False))
+            results.append(dlq_service.replay(operator, Q, filter={}, source="console", background=False))
         except Exception as exc:  # reported below
             errors.append(exc)
 
@@ -108,7 +109,7 @@ def test_cancel_stops_between_chunks_and_keeps_what_was_done(op_api, operator, r
     bulk_dead(redis, Q, 3_000)
     reached_chunk = threading.Event()
     release = threading.Event()
-    original = operations._Progress.__call__
+    original = background._Progress.__call__
 
     def held(self, done, total):
         original(self, done, total)
@@ -116,7 +117,7 @@ def test_cancel_stops_between_chunks_and_keeps_what_was_done(op_api, operator, r
             reached_chunk.set()
             release.wait(30)
 
-    monkeypatch.setattr(operations._Progress, "__call__", held)
+    monkeypatch.setattr(background._Progress, "__call__", held)
     op_id = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}}).json()["operation"]["id"]
     assert reached_chunk.wait(30)
     r = op_api.post(f"/api/operations/{op_id}/cancel")
@@ -183,7 +184,7 @@ def test_identical_running_operation_conflicts(op_api, operator, redis, settings
     assert str(running.pk) in r.json()["detail"]
     assert dlq_len(redis, Q) == 50
     # a runner that died long ago does not block for ever
-    Operation.objects.filter(pk=running.pk).update(updated_at=timezone.now() - operations.STALE_AFTER * 2)
+    Operation.objects.filter(pk=running.pk).update(updated_at=timezone.now() - background.STALE_AFTER * 2)
     r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}})
     assert r.status_code == 202
     final, _ = poll(op_api, r.json()["operation"]["id"])

@@ -14,12 +14,12 @@ from django.test import Client
 from chasqui_core.engine.dlq.fingerprint import fingerprint_id
 from django.utils import timezone
 
-from chasqui_core import operations
 from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.masking import MASK
 from chasqui_core.models import AuditEntry, Operation
+from chasqui_core.services import background
 
 from .helpers import add_dead, failed_job
 
@@ -364,7 +364,7 @@ def test_a_big_error_group_runs_in_the_background(operator, redis, settings):
     op = Operation.objects.get()
     assert response["Location"] == f"/operations/{op.pk}/"
     assert (op.kind, op.filter, op.total) == ("replay", {"fingerprint": fp}, 30)
-    assert operations.wait(op.pk, timeout=30)
+    assert background.wait(op.pk, timeout=30)
     page = c.get(f"/operations/{op.pk}/").content.decode()
     assert 'data-status="done"' in page and f"error group:</span> {fp}" in page
     assert re.search(r"<strong data-done>30</strong> of <strong data-total>30</strong>", page)
@@ -383,7 +383,7 @@ def test_a_big_operation_runs_in_the_background_with_progress(operator, redis, s
     response = c.post(f"/queues/{Q}/dlq/replay/", {"scope": "matching", "attempts": "reset", "when": "now"})
     op = Operation.objects.get()
     assert response["Location"] == f"/operations/{op.pk}/"
-    assert operations.wait(op.pk, timeout=30)
+    assert background.wait(op.pk, timeout=30)
     page = c.get(f"/operations/{op.pk}/").content.decode()
     assert 'data-status="done"' in page and 'aria-valuenow="100"' in page
     assert re.search(r"<strong data-done>60</strong> of <strong data-total>60</strong>", page)

@@ -28,11 +28,18 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chasqui_core import services
 from chasqui_core.engine.dlq.entries import REASONS
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.masking import mask, mask_text
 from chasqui_core.models import ApiKey, Operation
+from chasqui_core.services import api_keys as api_keys_service
+from chasqui_core.services import audit as audit_service
+from chasqui_core.services import delayed as delayed_service
+from chasqui_core.services import dlq as dlq_service
+from chasqui_core.services import operations as operations_service
+from chasqui_core.services import queues as queues_service
+from chasqui_core.services import workers as workers_service
+from chasqui_core.services.common import Conflict, InvalidInput, NotFound
 
 _AGO = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -221,10 +228,10 @@ class Command(BaseCommand):
         }[command]
         try:
             handler(opts)
-        except (services.InvalidInput, services.NotFound, services.Conflict) as exc:
+        except (InvalidInput, NotFound, Conflict) as exc:
             raise CommandError(str(exc)) from None
         except PermissionDenied as exc:
-            raise CommandError(f"{exc} (acting as {services.actor_label(self.actor)}; see --as)") from None
+            raise CommandError(f"{exc} (acting as {audit_service.actor_label(self.actor)}; see --as)") from None
 
     def _actor(self, username: str | None):
         User = get_user_model()
@@ -242,9 +249,9 @@ class Command(BaseCommand):
 
     def inspect(self, opts: dict) -> None:
         if opts["queue"]:
-            stats = [services.queue_detail(self.actor, opts["queue"], source="cli")]
+            stats = [queues_service.queue_detail(self.actor, opts["queue"], source="cli")]
         else:
-            stats = services.queue_overview(self.actor, source="cli")
+            stats = queues_service.queue_overview(self.actor, source="cli")
         rows = [(s.name, "paused" if s.paused else "active", s.stream_length, s.pending, s.in_flight, s.delayed,
                  s.overdue, _age(s.oldest_overdue_age_ms) if s.overdue else "-", s.dlq, s.workers,
                  "-" if s.lag is None else s.lag) for s in stats]
@@ -253,7 +260,7 @@ class Command(BaseCommand):
         if not opts["queue"]:
             return
         queue = opts["queue"]
-        workers = services.worker_list(self.actor, queue=queue, source="cli")
+        workers = workers_service.worker_list(self.actor, queue=queue, source="cli")
         self._say(f"\nWorkers of {queue}:")
         if workers:
             self._say(table([(w.id, w.host, w.pid, w.supervisor_pid or "-", w.concurrency, w.in_flight, w.processed,
@@ -262,7 +269,7 @@ class Command(BaseCommand):
                              "LAST-SEEN", "STATE")))
         else:
             self._say("  none")
-        groups = services.dlq_groups(self.actor, queue, source="cli")[:10]
+        groups = dlq_service.dlq_groups(self.actor, queue, source="cli")[:10]
         if groups:
             self._say(f"\nTop dead-letter errors of {queue}:")
             self._say(table([(g.count, _fmt_ms(g.last_seen_ms), _short(mask_text(g.fingerprint), 80))
@@ -273,10 +280,10 @@ class Command(BaseCommand):
     def _filter(self, opts: dict) -> DLQFilter:
         since = parse_when(opts["since"]) if opts.get("since") else None
         until = parse_when(opts["until"]) if opts.get("until") else None
-        return services.build_filter(task=opts.get("task"), reason=opts.get("reason"),
-                                     error_class=opts.get("error_class"), error_text=opts.get("error_text"),
-                                     fingerprint=opts.get("fingerprint"),
-                                     since=since, until=until)
+        return dlq_service.build_filter(task=opts.get("task"), reason=opts.get("reason"),
+                                        error_class=opts.get("error_class"), error_text=opts.get("error_text"),
+                                        fingerprint=opts.get("fingerprint"),
+                                        since=since, until=until)
 
     def dlq(self, opts: dict) -> None:
         action = opts["dlq_command"]
@@ -284,7 +291,7 @@ class Command(BaseCommand):
         if action == "peek":
             return self._peek(queue, opts)
         if action == "groups":
-            groups = services.dlq_groups(self.actor, queue, filter=self._filter(opts), source="cli")
+            groups = dlq_service.dlq_groups(self.actor, queue, filter=self._filter(opts), source="cli")
             self._say(table([(g.id, g.count, _fmt_ms(g.first_seen_ms), _fmt_ms(g.last_seen_ms), ",".join(g.tasks),
                               mask_text(g.fingerprint)) for g in groups],
                             ("GROUP (use with --fingerprint)", "COUNT", "FIRST-SEEN", "LAST-SEEN", "TASKS", "ERROR")))
@@ -293,7 +300,7 @@ class Command(BaseCommand):
 
     def _peek(self, queue: str, opts: dict) -> None:
         if opts.get("entry"):
-            dead = services.dlq_entry(self.actor, queue, opts["entry"], source="cli")
+            dead = dlq_service.dlq_entry(self.actor, queue, opts["entry"], source="cli")
             self._say(f"Entry {dead.entry_id}  job {dead.job_id}  task {dead.task}")
             self._say(f"Died {_fmt_ms(dead.dead_at_ms)} UTC, reason {dead.reason}")
             if dead.job is not None:
@@ -306,8 +313,8 @@ class Command(BaseCommand):
                 if record.get("traceback"):
                     self._say(mask_text(str(record["traceback"])).rstrip())
             return
-        page = services.dlq_page(self.actor, queue, filter=self._filter(opts), limit=opts["limit"], source="cli")
-        total = services.dlq_count(self.actor, queue, source="cli")
+        page = dlq_service.dlq_page(self.actor, queue, filter=self._filter(opts), limit=opts["limit"], source="cli")
+        total = dlq_service.dlq_count(self.actor, queue, source="cli")
         rows = [(d.entry_id, _fmt_ms(d.dead_at_ms), d.task, d.reason, d.error_class, _short(mask_text(d.error)))
                 for d in page.items]
         self._say(table(rows, ("ENTRY", "DIED (UTC)", "TASK", "REASON", "ERROR-CLASS", "ERROR")))
@@ -321,7 +328,7 @@ class Command(BaseCommand):
             raise CommandError("Give either --ids or filters, not both")
         if not ids and f.is_empty() and not opts.get("all"):
             raise CommandError(f"Nothing selected: give filters, --ids, or --all to {action} every entry")
-        service = services.replay if action == "replay" else services.discard
+        service = dlq_service.replay if action == "replay" else dlq_service.discard
         extra: dict[str, Any] = {}
         if action == "replay":
             extra["reset_attempts"] = not opts.get("one_more_attempt")
@@ -334,7 +341,7 @@ class Command(BaseCommand):
             self._say(f"{'Replayed' if action == 'replay' else 'Discarded'} {count} of {len(ids)} entries.")
             return
         if not opts.get("yes"):
-            matching = services.dlq_count(self.actor, queue, filter=f, source="cli")
+            matching = dlq_service.dlq_count(self.actor, queue, filter=f, source="cli")
             if matching == 0:
                 self._say(f"No entry of {queue} matches; nothing to {action}.")
                 return
@@ -366,26 +373,26 @@ class Command(BaseCommand):
     def delayed(self, opts: dict) -> None:
         action, queue = opts["delayed_command"], opts["queue"]
         if action == "list":
-            page = services.delayed_page(self.actor, queue, limit=opts["limit"], source="cli")
+            page = delayed_service.delayed_page(self.actor, queue, limit=opts["limit"], source="cli")
             self._say(table([(j.job_id, j.task, _fmt_ms(j.run_at_ms), j.attempt, _short(str(mask(j.args)), 40))
                              for j in page.items], ("JOB", "TASK", "RUN-AT (UTC)", "ATTEMPT", "ARGS")))
             if page.next_cursor:
                 self._say("(more: raise --limit)")
         elif action == "cancel":
-            services.cancel_delayed(self.actor, queue, opts["job_id"], source="cli")
+            delayed_service.cancel_delayed(self.actor, queue, opts["job_id"], source="cli")
             self._say(f"Cancelled delayed job {opts['job_id']} of {queue}.")
         else:
-            entry_id = services.run_delayed_now(self.actor, queue, opts["job_id"], source="cli")
+            entry_id = delayed_service.run_delayed_now(self.actor, queue, opts["job_id"], source="cli")
             self._say(f"Job {opts['job_id']} moved to the stream of {queue} (entry {entry_id}).")
 
     # --- pause / resume ------------------------------------------------------------------------------
 
     def pause(self, opts: dict) -> None:
-        changed = services.pause(self.actor, opts["queue"], source="cli")
+        changed = queues_service.pause(self.actor, opts["queue"], source="cli")
         self._say(f"Paused {opts['queue']}." if changed else f"{opts['queue']} was already paused.")
 
     def resume(self, opts: dict) -> None:
-        changed = services.resume(self.actor, opts["queue"], source="cli")
+        changed = queues_service.resume(self.actor, opts["queue"], source="cli")
         self._say(f"Resumed {opts['queue']}." if changed else f"{opts['queue']} was not paused.")
 
     # --- API keys ---------------------------------------------------------------------------------------
@@ -393,12 +400,12 @@ class Command(BaseCommand):
     def apikey(self, opts: dict) -> None:
         action = opts["apikey_command"]
         if action == "create":
-            row, key = services.create_api_key(self.actor, opts["user"], name=opts["name"], source="cli")
+            row, key = api_keys_service.create_api_key(self.actor, opts["user"], name=opts["name"], source="cli")
             self._say(f"API key for {row.user.get_username()} (prefix {row.prefix}). "
                       f"It is shown once; store it now:")
             self._say(key)
         elif action == "revoke":
-            row = services.revoke_api_key(self.actor, opts["prefix"], source="cli")
+            row = api_keys_service.revoke_api_key(self.actor, opts["prefix"], source="cli")
             self._say(f"Revoked key {row.prefix} of {row.user.get_username()}.")
         else:
             rows = ApiKey.objects.select_related("user").order_by("-created_at")
@@ -410,7 +417,7 @@ class Command(BaseCommand):
     # --- operations ---------------------------------------------------------------------------------------
 
     def operations(self, opts: dict) -> None:
-        ops: list[Operation] = services.list_operations(self.actor, limit=opts["limit"], source="cli")
+        ops: list[Operation] = operations_service.list_operations(self.actor, limit=opts["limit"], source="cli")
         self._say(table([(op.pk, op.kind, op.queue, op.status, f"{op.done:,}/{op.total:,}", op.count,
                           op.created_at.strftime("%Y-%m-%d %H:%M:%S"),
                           op.created_by.get_username() if op.created_by_id else "-") for op in ops],

@@ -1,4 +1,7 @@
-"""Replays and discards by filter that are too big to finish inside a request.
+"""The runner of replays and discards by filter that are too big to finish inside a request.
+
+``dlq.replay``/``dlq.discard`` start them (``launch``) and ``operations``
+reads, reaps and cancels them: the API, the console and the CLI go through those two.
 
 Each runs in a thread of the process that accepted it, sweeping the DLQ one
 chunk at a time through the engine (so a replay moves every entry at most
@@ -26,7 +29,10 @@ from django.db import connections, transaction
 from django.utils import timezone
 
 from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.models import AuditEntry, Operation
+from chasqui_core.services.audit import record
+from chasqui_core.services.common import Conflict, redis_client
 
 logger = logging.getLogger("chasqui.operations")
 
@@ -69,8 +75,6 @@ def launch(
 
     ``total`` is the caller's count of matching entries, shown until the sweep counts them itself.
     """
-    from chasqui_core.services import Conflict
-
     reap_stale()
     wanted = f.to_dict()
     for other in Operation.objects.filter(kind=kind, queue=queue, status__in=ACTIVE):
@@ -159,8 +163,6 @@ class _StopCheck:
 
 
 def _run(op_id: uuid.UUID, actor, event: threading.Event) -> None:
-    from chasqui_core import services
-
     progress = _Progress(op_id)
     stop = _StopCheck(op_id, event)
     op = None
@@ -168,7 +170,7 @@ def _run(op_id: uuid.UUID, actor, event: threading.Event) -> None:
         Operation.objects.filter(pk=op_id, status=Operation.Status.PENDING).update(
             status=Operation.Status.RUNNING, updated_at=timezone.now())
         op = Operation.objects.get(pk=op_id)
-        dl = services._dead_letters(op.queue)
+        dl = DeadLetters(redis_client(), op.queue)
         f = DLQFilter.from_dict(op.filter)
         if stop():
             count = 0
@@ -192,8 +194,6 @@ def _run(op_id: uuid.UUID, actor, event: threading.Event) -> None:
 
 
 def _finish(op: Operation, actor, status: str, count: int, progress: _Progress, error: str = "") -> None:
-    from chasqui_core import services
-
     now = timezone.now()
     Operation.objects.filter(pk=op.pk).update(status=status, count=count, done=progress.done, total=progress.total,
                                               error=error, finished_at=now, updated_at=now)
@@ -202,4 +202,4 @@ def _finish(op: Operation, actor, status: str, count: int, progress: _Progress, 
               "total": progress.total}
     if error:
         detail["error"] = error
-    services.record(actor, action, source=op.source, queue=op.queue, filter=op.filter, count=count, detail=detail)
+    record(actor, action, source=op.source, queue=op.queue, filter=op.filter, count=count, detail=detail)

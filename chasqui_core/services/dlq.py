@@ -1,0 +1,234 @@
+"""The dead-letter queue: browse, group and count dead jobs; replay or discard them.
+
+Replays and discards by filter that match more than ``background_threshold()``
+entries are handed to ``background``, which sweeps them outside the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from chasqui_core import access
+from chasqui_core.conf import chasqui_settings
+from chasqui_core.engine.dlq.browse import ErrorGroup, Page
+from chasqui_core.engine.dlq.entries import DeadJob
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.replay import DeadLetters
+from chasqui_core.models import AuditEntry, Operation
+from chasqui_core.services.background import launch as launch_in_background
+from chasqui_core.services.audit import record
+from chasqui_core.services.common import (
+    InvalidInput,
+    Source,
+    check_source,
+    engine_errors,
+    epoch_ms,
+    page_limit,
+    redis_client,
+    require,
+    require_queue,
+)
+
+Progress = Callable[[int, int], None]
+ShouldStop = Callable[[], bool]
+
+
+def background_threshold() -> int:
+    """Filtered replays/discards matching more entries than this run in the background."""
+    return chasqui_settings().BACKGROUND_THRESHOLD
+
+
+def build_filter(
+    *,
+    task: str | None = None,
+    reason: str | None = None,
+    error_class: str | None = None,
+    error_text: str | None = None,
+    fingerprint: str | None = None,
+    since: datetime | int | None = None,
+    until: datetime | int | None = None,
+) -> DLQFilter:
+    """A DLQFilter from what a person typed; times are datetimes (naive = UTC) or epoch ms.
+
+    ``fingerprint`` is one error group exactly as ``dlq_groups`` (or an entry's
+    ``fingerprint``) gives it: acting on a group is an ordinary filtered operation.
+    """
+    since_ms, until_ms = epoch_ms(since, "since"), epoch_ms(until, "until")
+    with engine_errors:
+        return DLQFilter(task=task, reason=reason, error_class=error_class, error_text=error_text,
+                         fingerprint=fingerprint, since_ms=since_ms, until_ms=until_ms)
+
+
+def coerce_filter(value: DLQFilter | Mapping[str, Any] | None) -> DLQFilter:
+    """A DLQFilter from a filter, its ``to_dict()`` form (``fingerprint`` included), or None (everything)."""
+    if value is None:
+        return DLQFilter()
+    if isinstance(value, DLQFilter):
+        return value
+    with engine_errors:
+        return DLQFilter.from_dict(value)
+
+
+def _dead_letters(queue: str) -> DeadLetters:
+    return DeadLetters(redis_client(), queue)
+
+
+def dlq_page(
+    actor, queue: str, *, filter: DLQFilter | Mapping[str, Any] | None = None, cursor: str | None = None,
+    limit: int = 50, source: Source = "api",
+) -> Page:
+    """Dead jobs newest first; pass ``next_cursor`` back for the next (older) page."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    limit = page_limit(limit)
+    f = coerce_filter(filter)
+    with engine_errors:
+        return _dead_letters(queue).page(cursor=cursor or None, limit=limit, filter=f)
+
+
+def dlq_entry(actor, queue: str, entry_id: str, *, source: Source = "api") -> DeadJob:
+    """One dead job with its whole error history."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    with engine_errors:
+        return _dead_letters(queue).get(entry_id)
+
+
+def dlq_groups(
+    actor, queue: str, *, filter: DLQFilter | Mapping[str, Any] | None = None, source: Source = "api"
+) -> list[ErrorGroup]:
+    """Dead jobs grouped by error fingerprint (class + normalised message), biggest group first."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    f = coerce_filter(filter)
+    with engine_errors:
+        return _dead_letters(queue).groups(f)
+
+
+def dlq_count(actor, queue: str, *, filter: DLQFilter | Mapping[str, Any] | None = None,
+              source: Source = "api") -> int:
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    f = coerce_filter(filter)
+    with engine_errors:
+        return _dead_letters(queue).count_matching(f)
+
+
+# --- replay and discard -------------------------------------------------------------------------
+
+
+def replay(
+    actor,
+    queue: str,
+    *,
+    ids: Iterable[str] | None = None,
+    filter: DLQFilter | Mapping[str, Any] | None = None,
+    reset_attempts: bool = True,
+    run_at: datetime | int | None = None,
+    source: Source,
+    background: bool | None = None,
+    progress: Progress | None = None,
+    should_stop: ShouldStop | None = None,
+) -> int | Operation:
+    """Send dead jobs back to work, by entry ids or by filter (exactly one of them).
+
+    ``reset_attempts`` gives each job its whole retry budget again; False
+    grants exactly one more run. ``run_at`` schedules them instead of running
+    them now. Returns how many entries were replayed, or, for a filter that
+    matches more than ``background_threshold()`` entries, the started
+    background Operation (``background=True``/``False`` forces either way).
+    ``progress(done, total)`` and ``should_stop()`` apply when run inline;
+    stopping leaves every entry either replayed or untouched.
+    """
+    check_source(source)
+    require(actor, access.REPLAY, source)
+    if not isinstance(reset_attempts, bool):
+        raise InvalidInput("reset_attempts must be true or false")
+    options = {"reset_attempts": reset_attempts, "run_at_ms": epoch_ms(run_at, "run_at")}
+    return _bulk(actor, Operation.Kind.REPLAY, queue, ids, filter, options, source, background, progress,
+                 should_stop)
+
+
+def discard(
+    actor,
+    queue: str,
+    *,
+    ids: Iterable[str] | None = None,
+    filter: DLQFilter | Mapping[str, Any] | None = None,
+    source: Source,
+    background: bool | None = None,
+    progress: Progress | None = None,
+    should_stop: ShouldStop | None = None,
+) -> int | Operation:
+    """Delete dead jobs for good, by entry ids or by filter; see ``replay`` for the rest."""
+    check_source(source)
+    require(actor, access.DISCARD, source)
+    return _bulk(actor, Operation.Kind.DISCARD, queue, ids, filter, {}, source, background, progress, should_stop)
+
+
+def _bulk(actor, kind: str, queue: str, ids, filter, options: dict, source: str, in_background: bool | None,
+          progress: Progress | None, should_stop: ShouldStop | None) -> int | Operation:
+    queue = require_queue(queue)
+    if (ids is None) == (filter is None):
+        raise InvalidInput("Give either a list of entry ids or a filter (an empty filter matches every entry)")
+    dl = _dead_letters(queue)
+    action = AuditEntry.Action.REPLAY if kind == Operation.Kind.REPLAY else AuditEntry.Action.DISCARD
+    if ids is not None:
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise InvalidInput("ids must be a list of dead-letter entry ids")
+        ids = list(ids)
+        if not ids:
+            raise InvalidInput("ids is empty: give at least one dead-letter entry id")
+        with engine_errors:
+            if kind == Operation.Kind.REPLAY:
+                count = dl.replay(ids, reset_attempts=options["reset_attempts"], run_at_ms=options["run_at_ms"])
+            else:
+                count = dl.discard(ids)
+        record(actor, action, source=source, queue=queue, target_ids=ids, count=count,
+               detail={**options, "requested": len(ids)})
+        return count
+
+    f = coerce_filter(filter)
+    matching = None
+    if in_background is None:
+        with engine_errors:
+            matching = dl.count_matching(f)
+        in_background = matching > background_threshold()
+    if in_background:
+        return launch_in_background(actor, kind, queue, f, options, source, total=matching or 0)
+
+    tracker = _Tracker(progress, should_stop)
+    with engine_errors:
+        if kind == Operation.Kind.REPLAY:
+            count = dl.replay_matching(f, reset_attempts=options["reset_attempts"], run_at_ms=options["run_at_ms"],
+                                       progress=tracker.progress, should_stop=tracker.should_stop)
+        else:
+            count = dl.discard_matching(f, progress=tracker.progress, should_stop=tracker.should_stop)
+    detail = {**options, "done": tracker.done, "total": tracker.total}
+    if tracker.stopped:
+        detail["interrupted"] = True
+    record(actor, action, source=source, queue=queue, filter=f.to_dict(), count=count, detail=detail)
+    return count
+
+
+class _Tracker:
+    """Remembers the last progress figures and whether a stop was asked, for the audit entry."""
+
+    def __init__(self, progress: Progress | None, should_stop: ShouldStop | None) -> None:
+        self._progress = progress
+        self._should_stop = should_stop
+        self.done = 0
+        self.total = 0
+        self.stopped = False
+
+    def progress(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+        if self._progress is not None:
+            self._progress(done, total)
+
+    def should_stop(self) -> bool:
+        if self._should_stop is not None and self._should_stop():
+            self.stopped = True
+        return self.stopped

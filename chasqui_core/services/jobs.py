@@ -1,0 +1,129 @@
+"""Jobs by name: the project's tasks, enqueueing one by hand, and a job's stored result."""
+
+from __future__ import annotations
+
+import inspect as pyinspect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.tasks import TaskResult
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.utils import timezone
+
+from chasqui_core import access
+from chasqui_core.backend import ChasquiTask, discover_tasks
+from chasqui_core.models import AuditEntry
+from chasqui_core.services.audit import record
+from chasqui_core.services.common import (
+    InvalidInput,
+    NotFound,
+    Source,
+    backend,
+    check_source,
+    engine_errors,
+    require,
+    require_queue,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    name: str
+    queue: str
+    max_attempts: int | None
+    parameters: list[str]
+
+
+def task_list(actor, *, source: Source = "api") -> list[TaskInfo]:
+    """The project's tasks, the only ones that can be enqueued by name."""
+    require(actor, access.VIEW, source)
+    out = []
+    for name, task in sorted(discover_tasks().items()):
+        params = list(pyinspect.signature(task.func).parameters)
+        if task.takes_context and params:
+            params = params[1:]
+        out.append(TaskInfo(name, task.queue_name, task.max_attempts, params))
+    return out
+
+
+def job_result(actor, job_id: str, *, source: Source = "api") -> TaskResult:
+    """A job's status and result, when result storage is on (``TASKS[...]['OPTIONS']['RESULT_TTL']``)."""
+    require(actor, access.VIEW, source)
+    be = backend()
+    if not be.supports_get_result:
+        raise NotFound(
+            "Result storage is off, so job results are not kept: set "
+            "TASKS['default']['OPTIONS']['RESULT_TTL'] to a number of seconds to keep them"
+        )
+    if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
+        raise InvalidInput("job_id must be a non-empty string of at most 200 characters")
+    try:
+        with engine_errors:
+            return be.get_result(job_id)
+    except TaskResultDoesNotExist:
+        raise NotFound(f"No result for job {job_id!r}: it does not exist, or its result expired") from None
+
+
+def enqueue(
+    actor,
+    queue: str | None,
+    task_name: str,
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    delay_ms: int | None = None,
+    attempts: int | None = None,
+    backoff: Any = None,
+    job_id: str | None = None,
+    source: Source,
+) -> TaskResult:
+    """Enqueue a registered task of the project by name (queue None: the task's own queue)."""
+    check_source(source)
+    require(actor, access.ENQUEUE, source)
+    tasks = discover_tasks()
+    task = tasks.get(task_name) if isinstance(task_name, str) else None
+    if task is None:
+        known = ", ".join(sorted(tasks)) or "none"
+        raise InvalidInput(f"Unknown task {task_name!r}: only the project's tasks can be enqueued ({known})")
+    queue = task.queue_name if queue is None else require_queue(queue)
+    be = backend()
+    if queue not in be.queues:
+        raise InvalidInput(
+            f"Queue {queue!r} is not served by the task backend: tasks can be enqueued on "
+            f"{', '.join(sorted(be.queues))} (TASKS['default']['QUEUES'])"
+        )
+    if isinstance(args, (str, bytes, Mapping)) or not isinstance(args, Iterable):
+        raise InvalidInput("args must be a list")
+    args = list(args)
+    kwargs = dict(kwargs or {})
+    if not all(isinstance(k, str) for k in kwargs):
+        raise InvalidInput("kwargs keys must be strings")
+    _check_signature(task, task_name, args, kwargs)
+    if delay_ms is not None and (isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0):
+        raise InvalidInput(f"delay_ms must be a whole number of milliseconds, 0 or more, got {delay_ms!r}")
+    with engine_errors:
+        run_after = timezone.now() + timedelta(milliseconds=delay_ms) if delay_ms else None
+        configured: ChasquiTask = task.using(queue_name=queue, run_after=run_after, attempts=attempts,
+                                             backoff=backoff, job_id=job_id)
+        result = configured.enqueue(*args, **kwargs)
+    detail = {"task": task_name, "delay_ms": delay_ms, "attempts": attempts, "job_id_given": job_id is not None}
+    record(actor, AuditEntry.Action.ENQUEUE, source=source, queue=queue, target_ids=[result.id], count=1,
+           detail=detail)
+    return result
+
+
+def _check_signature(task: ChasquiTask, name: str, args: list, kwargs: dict) -> None:
+    """Refuse arguments the task's function cannot take, before the job fails in a worker."""
+    try:
+        signature = pyinspect.signature(task.func)
+    except (TypeError, ValueError):
+        return
+    params = list(signature.parameters.values())
+    if task.takes_context and params:
+        signature = signature.replace(parameters=params[1:])
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise InvalidInput(f"Arguments do not fit task {name!r}{signature}: {exc}") from None

@@ -1,0 +1,61 @@
+"""Queues: live statistics and counter series, and pausing or resuming a queue."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from chasqui_core import access
+from chasqui_core.engine import stats
+from chasqui_core.engine import metrics as metrics_mod
+from chasqui_core.models import AuditEntry
+from chasqui_core.services.audit import record
+from chasqui_core.services.common import (
+    Source,
+    check_source,
+    engine_errors,
+    known_queues,
+    redis_client,
+    require,
+    require_queue,
+)
+
+
+def queue_overview(actor, *, source: Source = "api") -> list[stats.QueueStats]:
+    """Live stats of every known queue, in one round trip."""
+    require(actor, access.VIEW, source)
+    return stats.all_queue_stats(redis_client(), known_queues())
+
+
+def queue_detail(actor, queue: str, *, source: Source = "api") -> stats.QueueStats:
+    require(actor, access.VIEW, source)
+    return stats.queue_stats(redis_client(), require_queue(queue))
+
+
+def queue_metrics(
+    actor, queue: str, *, resolution: str = "second", window: int | None = None, source: Source = "api"
+) -> metrics_mod.Series:
+    """Counters per second (default: the last hour) or per minute (default: the last day)."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    with engine_errors:
+        return metrics_mod.series(redis_client(), queue, resolution=resolution, window=window)
+
+
+def pause(actor, queue: str, *, source: Source) -> bool:
+    """Stop workers reading the queue (nothing is lost); False when it was paused already."""
+    return _switch(actor, queue, source, AuditEntry.Action.PAUSE, stats.pause)
+
+
+def resume(actor, queue: str, *, source: Source) -> bool:
+    """Let workers read the queue again; False when it was not paused."""
+    return _switch(actor, queue, source, AuditEntry.Action.RESUME, stats.resume)
+
+
+def _switch(actor, queue: str, source: str, action: str, flip: Callable[[Any, str], bool]) -> bool:
+    check_source(source)
+    require(actor, access.PAUSE, source)
+    queue = require_queue(queue)
+    changed = flip(redis_client(), queue)
+    record(actor, action, source=source, queue=queue, count=1 if changed else 0, detail={"changed": changed})
+    return changed
