@@ -18,12 +18,10 @@ import msgpack
 
 from chasqui_core.engine.envelope import Job, error_record
 from chasqui_core.engine.keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 from chasqui_core.engine.queue import Queue
 
 from .readings import DEPTH_TTL, depth_key
-
-SECOND_TTL = 3720
-MINUTE_TTL = 90_000
 
 
 def _server_ms(client) -> int:
@@ -70,7 +68,7 @@ def _metrics(client, queue: str, now_ms: int, rng: random.Random) -> None:
         key = f"{keys.metrics}s:{sec}"
         fields = {"completed": done, "enqueued": done + retries // 3, "retried": retries, "failed": retries + dead,
                   "dlq": dead, "promoted": retries}
-        _write(pipe, key, fields, SECOND_TTL)
+        _write(pipe, key, fields, SECOND_BUCKET_TTL_S)
     for back in range(1440, 0, -1):
         minute = now_m - back
         daily = 1 + 0.45 * math.sin((minute % 1440) / 1440 * 2 * math.pi)
@@ -80,7 +78,7 @@ def _metrics(client, queue: str, now_ms: int, rng: random.Random) -> None:
         key = f"{keys.metrics}m:{minute}"
         fields = {"completed": done, "enqueued": done, "retried": retries, "failed": retries + (1 if bump > 1 else 0),
                   "dlq": 1 if rng.random() < 0.05 else 0, "promoted": retries}
-        _write(pipe, key, fields, MINUTE_TTL)
+        _write(pipe, key, fields, MINUTE_BUCKET_TTL_S)
     pipe.execute()
 
 
