@@ -29,15 +29,14 @@ these values into the prelude when it loads it.
 @dataclass(frozen=True, slots=True)
 class _Resolution:
     step_ms: int
-    key_part: str
     default_window: int
     max_window: int
     """Buckets older than this many steps have expired (see the bucket lifetimes above)."""
 
 
 RESOLUTIONS = {
-    "second": _Resolution(1000, "s:", 3600, SECOND_BUCKET_TTL_S),
-    "minute": _Resolution(60_000, "m:", 1440, MINUTE_BUCKET_TTL_S // 60),
+    "second": _Resolution(1000, 3600, SECOND_BUCKET_TTL_S),
+    "minute": _Resolution(60_000, 1440, MINUTE_BUCKET_TTL_S // 60),
 }
 
 
@@ -111,7 +110,7 @@ def multi_series(
     first = last - window + 1
     pipe = client.pipeline(transaction=False)
     for k in all_keys:
-        prefix = k.metrics + res.key_part
+        prefix = k.second_counters if resolution == "second" else k.minute_counters
         for bucket in range(first, last + 1):
             pipe.hgetall(prefix + str(bucket))
     replies = pipe.execute()

@@ -7,8 +7,8 @@ Every script starts with ``lua/prelude.lua``, the helpers they share (the
 server's clock, the counter bumps). The prelude goes on the script's first
 line, its comment lines dropped and its code lines joined with spaces, so
 line numbers in a Lua error are those of the script's own file. Its constants
-are Python's (the counter buckets' lifetimes, from metrics.py), written into
-the text here rather than sent with every call.
+are Python's (the counter buckets' key parts from keys.py, their lifetimes
+from metrics.py), written into the text here rather than sent with every call.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from string import Template
 
+from .keys import MINUTE_BUCKET, SECOND_BUCKET
 from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 
 _LUA_DIR = Path(__file__).with_name("lua")
@@ -28,6 +29,7 @@ NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed
 def prelude() -> str:
     """The prelude as one line of Lua, its constants filled in."""
     text = Template((_LUA_DIR / "prelude.lua").read_text()).substitute(
+        SECOND_BUCKET=SECOND_BUCKET, MINUTE_BUCKET=MINUTE_BUCKET,
         SECOND_BUCKET_TTL=SECOND_BUCKET_TTL_S, MINUTE_BUCKET_TTL=MINUTE_BUCKET_TTL_S,
     )
     code = []

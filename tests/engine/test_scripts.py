@@ -15,9 +15,9 @@ LUA_DIR = Path(__file__).parents[2] / "chasqui_core" / "engine" / "lua"
 
 def test_counter_buckets_live_as_long_as_metrics_says(redis):
     Queue("ttl", redis_client=redis).add("t")
-    prefix = QueueKeys.for_queue("ttl").metrics
-    [second] = redis.keys(f"{prefix}s:*")
-    [minute] = redis.keys(f"{prefix}m:*")
+    keys = QueueKeys.for_queue("ttl")
+    [second] = redis.keys(f"{keys.second_counters}*")
+    [minute] = redis.keys(f"{keys.minute_counters}*")
     assert redis.hget(second, "enqueued") == b"1" and redis.hget(minute, "enqueued") == b"1"
     assert SECOND_BUCKET_TTL_S - 60 < redis.ttl(second) <= SECOND_BUCKET_TTL_S
     assert MINUTE_BUCKET_TTL_S - 60 < redis.ttl(minute) <= MINUTE_BUCKET_TTL_S

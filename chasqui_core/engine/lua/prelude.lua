@@ -7,8 +7,9 @@
 -- helper below reports line 1. Because of the squeeze, a comment here must be
 -- on a line of its own, never after code.
 --
--- ${SECOND_BUCKET_TTL} and ${MINUTE_BUCKET_TTL} are replaced at load with the
--- counter buckets' lifetimes in seconds, defined once in metrics.py.
+-- The placeholders below (a dollar sign and a name in braces) are filled in
+-- at load from Python, where each is defined once: the counter buckets' key
+-- parts (keys.py) and lifetimes in seconds (metrics.py).
 --
 -- server_ms()
 --   The server's clock in epoch milliseconds: the clock of every delayed-set
@@ -27,7 +28,8 @@ end
 
 local function bump_counters(mprefix, now, counts)
   local sec = math.floor(now / 1000)
-  local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
+  local skey = mprefix .. '${SECOND_BUCKET}' .. sec
+  local mkey = mprefix .. '${MINUTE_BUCKET}' .. math.floor(sec / 60)
   for k = 1, #counts, 2 do
     local field, n = counts[k], counts[k + 1]
     if n > 0 then
