@@ -18,12 +18,10 @@ import msgpack
 
 from chasqui_core.engine.envelope import Job, error_record
 from chasqui_core.engine.keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 from chasqui_core.engine.queue import Queue
 
-from .readings import DEPTH_TTL, depth_key
-
-SECOND_TTL = 3720
-MINUTE_TTL = 90_000
+from .readings import DEPTH_TTL
 
 
 def _server_ms(client) -> int:
@@ -67,20 +65,20 @@ def _metrics(client, queue: str, now_ms: int, rng: random.Random) -> None:
         retry_rate = retried * 30 if spiking else retried
         retries = max(0, int(rng.gauss(retry_rate, max(0.5, retry_rate * 0.3)))) if rng.random() < 0.9 else 0
         dead = 1 if rng.random() < (0.4 if spiking else 0.01) else 0
-        key = f"{keys.metrics}s:{sec}"
+        key = f"{keys.second_counters}{sec}"
         fields = {"completed": done, "enqueued": done + retries // 3, "retried": retries, "failed": retries + dead,
                   "dlq": dead, "promoted": retries}
-        _write(pipe, key, fields, SECOND_TTL)
+        _write(pipe, key, fields, SECOND_BUCKET_TTL_S)
     for back in range(1440, 0, -1):
         minute = now_m - back
         daily = 1 + 0.45 * math.sin((minute % 1440) / 1440 * 2 * math.pi)
         done = max(0, int(rng.gauss(completed * 60 * daily, completed * 6)))
         bump = 18 if 400 < back < 440 else 1
         retries = max(0, int(rng.gauss(retried * 60 * bump, retried * 20)))
-        key = f"{keys.metrics}m:{minute}"
+        key = f"{keys.minute_counters}{minute}"
         fields = {"completed": done, "enqueued": done, "retried": retries, "failed": retries + (1 if bump > 1 else 0),
                   "dlq": 1 if rng.random() < 0.05 else 0, "promoted": retries}
-        _write(pipe, key, fields, MINUTE_TTL)
+        _write(pipe, key, fields, MINUTE_BUCKET_TTL_S)
     pipe.execute()
 
 
@@ -146,7 +144,7 @@ def _backlog(client, now_ms: int, rng: random.Random) -> None:
     pipe = client.pipeline(transaction=False)
     now_s = now_ms // 1000
     for queue, final, base in (("billing", 380, 40), ("webhooks", 45, 30), ("emails", 0, 0), ("reports", 0, 0)):
-        key = depth_key(queue)
+        key = QueueKeys.for_queue(queue).console_depth
         members = {}
         for back in range(300, -60, -1):  # a minute ahead too: no gap while the pictures are taken
             share = min(1.0, (60 - back) / 60) if back < 60 else 0.0

@@ -8,10 +8,10 @@ window, through the engine's ``stats`` and ``metrics`` functions.
 
 Delayed-set depth has no counter in Redis (it is a sorted set's size), so its
 history is sampled: each reading adds the depth it saw to a small sorted set
-next to the queue's keys (``{chasqui:<queue>}:console:depth``, score = epoch
-second, trimmed to the live window). Kept in Redis rather than in memory, the
-history is shared by every server process and survives a page reload; it
-has gaps where no console was watching.
+next to the queue's keys (``QueueKeys.console_depth``, member
+``"<second>:<depth>"``, score = epoch second, trimmed to the live window).
+Kept in Redis rather than in memory, the history is shared by every server
+process and survives a page reload; it has gaps where no console was watching.
 """
 
 from __future__ import annotations
@@ -35,11 +35,6 @@ REFETCH = 2
 """Newest buckets read again on every reading: they may still be filling."""
 DEPTH_TTL = 2 * SECOND_WINDOW
 """Seconds a queue's depth history outlives its last sample."""
-
-
-def depth_key(queue: str) -> str:
-    """The sorted set of a queue's sampled delayed-set depths (member ``"<second>:<depth>"``)."""
-    return QueueKeys.for_queue(queue).prefix + "console:depth"
 
 
 def _trimmed(series: Series) -> Series:
@@ -194,7 +189,7 @@ class Reader:
             return {}
         pipe = self.client.pipeline(transaction=False)
         for name in queues:
-            key = depth_key(name)
+            key = QueueKeys.for_queue(name).console_depth
             pipe.zadd(key, {f"{newest}:{stats[name].delayed}": newest})
             pipe.zremrangebyscore(key, "-inf", first - 1)
             pipe.expire(key, DEPTH_TTL)

@@ -15,6 +15,15 @@ from .errors import InvalidQueueName
 GROUP = "chasqui"
 """The consumer group every worker of a queue joins."""
 
+SECOND_BUCKET = "s:"
+"""What follows a queue's ``metrics`` prefix in a per-second counter bucket's key, before the epoch second."""
+MINUTE_BUCKET = "m:"
+"""What follows a queue's ``metrics`` prefix in a per-minute counter bucket's key, before the epoch minute.
+
+The Lua scripts build bucket keys themselves (``lua/prelude.lua``); scripts.py
+writes these two parts into the prelude when it loads it.
+"""
+
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
 
@@ -42,9 +51,15 @@ class QueueKeys:
     result: str
     """Prefix of stored results (when result storage is on)."""
     metrics: str
-    """Prefix of the time-bucketed counters: ``<metrics>s:<epoch second>`` and ``<metrics>m:<epoch minute>``."""
+    """Prefix of the time-bucketed counters, as the Lua scripts get it (they add the bucket part and the time)."""
+    second_counters: str
+    """Prefix of the per-second counter buckets: ``<second_counters><epoch second>`` is a hash of counters."""
+    minute_counters: str
+    """Prefix of the per-minute counter buckets: ``<minute_counters><epoch minute>``."""
     lane: str
     """Prefix of the producer lanes: ``<lane><lane id>`` holds the last write of one lane (see engine/link.py)."""
+    console_depth: str
+    """The console's samples of the delayed set's size: a sorted set written by ``dashboard/readings.py``."""
 
     @classmethod
     def for_queue(cls, queue: str) -> QueueKeys:
@@ -63,7 +78,10 @@ class QueueKeys:
             unique=p + "unique:",
             result=p + "result:",
             metrics=p + "m:",
+            second_counters=p + "m:" + SECOND_BUCKET,
+            minute_counters=p + "m:" + MINUTE_BUCKET,
             lane=p + "lane:",
+            console_depth=p + "console:depth",
         )
 
 

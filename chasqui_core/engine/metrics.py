@@ -16,19 +16,27 @@ from .keys import QueueKeys
 
 FIELDS = ("enqueued", "completed", "failed", "retried", "dlq", "promoted")
 
+SECOND_BUCKET_TTL_S = 3720
+"""Lifetime of a per-second bucket: the hour the console plots, plus two minutes of slack."""
+MINUTE_BUCKET_TTL_S = 90_000
+"""Lifetime of a per-minute bucket: a day, plus an hour of slack.
+
+The Lua scripts set both lifetimes (``lua/prelude.lua``); scripts.py writes
+these values into the prelude when it loads it.
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class _Resolution:
     step_ms: int
-    key_part: str
     default_window: int
     max_window: int
-    """Buckets older than this many steps have expired (TTL 3720 s and 90000 s)."""
+    """Buckets older than this many steps have expired (see the bucket lifetimes above)."""
 
 
 RESOLUTIONS = {
-    "second": _Resolution(1000, "s:", 3600, 3720),
-    "minute": _Resolution(60_000, "m:", 1440, 1500),
+    "second": _Resolution(1000, 3600, SECOND_BUCKET_TTL_S),
+    "minute": _Resolution(60_000, 1440, MINUTE_BUCKET_TTL_S // 60),
 }
 
 
@@ -102,7 +110,7 @@ def multi_series(
     first = last - window + 1
     pipe = client.pipeline(transaction=False)
     for k in all_keys:
-        prefix = k.metrics + res.key_part
+        prefix = k.second_counters if resolution == "second" else k.minute_counters
         for bucket in range(first, last + 1):
             pipe.hgetall(prefix + str(bucket))
     replies = pipe.execute()

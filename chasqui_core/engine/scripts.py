@@ -2,6 +2,13 @@
 
 Each script is sent by SHA (EVALSHA) and loaded on first use; redis-py's
 Script objects do that for plain clients, pipelines and asyncio clients alike.
+
+Every script starts with ``lua/prelude.lua``, the helpers they share (the
+server's clock, the counter bumps). The prelude goes on the script's first
+line, its comment lines dropped and its code lines joined with spaces, so
+line numbers in a Lua error are those of the script's own file. Its constants
+are Python's (the counter buckets' key parts from keys.py, their lifetimes
+from metrics.py), written into the text here rather than sent with every call.
 """
 
 from __future__ import annotations
@@ -9,9 +16,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from string import Template
 from typing import Any
 
 from .connection import Client
+from .keys import MINUTE_BUCKET, SECOND_BUCKET
+from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 
 _LUA_DIR = Path(__file__).with_name("lua")
 
@@ -19,8 +29,26 @@ NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed
 
 
 @cache
+def prelude() -> str:
+    """The prelude as one line of Lua, its constants filled in."""
+    text = Template((_LUA_DIR / "prelude.lua").read_text()).substitute(
+        SECOND_BUCKET=SECOND_BUCKET, MINUTE_BUCKET=MINUTE_BUCKET,
+        SECOND_BUCKET_TTL=SECOND_BUCKET_TTL_S, MINUTE_BUCKET_TTL=MINUTE_BUCKET_TTL_S,
+    )
+    code = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("--"):
+            continue
+        if "--" in line:  # joined onto one line, a trailing comment would swallow the code after it
+            raise ValueError(f"prelude.lua: put this comment on a line of its own: {line!r}")
+        code.append(line)
+    return " ".join(code)
+
+
+@cache
 def source(name: str) -> str:
-    return (_LUA_DIR / f"{name}.lua").read_text()
+    return f"{prelude()} {(_LUA_DIR / f'{name}.lua').read_text()}"
 
 
 ScriptCall = Callable[..., Any]

@@ -7,6 +7,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.models import ApiKey
 
 from .conftest import ApiClient, key_client
@@ -138,13 +139,13 @@ def test_session_reads_work_and_changes_need_csrf(operator, redis):
     r = client.post("/api/queues/emails/pause", content_type="application/json")
     assert r.status_code == 403
     assert "CSRF" in r.json()["detail"]
-    assert not redis.exists("{chasqui:emails}:paused")
+    assert not redis.exists(QueueKeys.for_queue("emails").paused)
     # With the token a browser page has, the same change goes through.
     client.get("/admin/login/")  # any page that sets the CSRF cookie
     token = client.cookies["csrftoken"].value
     r = client.post("/api/queues/emails/pause", content_type="application/json", headers={"X-CSRFToken": token})
     assert r.status_code == 200, r.content
-    assert redis.exists("{chasqui:emails}:paused")
+    assert redis.exists(QueueKeys.for_queue("emails").paused)
 
 
 def test_api_keys_need_no_csrf_token(operator):

@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.models import AuditEntry
 
 from .helpers import TASK, add_dead, bulk_dead, dead_job, dlq_len, stream_jobs
@@ -234,7 +234,7 @@ def test_replay_and_discard_bad_input_is_422(op_api, redis):
 
 
 def test_undecodable_entry_can_be_seen_and_discarded_not_replayed(op_api, redis):
-    redis.sadd("chasqui:queues", Q)
+    redis.sadd(QUEUES_REGISTRY, Q)
     eid = redis.xadd(QueueKeys.for_queue(Q).dlq, {"j": b"\xc1garbage", "reason": "decode_failed", "task": "",
                                                     "job_id": "", "source_id": "5-0", "error_class": "DecodeError",
                                                     "error": "not a job"}).decode()

@@ -8,7 +8,7 @@ from django.tasks import task_backends
 
 from chasqui_core.task_runner import build_registry
 from chasqui_core.engine.backoff import coerce_backoff
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.worker import Worker
 from chasqui_core.models import AuditEntry
 from tests.django import sample_tasks
@@ -79,7 +79,7 @@ def test_enqueue_bad_input_is_422_and_enqueues_nothing(op_api, redis):
 
 
 def test_enqueue_on_a_queue_the_backend_does_not_serve(op_api, redis):
-    redis.sadd("chasqui:queues", "legacy")
+    redis.sadd(QUEUES_REGISTRY, "legacy")
     r = op_api.post("/api/queues/legacy/jobs", {"task": ADD, "args": [1, 2]})
     assert r.status_code == 422
     assert "not served" in r.json()["detail"]

@@ -481,10 +481,10 @@ def _server_second(redis) -> int:
 
 def test_a_retry_spike_is_flagged_on_the_overview_and_the_queue(viewer, redis):
     Queue("billing", redis_client=redis).add("billing.tasks.charge", [1])
-    metrics = QueueKeys.for_queue("billing").metrics
+    seconds = QueueKeys.for_queue("billing").second_counters
     now = _server_second(redis)
     for back in range(1, 200):
-        redis.hincrby(f"{metrics}s:{now - back}", "retried", 40 if back <= 12 else (1 if back % 10 == 0 else 0))
+        redis.hincrby(f"{seconds}{now - back}", "retried", 40 if back <= 12 else (1 if back % 10 == 0 else 0))
     c = _client(viewer)
     overview = c.get("/").content.decode()
     row = re.search(r'<tr id="queue-row-billing".*?</tr>', overview, re.S)[0]

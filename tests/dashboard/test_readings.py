@@ -7,7 +7,7 @@ import pytest
 from chasqui_core.engine import metrics
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
-from dashboard.readings import SECOND_WINDOW, Reader, depth_key
+from dashboard.readings import SECOND_WINDOW, Reader
 
 
 def _server_ms(redis) -> int:
@@ -18,8 +18,8 @@ def _server_ms(redis) -> int:
 def _bump(redis, queue: str, second: int, **fields: int) -> None:
     keys = QueueKeys.for_queue(queue)
     for name, value in fields.items():
-        redis.hincrby(f"{keys.metrics}s:{second}", name, value)
-        redis.hincrby(f"{keys.metrics}m:{second // 60}", name, value)
+        redis.hincrby(f"{keys.second_counters}{second}", name, value)
+        redis.hincrby(f"{keys.minute_counters}{second // 60}", name, value)
 
 
 def test_incremental_reads_match_a_full_read(redis):
@@ -62,8 +62,8 @@ def test_depth_is_sampled_into_redis_and_shared(redis):
     reading = two.read(["d"])
     assert reading.queues["d"].depth[-1] == 4 and reading.queues["d"].delayed == 4
     assert len(reading.queues["d"].depth) == SECOND_WINDOW
-    assert redis.ttl(depth_key("d")) > 0
-    assert redis.zcard(depth_key("d")) >= 1
+    assert redis.ttl(QueueKeys.for_queue("d").console_depth) > 0
+    assert redis.zcard(QueueKeys.for_queue("d").console_depth) >= 1
 
 
 def test_a_worker_serving_two_queues_counts_once_in_the_total(redis):

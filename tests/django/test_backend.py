@@ -240,7 +240,7 @@ def test_runworker_command_runs_the_demo_task_from_the_view(redis, redis_url, cl
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            counters = [redis.hget(k, "completed") for k in redis.keys(EMAILS.metrics + "s:*")]
+            counters = [redis.hget(k, "completed") for k in redis.keys(EMAILS.second_counters + "*")]
             if any(counters):
                 break
             assert proc.poll() is None, proc.stdout.read()

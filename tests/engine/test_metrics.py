@@ -11,7 +11,9 @@ NOW = 1_700_000_123_456  # an epoch ms inside second 1_700_000_123 and minute 28
 
 
 def bucket(client, queue, kind, index, **counts):
-    client.hset(f"{QueueKeys.for_queue(queue).metrics}{kind}:{index}", mapping=counts)
+    keys = QueueKeys.for_queue(queue)
+    prefix = keys.second_counters if kind == "s" else keys.minute_counters
+    client.hset(f"{prefix}{index}", mapping=counts)
 
 
 def make_series(values, field="retried", step_ms=1000):

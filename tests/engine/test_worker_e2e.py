@@ -198,12 +198,12 @@ async def test_events_and_counters_add_up(redis, redis_url):
     assert sum(e.count for e in by_type[events.PROMOTED]) == retries
 
     # the time-bucketed counters
-    for kind in ("s", "m"):
+    for prefix in (q.keys.second_counters, q.keys.minute_counters):
         totals: Counter = Counter()
-        for key in redis.scan_iter(f"{q.keys.metrics}{kind}:*"):
+        for key in redis.scan_iter(f"{prefix}*"):
             totals.update({k.decode(): int(v) for k, v in redis.hgetall(key).items()})
         assert totals == Counter(enqueued=45, completed=successes, retried=retries, failed=retries + dead,
-                                 dlq=dead, promoted=retries), kind
+                                 dlq=dead, promoted=retries), prefix
 
     # the in-process subscriber
     scheduled = [e for e in received if e.type == events.RETRY_SCHEDULED]
@@ -235,5 +235,5 @@ def test_concurrent_promoters_move_each_due_entry_once(redis, workers):
     by_job = runs_by_job(read_runs(redis))
     assert set(by_job) == ids
     assert duplicates(by_job) == {}
-    promoted = sum(int(redis.hget(key, "promoted") or 0) for key in redis.scan_iter(f"{q.keys.metrics}s:*"))
+    promoted = sum(int(redis.hget(key, "promoted") or 0) for key in redis.scan_iter(f"{q.keys.second_counters}*"))
     assert promoted == n, "each entry is promoted exactly once"

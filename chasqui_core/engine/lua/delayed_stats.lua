@@ -6,9 +6,10 @@
 -- KEYS[1] delayed
 -- Returns {server ms, delayed entries, entries due (score <= server ms),
 --          lowest score or -1 when the set is empty}
+--
+-- Calls server_ms from prelude.lua.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_ms()
 local size = redis.call('ZCARD', KEYS[1])
 if size == 0 then
   return {now, 0, 0, -1}

@@ -19,6 +19,8 @@
 -- the same caller-given id was added within the idempotency window. A call
 -- whose lane already holds its sequence number was applied before (its reply
 -- was lost): it changes nothing and returns that first reply again.
+--
+-- Calls server_ms and bump_counters from prelude.lua.
 
 local stream, delayed, lane = KEYS[1], KEYS[2], KEYS[3]
 local unique_prefix, unique_ttl, mprefix, lane_ttl, seq = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -26,8 +28,7 @@ local last = redis.call('GET', lane)
 if last and string.sub(last, 1, #seq + 1) == seq .. ':' then
   return cmsgpack.unpack(string.sub(last, #seq + 2))
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_ms()
 local out = {}
 local added = 0
 local items = cmsgpack.unpack(ARGV[6])
@@ -54,16 +55,6 @@ for i = 1, #items, 3 do
     added = added + 1
   end
 end
-if added > 0 then
-  local sec = math.floor(now / 1000)
-  local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
-  -- a bucket gets its expiry when this counter is created in it, not on every add
-  if redis.call('HINCRBY', skey, 'enqueued', added) == added then
-    redis.call('EXPIRE', skey, 3720)
-  end
-  if redis.call('HINCRBY', mkey, 'enqueued', added) == added then
-    redis.call('EXPIRE', mkey, 90000)
-  end
-end
+bump_counters(mprefix, now, {'enqueued', added})
 redis.call('SET', lane, seq .. ':' .. cmsgpack.pack(out), 'PX', lane_ttl)
 return out

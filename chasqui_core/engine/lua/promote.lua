@@ -9,11 +9,12 @@
 -- ARGV[3] prefix of the metrics counters ({chasqui:<q>}:m:)
 -- ARGV[4] approximate cap of the events stream
 -- Returns {moved, score of the earliest entry still waiting or -1, server ms, -1 when not the leader}
+--
+-- Calls server_ms and bump_counters from prelude.lua.
 
 local delayed, stream, events, lock = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local holder, limit, mprefix, evcap = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_ms()
 if holder ~= '' and redis.call('GET', lock) ~= holder then
   return {0, -1, now, -1}
 end
@@ -28,12 +29,7 @@ if moved > 0 then
   redis.call('ZREMRANGEBYRANK', delayed, 0, moved - 1)
   local depth = redis.call('ZCARD', delayed)
   redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'promoted', 'count', moved, 'depth', depth)
-  local sec = math.floor(now / 1000)
-  local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
-  redis.call('HINCRBY', skey, 'promoted', moved)
-  redis.call('EXPIRE', skey, 3720)
-  redis.call('HINCRBY', mkey, 'promoted', moved)
-  redis.call('EXPIRE', mkey, 90000)
+  bump_counters(mprefix, now, {'promoted', moved})
 end
 local nxt = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 local next_due = -1

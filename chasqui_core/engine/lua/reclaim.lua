@@ -12,6 +12,8 @@
 -- ARGV[6] deliveries allowed before an entry counts as a poison pill
 -- ARGV[7] prefix of the metrics counters   ARGV[8] approximate cap of the events stream
 -- Returns {next cursor, flat list of claimed entries: id, fields (array), deliveries}
+--
+-- Calls server_ms and bump_counters from prelude.lua.
 
 local stream, dlq, events = KEYS[1], KEYS[2], KEYS[3]
 local group, consumer = ARGV[1], ARGV[2]
@@ -50,12 +52,6 @@ for _, entry in ipairs(res[2]) do
   end
 end
 if panics > 0 then
-  local t = redis.call('TIME')
-  local sec = tonumber(t[1])
-  local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
-  redis.call('HINCRBY', skey, 'dlq', panics)
-  redis.call('EXPIRE', skey, 3720)
-  redis.call('HINCRBY', mkey, 'dlq', panics)
-  redis.call('EXPIRE', mkey, 90000)
+  bump_counters(mprefix, server_ms(), {'dlq', panics})
 end
 return {res[1], out}

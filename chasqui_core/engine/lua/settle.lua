@@ -31,11 +31,12 @@
 -- dead-letter queue as `internal` instead of being lost. Each item's values
 -- are checked before its XACK, so an item is either applied whole or not
 -- acknowledged at all.
+--
+-- Calls server_ms and bump_counters from prelude.lua.
 
 local stream, delayed, dlq, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = server_ms()
 local i = 5
 
 local function settle(id)
@@ -145,16 +146,5 @@ for k = 1, q do
 end
 
 local failed = retried + failed_dead
-if completed + retried + dead > 0 then
-  local sec = math.floor(now / 1000)
-  local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
-  for _, key in ipairs({skey, mkey}) do
-    if completed > 0 then redis.call('HINCRBY', key, 'completed', completed) end
-    if failed > 0 then redis.call('HINCRBY', key, 'failed', failed) end
-    if retried > 0 then redis.call('HINCRBY', key, 'retried', retried) end
-    if dead > 0 then redis.call('HINCRBY', key, 'dlq', dead) end
-  end
-  redis.call('EXPIRE', skey, 3720)
-  redis.call('EXPIRE', mkey, 90000)
-end
+bump_counters(mprefix, now, {'completed', completed, 'failed', failed, 'retried', retried, 'dlq', dead})
 return {now, completed, retried, dead, requeued, earliest, problems}

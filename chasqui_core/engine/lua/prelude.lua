@@ -1,0 +1,44 @@
+-- The prelude: helpers every script of this folder may call.
+--
+-- scripts.py puts this file in front of each script when it loads them, once
+-- per process, squeezed onto the script's first line: comment lines are
+-- dropped and the code lines joined with spaces. So a script's line numbers
+-- in Lua error messages are those of its own file, and an error inside a
+-- helper below reports line 1. Because of the squeeze, a comment here must be
+-- on a line of its own, never after code.
+--
+-- The placeholders below (a dollar sign and a name in braces) are filled in
+-- at load from Python, where each is defined once: the counter buckets' key
+-- parts (keys.py) and lifetimes in seconds (metrics.py).
+--
+-- server_ms()
+--   The server's clock in epoch milliseconds: the clock of every delayed-set
+--   score and counter bucket, whoever's clock the caller has.
+-- bump_counters(mprefix, now, counts)
+--   Add to the queue's per-second and per-minute counters at server time
+--   `now` (ms). mprefix is the queue's counters prefix ({chasqui:<q>}:m:);
+--   counts is a flat list of field name, amount pairs; amounts of 0 are
+--   skipped. A bucket gets its expiry when a counter is created in it, not
+--   on every bump: one command fewer per bucket on the busy path.
+
+local function server_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function bump_counters(mprefix, now, counts)
+  local sec = math.floor(now / 1000)
+  local skey = mprefix .. '${SECOND_BUCKET}' .. sec
+  local mkey = mprefix .. '${MINUTE_BUCKET}' .. math.floor(sec / 60)
+  for k = 1, #counts, 2 do
+    local field, n = counts[k], counts[k + 1]
+    if n > 0 then
+      if redis.call('HINCRBY', skey, field, n) == n then
+        redis.call('EXPIRE', skey, ${SECOND_BUCKET_TTL})
+      end
+      if redis.call('HINCRBY', mkey, field, n) == n then
+        redis.call('EXPIRE', mkey, ${MINUTE_BUCKET_TTL})
+      end
+    end
+  end
+end
