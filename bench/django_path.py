@@ -15,6 +15,15 @@ closes when the bench sees the last job's outcome acknowledged in Redis
 millisecond until the stream and the delayed set are empty; nothing polls
 during the drain). The process is then stopped with SIGTERM and must exit
 cleanly, and the queue is checked for leftovers, as for the twins.
+
+``runworker-processes-2`` is the same drain by ``runworker --processes 2``: a
+supervisor and two worker processes, compared with ``runworker-async`` of the
+same run. The window opens once both processes have started a job (the
+task holds each process's first run until then, bench/tasks.py). No process
+sees the last success, so the bench reads the queue every few milliseconds
+during the drain (a cheap XLEN and ZCARD), and the CPU per job is both
+workers' CPU from their first job to the end of the window (read from
+/proc; the idle supervisor is not counted).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from chasqui_core.engine import inspect
 from chasqui_core.engine.keys import QueueKeys
 
 from . import consumer
@@ -42,6 +52,8 @@ START_TIMEOUT = 120.0
 STOP_TIMEOUT = 60.0
 """Seconds a ``runworker`` process may take to exit after SIGTERM (its own shutdown timeout is 25 s)."""
 SETTLE_POLL = 0.0005
+DRAIN_POLL = 0.005
+"""How often the bench reads the queue while several processes drain it (none of them can tell it is done)."""
 
 
 def _setup():
@@ -121,6 +133,10 @@ class RunworkerSetup:
     twin: str
     """The engine scenario it mirrors; its concurrency and backlog sizes are used."""
     note: str
+    processes: int = 1
+    """``runworker --processes``; above 1 a supervisor runs that many worker processes."""
+    compared_with: str = ""
+    """The row the report shows it against, when not its engine twin."""
 
     @property
     def concurrency(self) -> int:
@@ -133,6 +149,10 @@ SETUPS = {
     "runworker-retry": RunworkerSetup("fail_once", "worker-retry",
                                       "async task failing on its first run (1 ms backoff), then succeeding; "
                                       "--concurrency 100; successes per second"),
+    "runworker-processes-2": RunworkerSetup("anoop", "worker-concurrent",
+                                            "--processes 2: a supervisor and two worker processes, async def noop "
+                                            "task, --concurrency 100 each", processes=2,
+                                            compared_with="runworker-async"),
 }
 
 
@@ -145,20 +165,23 @@ def _preload(ctx, task, n: int) -> None:
 class RunworkerProcess:
     """``python manage.py runworker`` on the bench's settings, output to a file; always stopped on exit."""
 
-    def __init__(self, name: str, queue: str, concurrency: int, target: int) -> None:
-        from .tasks import TARGET_ENV
+    def __init__(self, name: str, queue: str, concurrency: int, target: int, processes: int = 1) -> None:
+        from .tasks import PROCESSES_ENV, TARGET_ENV
 
         env = dict(os.environ)
+        env[PROCESSES_ENV] = str(processes)
         env["DJANGO_SETTINGS_MODULE"] = SETTINGS
         env[TARGET_ENV] = str(target)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         # not a pipe: a worker printing more than a pipe holds would block; closed by stop()
         self.log = tempfile.TemporaryFile()  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "manage.py", "runworker", queue, "--concurrency", str(concurrency)],
+            [sys.executable, "manage.py", "runworker", queue, "--concurrency", str(concurrency),
+             "--processes", str(processes)],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
         )
-        self._profiler = start_profiler(self.proc.pid, name)
+        # A supervisor runs no job: sampling it would show nothing worth a profile.
+        self._profiler = start_profiler(self.proc.pid, name) if processes == 1 else None
 
     def __enter__(self) -> RunworkerProcess:
         return self
@@ -220,33 +243,67 @@ def _wait_done(ctx, worker: RunworkerProcess, timeout: float) -> None:
                              f"{worker.output()}")
 
 
-def _wait_settled(ctx, queue: str) -> float:
+def _wait_settled(ctx, queue: str, *, poll: float = SETTLE_POLL, worker: RunworkerProcess | None = None,
+                  timeout: float | None = None) -> float:
     """The wall-clock time at which the stream and the delayed set are empty: every outcome acknowledged."""
     keys = QueueKeys.for_queue(queue)
     pipe = ctx.client.pipeline(transaction=False)
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         pipe.xlen(keys.stream)
         pipe.zcard(keys.delayed)
         left, delayed = pipe.execute()
         if not left and not delayed:
             return time.time()
-        time.sleep(SETTLE_POLL)
+        error = worker.exited() if worker is not None else None
+        if error is not None:
+            raise error
+        if deadline is not None and time.monotonic() > deadline:
+            raise BenchError(f"runworker did not drain {queue} within {timeout:.0f} s ({left} entries left); "
+                             f"its last lines:\n{worker.output() if worker else ''}")
+        time.sleep(poll)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far, as the kernel counts it."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu(ctx, queue: str, supervisor_pid: int) -> dict[int, float]:
+    """CPU time so far of each worker process of ``supervisor_pid``, found by their heartbeats."""
+    pids = [w.pid for w in inspect.workers(ctx.client, queue) if w.supervisor_pid == supervisor_pid]
+    if not pids:
+        raise BenchError(f"no worker process of supervisor {supervisor_pid} has a heartbeat on {queue}")
+    return {pid: _cpu_seconds(pid) for pid in pids}
 
 
 def _drain(ctx, name: str, setup: RunworkerSetup, task, n: int) -> dict:
-    """One fresh ``runworker`` process drains ``n`` preloaded jobs; the jobs, seconds and CPU of its window."""
+    """One fresh ``runworker`` drains ``n`` preloaded jobs; the jobs, seconds and CPU of its window."""
     from .tasks import MARKS_KEY
 
     ctx.flush()
     _preload(ctx, task, n)
     started = time.time()
-    with RunworkerProcess(name, task.queue_name, setup.concurrency, target=n) as worker:
-        _wait_done(ctx, worker, timeout=START_TIMEOUT + max(120.0, n / 100))
-        end = _wait_settled(ctx, task.queue_name)
+    timeout = START_TIMEOUT + max(120.0, n / 100)
+    with RunworkerProcess(name, task.queue_name, setup.concurrency, target=n, processes=setup.processes) as worker:
+        if setup.processes == 1:
+            _wait_done(ctx, worker, timeout=timeout)
+            end = _wait_settled(ctx, task.queue_name)
+        else:
+            end = _wait_settled(ctx, task.queue_name, poll=DRAIN_POLL, worker=worker, timeout=timeout)
+            cpu_at_end = _children_cpu(ctx, task.queue_name, worker.proc.pid)
     consumer.check_settled(ctx.client, task.queue_name, n)
     marks = {k.decode(): float(v) for k, v in ctx.client.hgetall(MARKS_KEY).items()}
-    return {"jobs": n, "seconds": end - marks["first_wall"], "cpu_seconds": marks["last_cpu"] - marks["first_cpu"],
-            "startup_seconds": marks["first_wall"] - started}
+    first_cpu = {int(k.split(":")[1]): v for k, v in marks.items() if k.startswith("first_cpu:")}
+    if setup.processes == 1:
+        last_cpu = {int(k.split(":")[1]): v for k, v in marks.items() if k.startswith("last_cpu:")}
+    else:
+        last_cpu = cpu_at_end
+    cpu = sum(last_cpu[pid] - first for pid, first in first_cpu.items() if pid in last_cpu)
+    return {"jobs": n, "seconds": end - marks["first_wall"], "cpu_seconds": cpu,
+            "startup_seconds": marks["first_wall"] - started, "processes_with_jobs": len(first_cpu)}
 
 
 def runworker(ctx, name: str) -> list[Measurement]:
@@ -260,8 +317,15 @@ def runworker(ctx, name: str) -> list[Measurement]:
     replies = [_drain(ctx, name, setup, task, size) for size in sizes][-ctx.repeats:]
     cpu_us = median([r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies])
     startup = median([r["startup_seconds"] for r in replies])
-    note = (f"python manage.py runworker {task.queue_name}, {setup.note}; a fresh process per drain, timed from "
-            f"its first job's start to its last job's outcome in Redis (start-up to the first job, not counted: "
-            f"{startup:.1f} s); the worker process used {cpu_us:.1f} µs of CPU per job (median)")
+    if setup.processes == 1:
+        note = (f"python manage.py runworker {task.queue_name}, {setup.note}; a fresh process per drain, timed from "
+                f"its first job's start to its last job's outcome in Redis (start-up to the first job, not counted: "
+                f"{startup:.1f} s); the worker process used {cpu_us:.1f} µs of CPU per job (median)")
+    else:
+        busy = min(r["processes_with_jobs"] for r in replies)
+        note = (f"python manage.py runworker {task.queue_name} {setup.note}; fresh processes per drain, timed from "
+                f"the moment both had started a job to the last job's outcome in Redis (start-up until then, not "
+                f"counted: {startup:.1f} s); the worker processes used {cpu_us:.1f} µs of CPU per job "
+                f"together (median); {busy} of {setup.processes} processes ran jobs in every drain")
     return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note,
                         cpu_us_per_job=cpu_us)]

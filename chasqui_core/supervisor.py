@@ -6,7 +6,7 @@ starts them, replaces the ones that die, recycles them on request, reloads
 them one by one on SIGHUP, and stops them all on SIGTERM. It imports no task
 code and runs no job: a bug in a task can kill a child, never the supervisor.
 
-Why children are ``manage.py runworker ... `` subprocesses rather than
+Why children are ``manage.py runworker`` subprocesses rather than
 ``multiprocessing`` children:
 
 - a child is exactly today's single-process worker, started the way an
@@ -159,8 +159,8 @@ class Supervisor:
                 if self._reload_requested:
                     self._begin_reload()
                 self._advance_reload()
+        finally:  # asked to stop, or something went wrong here: either way no child is left behind
             self._stop_all()
-        finally:
             self._restore_signal_handlers()
         logger.info("supervisor %d: stopped", os.getpid())
         return 0
@@ -417,10 +417,11 @@ class SupervisedChild:
                 pass
 
         def watch() -> None:
-            while True:
-                if os.getppid() != self.supervisor_pid:
-                    logger.warning("the supervisor (pid %d) is gone; stopping", self.supervisor_pid)
-                    on_gone()
+            while os.getppid() == self.supervisor_pid:
+                time.sleep(interval)
+            logger.warning("the supervisor (pid %d) is gone; stopping", self.supervisor_pid)
+            while True:  # again and again: the worker may not be running yet to hear the first call
+                on_gone()
                 time.sleep(interval)
 
         threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()

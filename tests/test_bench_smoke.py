@@ -94,3 +94,28 @@ def test_bench_smoke_measures_the_django_path_beside_its_engine_twins(tmp_path):
     lines = {line.split(" | ")[0][2:]: line for line in markdown.splitlines() if line.startswith("| ")}
     for label, twin in DJANGO_ROWS.items():
         assert f"of {twin}" in lines[label], lines[label]
+
+
+def test_bench_smoke_measures_runworker_processes_beside_the_single_process_row(tmp_path):
+    """``runworker --processes 2`` drains the same backlog as ``runworker-async`` and is reported against it.
+
+    Both worker processes must have run jobs (the window opens once both have started one), and the scenario
+    fails if the supervisor does not stop cleanly on SIGTERM or leaves anything in the queue.
+    """
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "runworker-async", "runworker-processes-2", "--smoke", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
+    data = json.loads(out.read_text())
+    assert data["failures"] == {}
+    rows = {m["label"]: m for m in data["measurements"] if m["system"] == "chasqui"}
+    row = rows["runworker-processes-2"]
+    assert row["median"] > 0 and row["cpu_us_per_job"] > 0, row
+    assert row["jobs"] == rows["runworker-async"]["jobs"]
+    assert row["engine_twin"] == "runworker-async"
+    assert row["fraction_of_twin"] == row["median"] / rows["runworker-async"]["median"]
+    assert "runworker bench-django --processes 2" in row["note"], row["note"]
+    assert "2 of 2 processes ran jobs in every drain" in row["note"], row["note"]

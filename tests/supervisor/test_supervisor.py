@@ -63,7 +63,7 @@ def _children_of(pid: int) -> set[int]:
 
 
 class Supervised:
-    """``manage.py runworker supervised <args>`` with its output in a file; every process it left is killed at the end."""
+    """``manage.py runworker supervised <args>``, output in a file; every process it left is killed at the end."""
 
     def __init__(self, tmp_path: Path, redis_url: str, *args: str) -> None:
         self.log_path = tmp_path / "runworker.log"
