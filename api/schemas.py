@@ -9,7 +9,7 @@ endpoint can forget to.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any, Literal
 
 from ninja import Field, Schema
@@ -36,7 +36,7 @@ def _dt(ms: int | None) -> datetime | None:
     if not ms:
         return None
     try:
-        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
     except (OverflowError, OSError, ValueError):
         return None
 
@@ -99,7 +99,8 @@ class TaskOut(Schema):
 
 
 class EnqueueIn(Schema):
-    task: str = Field(min_length=1, max_length=300, description="The task's module path, e.g. emails.tasks.send_welcome_email.")
+    task: str = Field(min_length=1, max_length=300,
+                      description="The task's module path, e.g. emails.tasks.send_welcome_email.")
     args: list[Any] = Field(default_factory=list)
     kwargs: dict[str, Any] = Field(default_factory=dict)
     delay_ms: int | None = Field(None, ge=0, le=MAX_DELAY_MS, description="Run no sooner than this many ms from now.")

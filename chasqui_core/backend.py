@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import MISSING, dataclass, fields, replace
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -40,7 +40,7 @@ from chasqui_core.task_signals import TaskSignal
 
 logger = logging.getLogger("chasqui.backend")
 
-TASK_REGISTRY: dict[str, "ChasquiTask"] = {}
+TASK_REGISTRY: dict[str, ChasquiTask] = {}
 """Every ChasquiTask defined in this process, by module path."""
 
 
@@ -71,7 +71,7 @@ class ChasquiTask(Task):
         TASK_REGISTRY.setdefault(self.module_path, self)
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
-              attempts: int | None = None, backoff: Any = None, job_id: str | None = None) -> "ChasquiTask":
+              attempts: int | None = None, backoff: Any = None, job_id: str | None = None) -> ChasquiTask:
         """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``."""
         task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
         changes: dict[str, Any] = {}
@@ -162,7 +162,7 @@ _FAST_READY = [(f.name, f.init, f.default) for f in fields(TaskResult)] == [
 
 
 def ms_to_datetime(ms: int | None) -> datetime | None:
-    return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc) if ms else None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms else None
 
 
 class ChasquiBackend(BaseTaskBackend):
@@ -212,7 +212,8 @@ class ChasquiBackend(BaseTaskBackend):
         queue = self._queues.get(name)
         if queue is None:
             conf = chasqui_settings()
-            queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES, retry_for=conf.ENQUEUE_RETRY_SECONDS)
+            queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
+                                               retry_for=conf.ENQUEUE_RETRY_SECONDS)
         return queue
 
     def _options(self, task: Task) -> dict[str, Any]:

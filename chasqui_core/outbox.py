@@ -93,7 +93,7 @@ class OutboxRelay:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chasqui-outbox", daemon=True)
 
-    def start(self) -> "OutboxRelay":
+    def start(self) -> OutboxRelay:
         self._thread.start()
         return self
 

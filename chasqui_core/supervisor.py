@@ -32,6 +32,7 @@ no worker outlives its supervisor, even one killed with SIGKILL.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -374,10 +375,8 @@ class Supervisor:
 
 
 def _signal(child: _Child, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it exited meanwhile; the loop reaps it
         child.process.send_signal(sig)
-    except ProcessLookupError:  # it exited meanwhile; the loop reaps it
-        pass
 
 
 # --- the child's side ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .connection import Client
 from .keys import QueueKeys
 
 FIELDS = ("enqueued", "completed", "failed", "retried", "dlq", "promoted")
@@ -84,13 +85,13 @@ def _check(resolution: str, window: int | None) -> tuple[_Resolution, int]:
     return res, window
 
 
-def _server_ms(client) -> int:
+def _server_ms(client: Client) -> int:
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
 
 
 def multi_series(
-    client,
+    client: Client,
     queues: list[str],
     *,
     resolution: str = "second",
@@ -127,7 +128,7 @@ def multi_series(
 
 
 def series(
-    client,
+    client: Client,
     queue: str,
     *,
     resolution: str = "second",

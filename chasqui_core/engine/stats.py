@@ -18,6 +18,7 @@ from typing import Any
 import msgpack
 from redis.exceptions import ResponseError
 
+from .connection import Client
 from .errors import InvalidQueueName
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys, validate_queue_name
 from .scripts import source
@@ -96,7 +97,7 @@ def _valid(name: str) -> bool:
     return True
 
 
-def list_queues(client) -> list[str]:
+def list_queues(client: Client) -> list[str]:
     """Every registered queue, sorted.
 
     Names that could not be a queue (written to the registry by something
@@ -106,7 +107,7 @@ def list_queues(client) -> list[str]:
     return sorted(n for n in names if _valid(n))
 
 
-def queue_exists(client, name: str) -> bool:
+def queue_exists(client: Client, name: str) -> bool:
     """True when the queue is registered or its stream exists."""
     keys = QueueKeys.for_queue(name)
     pipe = client.pipeline(transaction=False)
@@ -137,14 +138,14 @@ def _group_info(reply: Any) -> tuple[int, int | None]:
     return 0, None
 
 
-def _raise_errors(replies: list) -> None:
+def _raise_errors(replies: list[Any]) -> None:
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
 
 
 def all_queue_stats(
-    client, names: list[str] | None = None, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS
+    client: Client, names: list[str] | None = None, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS
 ) -> list[QueueStats]:
     """Stats of the given queues (default: every registered queue), in one round trip.
 
@@ -190,14 +191,14 @@ def all_queue_stats(
     return out
 
 
-def queue_stats(client, name: str, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> QueueStats:
+def queue_stats(client: Client, name: str, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> QueueStats:
     return all_queue_stats(client, [name], stale_after_ms=stale_after_ms)[0]
 
 
 # --- pause / resume -----------------------------------------------------------
 
 
-def pause(client, name: str) -> bool:
+def pause(client: Client, name: str) -> bool:
     """Stop workers from reading the queue (within one heartbeat); False when it was paused already.
 
     Jobs already fetched still run; producers can still add jobs.
@@ -205,7 +206,7 @@ def pause(client, name: str) -> bool:
     return bool(client.set(QueueKeys.for_queue(name).paused, b"1", nx=True))
 
 
-def resume(client, name: str) -> bool:
+def resume(client: Client, name: str) -> bool:
     """Let workers read the queue again; False when it was not paused."""
     return bool(client.delete(QueueKeys.for_queue(name).paused))
 
@@ -239,7 +240,7 @@ def _decode_worker(raw: bytes, now: int, stale_after_ms: int) -> WorkerInfo | No
         return None
 
 
-def _decode_workers(beats: dict, now: int, stale_after_ms: int) -> list[WorkerInfo]:
+def _decode_workers(beats: dict[bytes, bytes], now: int, stale_after_ms: int) -> list[WorkerInfo]:
     out = []
     for raw in beats.values():
         info = _decode_worker(raw, now, stale_after_ms)
@@ -248,7 +249,7 @@ def _decode_workers(beats: dict, now: int, stale_after_ms: int) -> list[WorkerIn
     return out
 
 
-def _heartbeats(client, queue: str | None) -> tuple[int, list[tuple[QueueKeys, dict]]]:
+def _heartbeats(client: Client, queue: str | None) -> tuple[int, list[tuple[QueueKeys, dict[bytes, bytes]]]]:
     """Server ms and every queue's raw heartbeat hash, in one round trip after the registry."""
     names = [queue] if queue is not None else list_queues(client)
     all_keys = [QueueKeys.for_queue(n) for n in names]
@@ -260,7 +261,8 @@ def _heartbeats(client, queue: str | None) -> tuple[int, list[tuple[QueueKeys, d
     return _server_ms(replies[0]), list(zip(all_keys, replies[1:], strict=False))
 
 
-def workers(client, queue: str | None = None, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> list[WorkerInfo]:
+def workers(client: Client, queue: str | None = None, *,
+            stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> list[WorkerInfo]:
     """Workers known from their heartbeats, on one queue or on all, sorted by id.
 
     A worker serving several queues beats on each; it is listed once, with its
@@ -277,7 +279,7 @@ def workers(client, queue: str | None = None, *, stale_after_ms: int = DEFAULT_S
     return [seen[i] for i in sorted(seen)]
 
 
-def prune_stale_workers(client, *, stale_after_ms: int = 60_000) -> int:
+def prune_stale_workers(client: Client, *, stale_after_ms: int = 60_000) -> int:
     """Remove heartbeats older than ``stale_after_ms`` (and unreadable ones); returns how many.
 
     Workers that stop cleanly remove their own heartbeat; this clears those

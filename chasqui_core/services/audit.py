@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from chasqui_core import access
@@ -111,4 +111,4 @@ def _clean_text(value: str, name: str) -> str:
 
 
 def _aware(value: datetime) -> datetime:
-    return value.replace(tzinfo=dt_timezone.utc) if value.tzinfo is None else value
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value

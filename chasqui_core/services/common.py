@@ -6,7 +6,7 @@ Kept apart from the areas so that each of them depends on this module alone
 
 from __future__ import annotations
 
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime, UTC
 from typing import Any, Literal
 
 from django.core.exceptions import PermissionDenied
@@ -116,7 +116,7 @@ def epoch_ms(value: datetime | int | None, name: str) -> int | None:
         return None
     if isinstance(value, datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=dt_timezone.utc)
+            value = value.replace(tzinfo=UTC)
         try:
             ms = int(value.timestamp() * 1000)
         except (OverflowError, ValueError, OSError):

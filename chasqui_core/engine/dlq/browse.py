@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..connection import Client
 from ..errors import JobNotFound
 from ..keys import QueueKeys
 from .entries import (
@@ -70,7 +71,7 @@ class ErrorGroup:
 class DLQReader:
     """The read side of one queue's DLQ, on a sync redis-py client; ``DeadLetters`` adds replay and discard."""
 
-    def __init__(self, client, queue: str) -> None:
+    def __init__(self, client: Client, queue: str) -> None:
         if client.connection_pool.connection_kwargs.get("decode_responses"):
             raise ValueError(
                 f"{type(self).__name__} needs a Redis client that returns bytes (decode_responses=False): "
@@ -108,8 +109,8 @@ class DLQReader:
         if f is None or f.time_only():
             rows = self.client.xrevrange(self.keys.dlq, format_id(hi), format_id(lo), count=limit + 1)
             more = len(rows) > limit
-            items = [decode_entry(self.queue, eid, flds) for eid, flds in rows[:limit]]
-            return Page(items, items[-1].entry_id if more else None, len(items))
+            page = [decode_entry(self.queue, eid, flds) for eid, flds in rows[:limit]]
+            return Page(page, page[-1].entry_id if more else None, len(page))
         items: list[DeadJob] = []
         scanned = 0
         while True:

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from ..connection import Client
 from ..scripts import Scripts
 from .browse import DLQReader, check_positive
 from .entries import DeadJob, Row, decode_entry, format_id, parse_id
@@ -31,7 +32,7 @@ def _id_list(entry_ids: Iterable[str], caller: str) -> list[str]:
     return list(out)
 
 
-def _chunks(items: list, size: int) -> Iterator[list]:
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
 
@@ -57,7 +58,7 @@ def _replayed(dead: DeadJob, reset_attempts: bool) -> bytes:
 class DeadLetters(DLQReader):
     """The dead-letter queue of one queue, on a sync redis-py client: read it, replay or discard its entries."""
 
-    def __init__(self, client, queue: str) -> None:
+    def __init__(self, client: Client, queue: str) -> None:
         super().__init__(client, queue)
         self._scripts = Scripts(client)
 

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta, timezone as dt_timezone
+from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -49,20 +49,20 @@ def parse_when(value: str, *, now: datetime | None = None) -> datetime:
     """An ISO 8601 date/time (no zone means UTC) or a span ago: "90s", "30m", "1h", "2d", "1w"."""
     m = _AGO.match(value)
     if m:
-        return (now or datetime.now(dt_timezone.utc)) - timedelta(**{_UNITS[m[2].lower()]: int(m[1])})
+        return (now or datetime.now(UTC)) - timedelta(**{_UNITS[m[2].lower()]: int(m[1])})
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:
         raise CommandError(
             f"{value!r} is not a time: use ISO 8601 (2026-01-31T12:00:00Z) or a span ago such as 30m, 1h, 2d"
         ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt_timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _fmt_ms(ms: int | None) -> str:
     if not ms:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=dt_timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _age(ms: int) -> str:
@@ -77,7 +77,7 @@ def _age(ms: int) -> str:
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -74,12 +74,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("queues", nargs="+", help="Queue names, e.g. emails")
-        parser.add_argument("--concurrency", type=int, help="Jobs run at once (default: settings.CHASQUI['CONCURRENCY'] or 10)")
+        parser.add_argument("--concurrency", type=int,
+                            help="Jobs run at once (default: settings.CHASQUI['CONCURRENCY'] or 10)")
         parser.add_argument("--batch-size", type=int, help="Entries read per XREADGROUP call")
         parser.add_argument("--max-attempts", type=int, help="Worker-wide default budget of runs per job (default 3)")
-        parser.add_argument("--backoff", help="Worker-wide default backoff: fixed milliseconds (e.g. 500) or a strategy "
-                                              "name (exponential, linear, fixed, retry_after)")
-        parser.add_argument("--visibility-timeout", type=int, help="Milliseconds before a silent worker's jobs are reclaimed")
+        parser.add_argument("--backoff", help="Worker-wide default backoff: fixed milliseconds (e.g. 500) or a "
+                                              "strategy name (exponential, linear, fixed, retry_after)")
+        parser.add_argument("--visibility-timeout", type=int,
+                            help="Milliseconds before a silent worker's jobs are reclaimed")
         parser.add_argument("--poll-interval", type=float, help="Promoter poll interval in seconds (default 0.1)")
         parser.add_argument("--shutdown-timeout", type=float, help="Seconds to let running jobs finish on SIGTERM")
         parser.add_argument("--processes", default="1",
