@@ -11,14 +11,17 @@ import logging
 import os
 
 from django.core.management.base import BaseCommand, CommandError
+from django.tasks import task_backends
 
-from chasqui_core.task_runner import build_registry
+from chasqui_core.backend import ChasquiBackend
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import coerce_backoff
 from chasqui_core.engine.errors import InvalidQueueName
 from chasqui_core.engine.keys import validate_queue_name
 from chasqui_core.engine.retry import RetryPolicy
 from chasqui_core.engine.worker import Worker
+from chasqui_core.outbox import OutboxRelay
+from chasqui_core.task_runner import build_registry
 
 
 def _positive_int(value: str) -> int:
@@ -31,16 +34,11 @@ def _positive_int(value: str) -> int:
     return number
 
 
-def _outbox_relay():
-    """Every worker relays the transactional outbox when a backend uses it."""
-    from django.tasks import task_backends
-
-    from chasqui_core.backend import ChasquiBackend
-
-    if any(isinstance(b, ChasquiBackend) and b.outbox for b in task_backends.all()):
-        from chasqui_core.outbox import OutboxRelay
-
-        return OutboxRelay().start()
+def _outbox_relay() -> OutboxRelay | None:
+    """Every worker relays the transactional outbox when a backend uses it, through that backend's queues."""
+    for backend in task_backends.all():
+        if isinstance(backend, ChasquiBackend) and backend.outbox:
+            return OutboxRelay(backend.queue).start()
     return None
 
 
