@@ -36,7 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from chasqui_core.engine import inspect
+from chasqui_core.engine import stats
 from chasqui_core.engine.keys import QueueKeys
 
 from . import consumer
@@ -273,7 +273,7 @@ def _cpu_seconds(pid: int) -> float:
 
 def _children_cpu(ctx, queue: str, supervisor_pid: int) -> dict[int, float]:
     """CPU time so far of each worker process of ``supervisor_pid``, found by their heartbeats."""
-    pids = [w.pid for w in inspect.workers(ctx.client, queue) if w.supervisor_pid == supervisor_pid]
+    pids = [w.pid for w in stats.workers(ctx.client, queue) if w.supervisor_pid == supervisor_pid]
     if not pids:
         raise BenchError(f"no worker process of supervisor {supervisor_pid} has a heartbeat on {queue}")
     return {pid: _cpu_seconds(pid) for pid in pids}

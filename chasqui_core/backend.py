@@ -29,6 +29,7 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
 
+from chasqui_core import outbox
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
 from chasqui_core.engine.connection import connect
@@ -260,7 +261,8 @@ class ChasquiBackend(BaseTaskBackend):
 
         if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
             if self.outbox:
-                self._to_outbox(queue, built, task, results)
+                outbox.stage(queue.name, built, queue_for=self.queue,
+                             after_commit=lambda: self._sent(queue, task, results))
             else:
                 transaction.on_commit(send)
         else:
@@ -304,30 +306,6 @@ class ChasquiBackend(BaseTaskBackend):
             object.__setattr__(result, "enqueued_at", now)
             if wanted:
                 _enqueued.send(result)
-
-    def _to_outbox(self, queue: Queue, built: list, task: Task, results: list[TaskResult]) -> None:
-        from chasqui_core.models import OutboxEntry
-        from chasqui_core.outbox import relay_after_commit
-
-        now = now_ms()
-        rows = []
-        for _, when, payload, job_id in built:
-            if when.startswith("+"):  # relative delays count from now, not from the relay
-                when = "@" + str(now + int(when[1:]))
-            rows.append(OutboxEntry(queue=queue.name, job_id=job_id, payload=payload, when=when))
-        if len(rows) == 1:
-            rows[0].save(force_insert=True)
-        else:
-            rows = OutboxEntry.objects.bulk_create(rows)
-        ids = [row.id for row in rows]
-        if None in ids:  # a database that does not return ids from bulk inserts
-            ids = list(OutboxEntry.objects.filter(job_id__in=[b.job_id for b in built]).values_list("id", flat=True))
-
-        def after_commit() -> None:
-            relay_after_commit(ids)
-            self._sent(queue, task, results)
-
-        transaction.on_commit(after_commit)
 
     async def aenqueue(self, task: Task, args, kwargs) -> TaskResult:
         return (await self.aenqueue_many(task, [(args, kwargs)], _one=True))[0]

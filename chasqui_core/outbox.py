@@ -2,36 +2,91 @@
 
 ``transaction.on_commit`` alone loses a job when Redis is unreachable at the
 moment of the commit: the data is saved, the job is not. With the backend's
-``OUTBOX`` option, an enqueue inside ``transaction.atomic()`` writes an
-``OutboxEntry`` row in the caller's own transaction instead. After the commit
-the row is relayed to Redis at once; when that fails, the relay that every
-worker runs (``OutboxRelay``) retries until Redis answers. The job id is the
-idempotency key, so a row relayed twice still adds the job once.
+``OUTBOX`` option, an enqueue inside ``transaction.atomic()`` is staged here
+instead: ``stage`` writes an ``OutboxEntry`` row per job in the caller's own
+transaction. After the commit the rows are relayed to Redis at once; when
+that fails, the relay that every worker runs (``OutboxRelay``) retries until
+Redis answers. The job id is the idempotency key, so a row relayed twice
+still adds the job once.
+
+The backend calls this module and never the other way round: whoever relays
+passes the way to reach Redis (``queue_for``, the backend's ``queue`` method).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
+from django.apps import apps
 from django.db import close_old_connections, connection, transaction
 
-from chasqui_core.models import OutboxEntry
+from chasqui_core.engine.envelope import now_ms
+from chasqui_core.engine.queue import Queue
+
+if TYPE_CHECKING:
+    from chasqui_core.models import OutboxEntry
 
 logger = logging.getLogger("chasqui.outbox")
 
 RELAY_BATCH = 500
 
+QueueFor = Callable[[str], Queue]
+"""The Queue that sends a queue's jobs to Redis, by queue name."""
 
-def relay(ids: list[int] | None = None, *, limit: int = RELAY_BATCH) -> int:
+BuiltJob = tuple[str, str, bytes, str]
+"""A job as ``Queue.build`` returns it: (caller's job id or "", when, payload, job id)."""
+
+
+def _entries() -> type[OutboxEntry]:
+    """The OutboxEntry model, looked up when used rather than imported.
+
+    The backend imports this module, and Django may load the backend before
+    the app registry is ready (a tasks module imported from settings or from
+    an app's config), when no model can be imported yet.
+    """
+    return apps.get_model("chasqui_core", "OutboxEntry")
+
+
+def stage(queue_name: str, built: Sequence[BuiltJob], *, queue_for: QueueFor,
+          after_commit: Callable[[], None]) -> None:
+    """Write the jobs as outbox rows in the caller's transaction, and relay them once it commits.
+
+    ``after_commit`` runs after that first relay attempt, whether or not Redis
+    answered: the jobs are safe in the database either way.
+    """
+    OutboxEntry = _entries()
+    now = now_ms()
+    rows = []
+    for _, when, payload, job_id in built:
+        if when.startswith("+"):  # relative delays count from now, not from the relay
+            when = "@" + str(now + int(when[1:]))
+        rows.append(OutboxEntry(queue=queue_name, job_id=job_id, payload=payload, when=when))
+    if len(rows) == 1:
+        rows[0].save(force_insert=True)
+    else:
+        rows = OutboxEntry.objects.bulk_create(rows)
+    ids = [row.id for row in rows]
+    if None in ids:  # a database that does not return ids from bulk inserts
+        ids = list(OutboxEntry.objects.filter(job_id__in=[b.job_id for b in built]).values_list("id", flat=True))
+
+    def relay_now() -> None:
+        _relay_after_commit(ids, queue_for)
+        after_commit()
+
+    transaction.on_commit(relay_now)
+
+
+def relay(queue_for: QueueFor, ids: list[int] | None = None, *, limit: int = RELAY_BATCH) -> int:
     """Send committed outbox rows to Redis and delete them; returns how many were sent.
 
     ``ids`` limits the relay to given rows (the on-commit fast path); None
     takes the oldest rows. On PostgreSQL concurrent relays skip each other's
     rows (SKIP LOCKED); elsewhere a row sent twice is harmless.
     """
-    from django.tasks import task_backends
-
+    OutboxEntry = _entries()
     with transaction.atomic():
         rows = OutboxEntry.objects.order_by("id")
         if ids is not None:
@@ -44,12 +99,11 @@ def relay(ids: list[int] | None = None, *, limit: int = RELAY_BATCH) -> int:
         by_queue: dict[str, list[OutboxEntry]] = {}
         for row in rows:
             by_queue.setdefault(row.queue, []).append(row)
-        backend = _backend(task_backends)
         sent: list[int] = []
         failed: list[tuple[list[OutboxEntry], Exception]] = []
         for queue_name, group in by_queue.items():
             try:
-                backend.queue(queue_name).add_encoded([(r.job_id, r.when, bytes(r.payload)) for r in group])
+                queue_for(queue_name).add_encoded([(r.job_id, r.when, bytes(r.payload)) for r in group])
             except Exception as exc:  # Redis down: keep the rows for the next round
                 failed.append((group, exc))
             else:
@@ -66,20 +120,11 @@ def relay(ids: list[int] | None = None, *, limit: int = RELAY_BATCH) -> int:
     return len(sent)
 
 
-def _backend(task_backends):
-    from chasqui_core.backend import ChasquiBackend
-
-    for backend in task_backends.all():
-        if isinstance(backend, ChasquiBackend):
-            return backend
-    raise LookupError("no ChasquiBackend configured in settings.TASKS")
-
-
-def relay_after_commit(row_ids: list[int]) -> None:
+def _relay_after_commit(row_ids: list[int], queue_for: QueueFor) -> None:
     """The fast path: try to send rows as soon as their transaction commits."""
     try:
         for start in range(0, len(row_ids), RELAY_BATCH):
-            relay(row_ids[start:start + RELAY_BATCH])
+            relay(queue_for, row_ids[start:start + RELAY_BATCH])
     except Exception:
         logger.warning("outbox: relaying %d job row(s) after commit failed; the relay will retry", len(row_ids),
                        exc_info=True)
@@ -88,7 +133,8 @@ def relay_after_commit(row_ids: list[int]) -> None:
 class OutboxRelay:
     """A thread that relays leftover outbox rows, run inside every worker."""
 
-    def __init__(self, interval: float = 1.0) -> None:
+    def __init__(self, queue_for: QueueFor, interval: float = 1.0) -> None:
+        self.queue_for = queue_for
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chasqui-outbox", daemon=True)
@@ -105,7 +151,7 @@ class OutboxRelay:
         while not self._stop.is_set():
             try:
                 close_old_connections()
-                while relay() == RELAY_BATCH and not self._stop.is_set():
+                while relay(self.queue_for) == RELAY_BATCH and not self._stop.is_set():
                     pass
             except Exception:
                 logger.warning("outbox relay round failed; retrying", exc_info=True)

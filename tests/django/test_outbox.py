@@ -16,6 +16,8 @@ from chasqui_core.engine.connection import connect
 from chasqui_core.engine.embedded import EmbeddedValkey
 from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.queue import JobSpec
+from chasqui_core.management.commands.runworker import _outbox_relay
 from chasqui_core.models import OutboxEntry
 from chasqui_core.outbox import OutboxRelay, relay
 
@@ -73,35 +75,29 @@ def test_transaction_outbox_keeps_jobs_while_redis_is_down(outbox_on, redis, red
     assert all(r.attempts == 1 and "Connection" in r.last_error for r in rows)
 
     settings.CHASQUI = {"REDIS_URL": redis_url}  # Redis is back
-    assert relay() == 3
+    assert relay(outbox_on.queue) == 3
     assert not OutboxEntry.objects.exists()
     assert [decode(f[b"j"]).id for _, f in redis.xrange(DEFAULT.stream)] == ids
 
 
 @pytest.mark.django_db(transaction=True)
 def test_transaction_outbox_relay_is_idempotent(outbox_on, redis):
-    from chasqui_core.engine.queue import JobSpec
-
     queue = outbox_on.queue("default")
     built = queue.build(JobSpec("tests.django.sample_tasks.add", [1, 1]))
-    OutboxEntry.objects.create(queue="default", job_id=built[3], payload=built[2], when="")
+    OutboxEntry.objects.create(queue="default", job_id=built.job_id, payload=built.payload, when="")
     queue.add_encoded([(built[3], "", built[2])])  # sent once already (a relay whose reply was lost)
-    assert relay() == 1  # the row is consumed...
+    assert relay(outbox_on.queue) == 1  # the row is consumed...
     assert redis.xlen(DEFAULT.stream) == 1  # ...but the job is in Redis once
 
 
 @pytest.mark.django_db(transaction=True)
 def test_transaction_outbox_relay_thread_drains_leftovers(outbox_on, redis):
-    from chasqui_core.engine.queue import JobSpec
-
     queue = outbox_on.queue("default")
     for i in range(5):
         built = queue.build(JobSpec("tests.django.sample_tasks.add", [i, i]))
-        OutboxEntry.objects.create(queue="default", job_id=built[3], payload=built[2], when="")
-    relay_thread = OutboxRelay(interval=0.05).start()
+        OutboxEntry.objects.create(queue="default", job_id=built.job_id, payload=built.payload, when="")
+    relay_thread = OutboxRelay(outbox_on.queue, interval=0.05).start()
     try:
-        import time
-
         deadline = time.monotonic() + 10
         while OutboxEntry.objects.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -176,3 +172,22 @@ def test_runworker_relays_jobs_staged_while_redis_was_down(settings, tmp_path):
     assert worker.returncode == 0, output
     for signup in signups:
         assert f"Sent welcome email to {signup.email}" in output
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_relays_the_outbox_through_the_backend_only_when_it_is_on(outbox_on, redis, settings):
+    queue = outbox_on.queue("default")
+    built = queue.build(JobSpec("tests.django.sample_tasks.add", [2, 2]))
+    OutboxEntry.objects.create(queue="default", job_id=built.job_id, payload=built.payload, when="")
+    relay_thread = _outbox_relay()
+    assert relay_thread is not None
+    try:
+        deadline = time.monotonic() + 10
+        while OutboxEntry.objects.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        relay_thread.stop()
+    assert [decode(f[b"j"]).id for _, f in redis.xrange(DEFAULT.stream)] == [built.job_id]
+
+    settings.TASKS = {"default": {"BACKEND": "chasqui_core.backend.ChasquiBackend", "QUEUES": ["default"]}}
+    assert _outbox_relay() is None

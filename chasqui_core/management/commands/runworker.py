@@ -17,16 +17,19 @@ import os
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
+from django.tasks import task_backends
 
-from chasqui_core.task_runner import build_registry
+from chasqui_core.backend import ChasquiBackend
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import coerce_backoff
 from chasqui_core.engine.errors import InvalidQueueName
 from chasqui_core.engine.keys import validate_queue_name
 from chasqui_core.engine.retry import RetryPolicy
 from chasqui_core.engine.worker import Worker
+from chasqui_core.outbox import OutboxRelay
 from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, SupervisedChild, Supervisor, SupervisorConfig, child_command,
                                      cpu_count)
+from chasqui_core.task_runner import build_registry
 
 WORKER_OPTIONS = ("concurrency", "batch_size", "max_attempts", "backoff", "visibility_timeout", "poll_interval",
                   "shutdown_timeout", "max_jobs", "max_memory")
@@ -56,16 +59,11 @@ def _configure_logging() -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def _outbox_relay():
-    """Every worker relays the transactional outbox when a backend uses it."""
-    from django.tasks import task_backends
-
-    from chasqui_core.backend import ChasquiBackend
-
-    if any(isinstance(b, ChasquiBackend) and b.outbox for b in task_backends.all()):
-        from chasqui_core.outbox import OutboxRelay
-
-        return OutboxRelay().start()
+def _outbox_relay() -> OutboxRelay | None:
+    """Every worker relays the transactional outbox when a backend uses it, through that backend's queues."""
+    for backend in task_backends.all():
+        if isinstance(backend, ChasquiBackend) and backend.outbox:
+            return OutboxRelay(backend.queue).start()
     return None
 
 
