@@ -43,6 +43,10 @@ class QueueKeys:
     """Prefix of stored results (when result storage is on)."""
     metrics: str
     """Prefix of the time-bucketed counters: ``<metrics>s:<epoch second>`` and ``<metrics>m:<epoch minute>``."""
+    totals: str
+    """All-time counters (``<metrics>total``): the Lua scripts build this name from the metrics prefix."""
+    durations: str
+    """Run-duration histogram per task (``<metrics>durations``), built by settle.lua from the same prefix."""
     lane: str
     """Prefix of the producer lanes: ``<lane><lane id>`` holds the last write of one lane (see engine/link.py)."""
 
@@ -63,6 +67,8 @@ class QueueKeys:
             unique=p + "unique:",
             result=p + "result:",
             metrics=p + "m:",
+            totals=p + "m:total",
+            durations=p + "m:durations",
             lane=p + "lane:",
         )
 

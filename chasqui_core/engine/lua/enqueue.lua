@@ -6,7 +6,8 @@
 --                   producer lane, as "<seq>:<msgpack of its reply>"
 -- ARGV[1]  prefix of idempotency markers ({chasqui:<q>}:unique:)
 -- ARGV[2]  idempotency window in ms
--- ARGV[3]  prefix of the metrics counters ({chasqui:<q>}:m:)
+-- ARGV[3]  prefix of the metrics counters ({chasqui:<q>}:m:); the all-time
+--          totals are the hash <prefix>total
 -- ARGV[4]  how long a lane remembers its last write, in ms
 -- ARGV[5]  this write's sequence number in its lane (fixed before the first try)
 -- ARGV[6]  the jobs, one msgpack array of triples laid flat (one argument per
@@ -55,6 +56,7 @@ for i = 1, #items, 3 do
   end
 end
 if added > 0 then
+  redis.call('HINCRBY', mprefix .. 'total', 'enqueued', added)
   local sec = math.floor(now / 1000)
   local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
   -- a bucket gets its expiry when this counter is created in it, not on every add

@@ -6,7 +6,7 @@
 -- ARGV[1] lock holder id; when not "" the call moves nothing unless this
 --         holder owns the lock (a deposed leader stops at once)
 -- ARGV[2] most entries to move in this call
--- ARGV[3] prefix of the metrics counters ({chasqui:<q>}:m:)
+-- ARGV[3] prefix of the metrics counters ({chasqui:<q>}:m:); all-time totals in <prefix>total
 -- ARGV[4] approximate cap of the events stream
 -- Returns {moved, score of the earliest entry still waiting or -1, server ms, -1 when not the leader}
 
@@ -34,6 +34,7 @@ if moved > 0 then
   redis.call('EXPIRE', skey, 3720)
   redis.call('HINCRBY', mkey, 'promoted', moved)
   redis.call('EXPIRE', mkey, 90000)
+  redis.call('HINCRBY', mprefix .. 'total', 'promoted', moved)
 end
 local nxt = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
 local next_due = -1

@@ -10,7 +10,8 @@
 -- ARGV[3] min idle ms       ARGV[4] most entries to claim
 -- ARGV[5] scan cursor (start id, "0-0" at first)
 -- ARGV[6] deliveries allowed before an entry counts as a poison pill
--- ARGV[7] prefix of the metrics counters   ARGV[8] approximate cap of the events stream
+-- ARGV[7] prefix of the metrics counters (all-time totals in <prefix>total)
+-- ARGV[8] approximate cap of the events stream
 -- Returns {next cursor, flat list of claimed entries: id, fields (array), deliveries}
 
 local stream, dlq, events = KEYS[1], KEYS[2], KEYS[3]
@@ -57,5 +58,6 @@ if panics > 0 then
   redis.call('EXPIRE', skey, 3720)
   redis.call('HINCRBY', mkey, 'dlq', panics)
   redis.call('EXPIRE', mkey, 90000)
+  redis.call('HINCRBY', mprefix .. 'total', 'dlq', panics)
 end
 return {res[1], out}

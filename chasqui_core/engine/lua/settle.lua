@@ -8,7 +8,9 @@
 --
 -- KEYS[1] stream   KEYS[2] delayed   KEYS[3] dlq   KEYS[4] events
 -- ARGV[1] consumer group
--- ARGV[2] prefix of the metrics counters ({chasqui:<q>}:m:)
+-- ARGV[2] prefix of the metrics counters ({chasqui:<q>}:m:): time buckets
+--         <prefix>s:<second> and <prefix>m:<minute>, the all-time hash
+--         <prefix>total and the run-duration histogram <prefix>durations
 -- ARGV[3] approximate cap of the events stream
 -- ARGV[4] completed-event blob (msgpack list of [job id, task, ms]; "" for none)
 -- ARGV[5] number of completed entries C, then their stream ids joined by spaces
@@ -22,6 +24,9 @@
 --         error message, counts-as-failure (0/1), duration ms
 -- (one packed argument per section keeps a batch cheap to send)
 -- then    number of requeues Q, then Q pairs: stream id, payload
+-- then    number of histogram fields H and, when H > 0, one msgpack array of
+--         H pairs laid flat: field of <prefix>durations, amount to add (the
+--         worker counts a batch's runs per task and bucket, see engine/totals.py)
 -- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1,
 --          problems: a list of "stream id or result key: what went wrong" for items
 --          that could not be applied as asked}
@@ -30,7 +35,8 @@
 -- skipped and reported, and a retry whose delay is not a number goes to the
 -- dead-letter queue as `internal` instead of being lost. Each item's values
 -- are checked before its XACK, so an item is either applied whole or not
--- acknowledged at all.
+-- acknowledged at all. The duration histogram is added when the call settled
+-- anything, so a repeated call (which settles nothing) does not count twice.
 
 local stream, delayed, dlq, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
@@ -144,11 +150,16 @@ for k = 1, q do
   i = i + 2
 end
 
+-- the batch's run durations, counted per task and bucket by the worker
+local h = tonumber(ARGV[i]); i = i + 1
+local histogram = {}
+if h > 0 then histogram = cmsgpack.unpack(ARGV[i]); i = i + 1 end
+
 local failed = retried + failed_dead
 if completed + retried + dead > 0 then
   local sec = math.floor(now / 1000)
   local skey, mkey = mprefix .. 's:' .. sec, mprefix .. 'm:' .. math.floor(sec / 60)
-  for _, key in ipairs({skey, mkey}) do
+  for _, key in ipairs({skey, mkey, mprefix .. 'total'}) do
     if completed > 0 then redis.call('HINCRBY', key, 'completed', completed) end
     if failed > 0 then redis.call('HINCRBY', key, 'failed', failed) end
     if retried > 0 then redis.call('HINCRBY', key, 'retried', retried) end
@@ -156,5 +167,9 @@ if completed + retried + dead > 0 then
   end
   redis.call('EXPIRE', skey, 3720)
   redis.call('EXPIRE', mkey, 90000)
+  local durations = mprefix .. 'durations'
+  for k = 1, #histogram, 2 do
+    redis.call('HINCRBY', durations, histogram[k], histogram[k + 1])
+  end
 end
 return {now, completed, retried, dead, requeued, earliest, problems}
