@@ -155,7 +155,7 @@ def stats_from_replies(keys: QueueKeys, replies: list, now_ms: int,
     _raise_errors([length, delayed, dlq, paused, beats])
     pending, lag = _group_info(groups)
     script_now, size, overdue, lowest = (int(x) for x in delayed)
-    live = [w for w in _decode_workers(beats, now_ms, stale_after_ms) if not w.stale]
+    live = live_workers(beats, now_ms, stale_after_ms)
     return QueueStats(
         name=keys.queue,
         stream_length=int(length),
@@ -246,6 +246,11 @@ def _decode_workers(beats: dict, now: int, stale_after_ms: int) -> list[WorkerIn
         if info is not None:
             out.append(info)
     return out
+
+
+def live_workers(beats: dict, now_ms: int, stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> list[WorkerInfo]:
+    """The workers of one queue's heartbeat hash (HGETALL reply) whose heartbeat is fresh at ``now_ms``."""
+    return [w for w in _decode_workers(beats, now_ms, stale_after_ms) if not w.stale]
 
 
 def _heartbeats(client, queue: str | None) -> tuple[int, list[tuple[QueueKeys, dict]]]:

@@ -105,6 +105,9 @@ def _text(value: bytes | str) -> str:
 
 def parse(queue: str, counters_reply: dict, durations_reply: dict) -> QueueTotals:
     """A queue's totals from the replies of ``add_reads``; fields this version does not know are left out."""
+    for reply in (counters_reply, durations_reply):
+        if isinstance(reply, Exception):  # a pipeline read with raise_on_error=False
+            raise reply
     counters = dict.fromkeys(FIELDS, 0)
     for name, value in counters_reply.items():
         field = _text(name)
