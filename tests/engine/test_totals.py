@@ -5,9 +5,13 @@ import time
 
 from chasqui_core.engine import totals
 from chasqui_core.engine.backoff import BackoffSpec
+from chasqui_core.engine.connection import aconnect
 from chasqui_core.engine.dlq import DeadLetters
+from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.settler import Settler
 from chasqui_core.engine.worker import Worker
 from tests.engine.worker_app import settled
 
@@ -97,3 +101,28 @@ async def test_a_worker_counts_every_outcome_and_each_run_duration(redis, redis_
     below_30ms = totals.DURATION_BOUNDS_MS.index(25) + 1
     assert sum(slow_runs.counts[:below_30ms]) == 0, "a 30 ms run never lands at or below 25 ms"
     assert slow_runs.sum_ms >= 60
+
+
+async def test_a_repeated_settle_call_counts_nothing_twice(redis, redis_url):
+    keys = QueueKeys.for_queue("rep")
+    redis.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
+    ids = [redis.xadd(keys.stream, {"j": b"x"}) for _ in range(3)]
+    redis.xreadgroup(GROUP, "c1", {keys.stream: ">"}, count=3)
+    client = aconnect(redis_url)
+    try:
+        settler = Settler(client, Scripts(client))
+        settler.complete(keys, ids[0], "j0", "t", 3)
+        settler.complete(keys, ids[1], "j1", "t", 30)
+        settler.retry(keys, ids[2], 60_000, b"payload", job_id="j2", task="t", attempt=1, error_class="E",
+                      error="x", duration_ms=7)
+        batch = settler._batches["rep"]
+        await settler.flush()
+        first = totals.read_totals(redis, ["rep"])["rep"]
+        await settler._flush_one(keys, batch)  # sent again, as after a reply lost on the way back
+        assert totals.read_totals(redis, ["rep"])["rep"] == first
+    finally:
+        await client.aclose()
+    assert (first.counters["completed"], first.counters["retried"], first.counters["failed"]) == (2, 1, 1)
+    histogram = first.durations["t"]
+    assert histogram.counts == (1, 1, 0, 1) + (0,) * (len(totals.DURATION_BOUNDS_MS) - 3)
+    assert histogram.sum_ms == 40
