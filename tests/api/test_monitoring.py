@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 
@@ -166,9 +167,7 @@ def test_metrics_of_a_hundred_queues_read_a_fixed_set_of_keys_per_queue(redis, v
     assert int(redis.info("stats")["total_connections_received"]) - before <= 1
 
 
-def _commands(redis) -> "Counter[str]":
-    from collections import Counter
-
+def _commands(redis) -> Counter[str]:
     stats = redis.info("commandstats")
     return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
 
