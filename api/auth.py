@@ -75,12 +75,22 @@ class ApiKeyAuth(HttpBearer):
         self.permission = permission
 
     def authenticate(self, request: HttpRequest, token: str) -> Any:
-        _check_not_blocked(request)
-        user = authenticate_api_key(token.strip())
-        if user is None:
-            _count_failure(request)
-            return None
-        return _permitted(user, self.permission)
+        return user_for_key(request, token, self.permission)
+
+
+def user_for_key(request: HttpRequest, token: str, permission: str | tuple[str, ...] | None = None) -> Any:
+    """The user a bearer key belongs to, once it holds ``permission``; None for a wrong key.
+
+    Shared by the API and the plain views that take keys (/metrics), so every
+    wrong key counts against the same limit: TooManyAttempts once the address
+    is over it, PermissionDenied for a right key without the permission.
+    """
+    _check_not_blocked(request)
+    user = authenticate_api_key(token.strip())
+    if user is None:
+        _count_failure(request)
+        return None
+    return _permitted(user, permission)
 
 
 class SessionAuth(APIKeyCookie):

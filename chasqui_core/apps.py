@@ -14,7 +14,11 @@ class ChasquiCoreConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
+        from chasqui_core.conf import chasqui_settings
+
         post_migrate.connect(_ensure_groups, sender=self)
+        # A mistake in settings.CHASQUI stops the process at start, not at the first job or scrape.
+        chasqui_settings()
 
 
 def _ensure_groups(**kwargs) -> None:

@@ -8,6 +8,7 @@ worker at 3 a.m.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, fields
 from typing import Any
@@ -45,6 +46,19 @@ class ChasquiSettings:
     """More key names whose values are masked (case-insensitive, substring match), on top of the built-in
     list in chasqui_core.engine.redact.SECRET_KEYS (password, pwd, token, api_key, private_key, session,
     cookie, authorization, credentials...)."""
+    METRICS_ALLOWED_IPS: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    """Client addresses or networks ("10.0.0.7", "10.0.0.0/8", "fd00::/8") that may read /metrics without an
+    API key: the Prometheus servers, when giving them a key is awkward. Matched against the address Django
+    sees (REMOTE_ADDR), never a forwarded header."""
+
+    def metrics_allowed(self, address: str) -> bool:
+        """Whether a request from ``address`` may read /metrics without a key."""
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        mapped = getattr(ip, "ipv4_mapped", None)  # "::ffff:10.0.0.7" from a dual-stack socket
+        return any(ip in network or (mapped is not None and mapped in network) for network in self.METRICS_ALLOWED_IPS)
 
     @property
     def redis_url(self) -> str:
@@ -87,12 +101,30 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
             raise ImproperlyConfigured("settings.CHASQUI['MASKED_KEYS'] must be a list of key names")
         raw["MASKED_KEYS"] = tuple(k.lower() for k in keys)
+    if "METRICS_ALLOWED_IPS" in raw:
+        raw["METRICS_ALLOWED_IPS"] = _networks(raw["METRICS_ALLOWED_IPS"])
     if raw.get("BACKOFF") is not None:
         try:
             coerce_backoff(raw["BACKOFF"])
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"settings.CHASQUI['BACKOFF'] is not valid: {exc}") from None
     return ChasquiSettings(**raw)
+
+
+def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    name = "settings.CHASQUI['METRICS_ALLOWED_IPS']"
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ImproperlyConfigured(f"{name} must be a list of IP addresses or networks, e.g. ['10.0.0.7', "
+                                   f"'10.1.0.0/16'], got {value!r}")
+    out = []
+    for item in value:
+        try:
+            out.append(ipaddress.ip_network(item.strip() if isinstance(item, str) else item))
+        except (TypeError, ValueError) as exc:
+            raise ImproperlyConfigured(
+                f"{name} holds {item!r}, which is not an IP address or network (e.g. '10.0.0.7' or "
+                f"'10.1.0.0/16', with the host bits of a network at zero): {exc}") from None
+    return tuple(out)
 
 
 _current: ChasquiSettings | None = None

@@ -23,6 +23,11 @@ MINUTE_BUCKET = "m:"
 The Lua scripts build bucket keys themselves (``lua/prelude.lua``); scripts.py
 writes these two parts into the prelude when it loads it.
 """
+TOTALS = "total"
+"""What follows a queue's ``metrics`` prefix in the key of its all-time counters (written into the prelude too)."""
+DURATIONS = "durations"
+"""What follows a queue's ``metrics`` prefix in the key of its run-duration histograms."""
+
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
@@ -56,6 +61,10 @@ class QueueKeys:
     """Prefix of the per-second counter buckets: ``<second_counters><epoch second>`` is a hash of counters."""
     minute_counters: str
     """Prefix of the per-minute counter buckets: ``<minute_counters><epoch minute>``."""
+    totals: str
+    """All-time counters (``<metrics><TOTALS>``), bumped by the prelude's ``bump_counters`` with every bucket."""
+    durations: str
+    """Run-duration histogram per task (``<metrics><DURATIONS>``), written by settle.lua: see totals.py."""
     lane: str
     """Prefix of the producer lanes: ``<lane><lane id>`` holds the last write of one lane (see engine/link.py)."""
     console_depth: str
@@ -80,6 +89,8 @@ class QueueKeys:
             metrics=p + "m:",
             second_counters=p + "m:" + SECOND_BUCKET,
             minute_counters=p + "m:" + MINUTE_BUCKET,
+            totals=p + "m:" + TOTALS,
+            durations=p + "m:" + DURATIONS,
             lane=p + "lane:",
             console_depth=p + "console:depth",
         )

@@ -20,7 +20,7 @@ from string import Template
 from typing import Any
 
 from .connection import Client
-from .keys import MINUTE_BUCKET, SECOND_BUCKET
+from .keys import DURATIONS, MINUTE_BUCKET, SECOND_BUCKET, TOTALS
 from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 
 _LUA_DIR = Path(__file__).with_name("lua")
@@ -32,7 +32,8 @@ NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed
 def prelude() -> str:
     """The prelude as one line of Lua, its constants filled in."""
     text = Template((_LUA_DIR / "prelude.lua").read_text()).substitute(
-        SECOND_BUCKET=SECOND_BUCKET, MINUTE_BUCKET=MINUTE_BUCKET,
+        SECOND_BUCKET=SECOND_BUCKET, MINUTE_BUCKET=MINUTE_BUCKET, TOTALS=TOTALS,
+        DURATIONS=DURATIONS,
         SECOND_BUCKET_TTL=SECOND_BUCKET_TTL_S, MINUTE_BUCKET_TTL=MINUTE_BUCKET_TTL_S,
     )
     code = []

@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import msgpack
@@ -20,11 +21,16 @@ from .connection import Client
 from .events import Event
 from .keys import GROUP, QueueKeys
 from .scripts import Scripts
+from .totals import duration_increments
 
 logger = logging.getLogger("chasqui.worker")
 
 _pack_items = msgpack.Packer(use_bin_type=False).pack
 """str types only: the scripting engine's msgpack reads raw strings, not bin."""
+
+_task_of = itemgetter(1)
+_duration_of = itemgetter(2)
+"""Of a row of ``_Batch.completed``: [job id, task, duration ms]."""
 
 SETTLE_TRIES = 30
 """About a minute of retries (capped exponential waits) before outcomes are left to reclaim."""
@@ -38,6 +44,9 @@ class _Batch:
     retries: list[Any] = field(default_factory=list)
     dead: list[Any] = field(default_factory=list)
     requeues: list[Any] = field(default_factory=list)
+    failed_tasks: list[str] = field(default_factory=list)
+    failed_ms: list[int] = field(default_factory=list)
+    """Task and duration of each run that raised; successful runs are read from ``completed``."""
     n_retries: int = 0
     n_dead: int = 0
     n_requeues: int = 0
@@ -99,6 +108,8 @@ class Settler:
         batch = self._batch(keys)
         batch.retries += (entry_id, delay_ms, payload, job_id, task, attempt, duration_ms, error_class, error[:500])
         batch.n_retries += 1
+        batch.failed_tasks.append(task)
+        batch.failed_ms.append(duration_ms)
         if result is not None:
             batch.results += result
         if events.has_subscribers():
@@ -115,6 +126,9 @@ class Settler:
         batch.dead += (entry_id, payload, reason, task, job_id, error_class, error[:2000], 1 if handler_failed else 0,
                        duration_ms)
         batch.n_dead += 1
+        if handler_failed:
+            batch.failed_tasks.append(task)
+            batch.failed_ms.append(duration_ms)
         if result is not None:
             batch.results += result
         if events.has_subscribers():
@@ -185,6 +199,11 @@ class Settler:
             argv.append(_pack_items(b.dead))
         argv.append(b.n_requeues)
         argv += b.requeues
+        histogram = duration_increments([*map(_task_of, b.completed), *b.failed_tasks],
+                                        [*map(_duration_of, b.completed), *b.failed_ms])
+        argv.append(len(histogram) // 2)
+        if histogram:
+            argv.append(_pack_items(histogram))
         kwargs = dict(keys=[keys.stream, keys.delayed, keys.dlq, keys.events], args=argv)
         for attempt in range(SETTLE_TRIES):
             try:

@@ -117,11 +117,6 @@ def queue_exists(client: Client, name: str) -> bool:
     return bool(registered) or bool(exists)
 
 
-def _server_ms(reply: Any) -> int:
-    seconds, micros = reply
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def _group_info(reply: Any) -> tuple[int, int | None]:
     """(pending, lag) of the Chasqui group from an XINFO GROUPS reply; zeros when there is none."""
     if isinstance(reply, ResponseError):
@@ -144,6 +139,54 @@ def _raise_errors(replies: list[Any]) -> None:
             raise reply
 
 
+STATS_READS = 6
+"""Commands ``add_stats_reads`` queues per queue."""
+
+
+def add_stats_reads(pipe: Client, keys: QueueKeys) -> None:
+    """Queue the STATS_READS commands behind one queue's QueueStats on ``pipe``.
+
+    Lets a caller that reads more than stats (the Prometheus collector) keep
+    everything in one round trip; ``stats_from_replies`` turns the replies
+    (read with ``raise_on_error=False``) into QueueStats.
+    """
+    pipe.xlen(keys.stream)
+    pipe.xinfo_groups(keys.stream)
+    pipe.eval(source("delayed_stats"), 1, keys.delayed)
+    pipe.xlen(keys.dlq)
+    pipe.exists(keys.paused)
+    pipe.hgetall(keys.workers)
+
+
+def server_ms(time_reply: Any) -> int:
+    """Epoch ms from a TIME reply."""
+    seconds, micros = time_reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def stats_from_replies(keys: QueueKeys, replies: list[Any], now_ms: int,
+                       stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> QueueStats:
+    """A queue's QueueStats from the replies of ``add_stats_reads``; ``now_ms`` is the server's clock."""
+    length, groups, delayed, dlq, paused, beats = replies
+    _raise_errors([length, delayed, dlq, paused, beats])
+    pending, lag = _group_info(groups)
+    script_now, size, overdue, lowest = (int(x) for x in delayed)
+    live = live_workers(beats, now_ms, stale_after_ms)
+    return QueueStats(
+        name=keys.queue,
+        stream_length=int(length),
+        pending=pending,
+        in_flight=sum(w.in_flight for w in live),
+        delayed=size,
+        overdue=overdue,
+        oldest_overdue_age_ms=max(0, script_now - lowest) if overdue else 0,
+        dlq=int(dlq),
+        paused=bool(paused),
+        workers=len(live),
+        lag=lag,
+    )
+
+
 def all_queue_stats(
     client: Client, names: list[str] | None = None, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS
 ) -> list[QueueStats]:
@@ -156,39 +199,15 @@ def all_queue_stats(
     all_keys = [QueueKeys.for_queue(n) for n in names]
     if not all_keys:
         return []
-    script = source("delayed_stats")
     pipe = client.pipeline(transaction=False)
     pipe.time()
     for k in all_keys:
-        pipe.xlen(k.stream)
-        pipe.xinfo_groups(k.stream)
-        pipe.eval(script, 1, k.delayed)
-        pipe.xlen(k.dlq)
-        pipe.exists(k.paused)
-        pipe.hgetall(k.workers)
+        add_stats_reads(pipe, k)
     replies = pipe.execute(raise_on_error=False)
-    now = _server_ms(replies[0])
-    out = []
-    for i, k in enumerate(all_keys):
-        length, groups, delayed, dlq, paused, beats = replies[1 + 6 * i: 7 + 6 * i]
-        _raise_errors([length, delayed, dlq, paused, beats])
-        pending, lag = _group_info(groups)
-        script_now, size, overdue, lowest = (int(x) for x in delayed)
-        live = [w for w in _decode_workers(beats, now, stale_after_ms) if not w.stale]
-        out.append(QueueStats(
-            name=k.queue,
-            stream_length=int(length),
-            pending=pending,
-            in_flight=sum(w.in_flight for w in live),
-            delayed=size,
-            overdue=overdue,
-            oldest_overdue_age_ms=max(0, script_now - lowest) if overdue else 0,
-            dlq=int(dlq),
-            paused=bool(paused),
-            workers=len(live),
-            lag=lag,
-        ))
-    return out
+    now = server_ms(replies[0])
+    n = STATS_READS
+    return [stats_from_replies(k, replies[1 + n * i: 1 + n * (i + 1)], now, stale_after_ms)
+            for i, k in enumerate(all_keys)]
 
 
 def queue_stats(client: Client, name: str, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> QueueStats:
@@ -249,6 +268,12 @@ def _decode_workers(beats: dict[bytes, bytes], now: int, stale_after_ms: int) ->
     return out
 
 
+def live_workers(beats: dict[bytes, bytes], now_ms: int,
+                 stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> list[WorkerInfo]:
+    """The workers of one queue's heartbeat hash (HGETALL reply) whose heartbeat is fresh at ``now_ms``."""
+    return [w for w in _decode_workers(beats, now_ms, stale_after_ms) if not w.stale]
+
+
 def _heartbeats(client: Client, queue: str | None) -> tuple[int, list[tuple[QueueKeys, dict[bytes, bytes]]]]:
     """Server ms and every queue's raw heartbeat hash, in one round trip after the registry."""
     names = [queue] if queue is not None else list_queues(client)
@@ -258,7 +283,7 @@ def _heartbeats(client: Client, queue: str | None) -> tuple[int, list[tuple[Queu
     for k in all_keys:
         pipe.hgetall(k.workers)
     replies = pipe.execute()
-    return _server_ms(replies[0]), list(zip(all_keys, replies[1:], strict=False))
+    return server_ms(replies[0]), list(zip(all_keys, replies[1:], strict=False))
 
 
 def workers(client: Client, queue: str | None = None, *,

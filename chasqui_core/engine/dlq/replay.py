@@ -130,7 +130,8 @@ class DeadLetters(DLQReader):
                 argv += (d.entry_id, _replayed(d, reset_attempts), when)
         if not argv:
             return 0
-        return int(self._scripts.dlq_move(keys=[self.keys.dlq, self.keys.stream, self.keys.delayed], args=argv))
+        return int(self._scripts.dlq_move(keys=[self.keys.dlq, self.keys.stream, self.keys.delayed, self.keys.totals],
+                                          args=argv))
 
     def _sweep(
         self,

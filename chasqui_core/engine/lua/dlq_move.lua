@@ -3,7 +3,7 @@
 -- The XDEL result gates each move: when two operators replay the same entry
 -- at the same time, only the call that deleted it re-publishes it.
 --
--- KEYS[1] dlq   KEYS[2] stream   KEYS[3] delayed
+-- KEYS[1] dlq   KEYS[2] stream   KEYS[3] delayed   KEYS[4] all-time totals (counts "replayed")
 -- ARGV triples: dlq entry id, payload to publish, run at epoch ms ("" = now)
 -- Returns the number of entries moved.
 
@@ -18,5 +18,8 @@ for i = 1, #ARGV, 3 do
     end
     moved = moved + 1
   end
+end
+if moved > 0 then
+  redis.call('HINCRBY', KEYS[4], 'replayed', moved)
 end
 return moved

@@ -19,7 +19,11 @@
 --   `now` (ms). mprefix is the queue's counters prefix ({chasqui:<q>}:m:);
 --   counts is a flat list of field name, amount pairs; amounts of 0 are
 --   skipped. A bucket gets its expiry when a counter is created in it, not
---   on every bump: one command fewer per bucket on the busy path.
+--   on every bump: one command fewer per bucket on the busy path. The same
+--   amounts go to the queue's all-time counters (<mprefix>total, never
+--   expiring), in the same atomic call, so the two never disagree.
+-- durations_key(mprefix)
+--   The key of the queue's run-duration histograms (see engine/totals.py).
 
 local function server_ms()
   local t = redis.call('TIME')
@@ -30,6 +34,7 @@ local function bump_counters(mprefix, now, counts)
   local sec = math.floor(now / 1000)
   local skey = mprefix .. '${SECOND_BUCKET}' .. sec
   local mkey = mprefix .. '${MINUTE_BUCKET}' .. math.floor(sec / 60)
+  local tkey = mprefix .. '${TOTALS}'
   for k = 1, #counts, 2 do
     local field, n = counts[k], counts[k + 1]
     if n > 0 then
@@ -39,6 +44,11 @@ local function bump_counters(mprefix, now, counts)
       if redis.call('HINCRBY', mkey, field, n) == n then
         redis.call('EXPIRE', mkey, ${MINUTE_BUCKET_TTL})
       end
+      redis.call('HINCRBY', tkey, field, n)
     end
   end
+end
+
+local function durations_key(mprefix)
+  return mprefix .. '${DURATIONS}'
 end

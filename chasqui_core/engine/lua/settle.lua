@@ -8,7 +8,8 @@
 --
 -- KEYS[1] stream   KEYS[2] delayed   KEYS[3] dlq   KEYS[4] events
 -- ARGV[1] consumer group
--- ARGV[2] prefix of the metrics counters ({chasqui:<q>}:m:)
+-- ARGV[2] prefix of the metrics counters ({chasqui:<q>}:m:): the time buckets,
+--         the all-time counters and the run-duration histogram <prefix>durations
 -- ARGV[3] approximate cap of the events stream
 -- ARGV[4] completed-event blob (msgpack list of [job id, task, ms]; "" for none)
 -- ARGV[5] number of completed entries C, then their stream ids joined by spaces
@@ -22,6 +23,9 @@
 --         error message, counts-as-failure (0/1), duration ms
 -- (one packed argument per section keeps a batch cheap to send)
 -- then    number of requeues Q, then Q pairs: stream id, payload
+-- then    number of histogram fields H and, when H > 0, one msgpack array of
+--         H pairs laid flat: field of <prefix>durations, amount to add (the
+--         worker counts a batch's runs per task and bucket, see engine/totals.py)
 -- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1,
 --          problems: a list of "stream id or result key: what went wrong" for items
 --          that could not be applied as asked}
@@ -32,7 +36,7 @@
 -- are checked before its XACK, so an item is either applied whole or not
 -- acknowledged at all.
 --
--- Calls server_ms and bump_counters from prelude.lua.
+-- Calls server_ms, bump_counters and durations_key from prelude.lua.
 
 local stream, delayed, dlq, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
@@ -143,6 +147,17 @@ for k = 1, q do
     requeued = requeued + 1
   end
   i = i + 2
+end
+
+-- the batch's run durations, counted per task and bucket by the worker; added
+-- only when this call settled something, so a repeated call counts nothing twice
+local h = tonumber(ARGV[i]); i = i + 1
+if h > 0 and completed + retried + dead > 0 then
+  local histogram = cmsgpack.unpack(ARGV[i])
+  local durations = durations_key(mprefix)
+  for k = 1, #histogram, 2 do
+    redis.call('HINCRBY', durations, histogram[k], histogram[k + 1])
+  end
 end
 
 local failed = retried + failed_dead

@@ -1,0 +1,139 @@
+"""All-time counters and run-duration histograms of a queue.
+
+The time-bucketed counters (``metrics.py``) expire: they answer "how many per
+second lately". A monitoring system wants counters that only grow, so it can
+compute rates itself over any window and any process can answer for the whole
+fleet. The Lua calls that bump the buckets therefore also bump one hash per
+queue, ``<metrics>total``, in the same atomic call: the totals never disagree
+with the jobs they count.
+
+Run durations go to ``<metrics>durations`` as a histogram per task. Counting
+each run with its own increment would cost Redis one command per job; the
+settler instead counts a batch's runs per (task, bucket) in the worker and
+``settle.lua`` adds each count with one HINCRBY, so a batch of 500 runs of one
+task costs a handful of increments. A field is ``<upper bound in ms>:<task>``
+(``inf:<task>`` above the last bound) or ``sum:<task>`` (milliseconds run),
+readable with ``redis-cli hgetall``. Counting starts with the version that
+introduced these keys; jobs settled before it are not in them.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from .connection import Client
+from .keys import QueueKeys
+
+FIELDS = ("enqueued", "completed", "failed", "retried", "dlq", "replayed", "promoted")
+"""The counters of ``<metrics>total``; ``failed`` counts handler runs that raised (retried or dead)."""
+
+DURATION_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000)
+"""Upper bounds of the histogram's buckets: a run of d ms falls in the first bucket with d <= bound."""
+
+_BUCKET_NAMES = tuple(str(b) for b in DURATION_BOUNDS_MS) + ("inf",)
+_POSITION = {name: i for i, name in enumerate(_BUCKET_NAMES)}
+
+READS = 2
+"""Commands ``add_reads`` queues per queue."""
+
+
+@dataclass(frozen=True, slots=True)
+class DurationHistogram:
+    task: str
+    counts: tuple[int, ...]
+    """Runs per bucket, not cumulative: one per bound of DURATION_BOUNDS_MS, then the runs above the last."""
+    sum_ms: int
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTotals:
+    queue: str
+    counters: dict[str, int]
+    """Every field of FIELDS, 0 when never counted."""
+    durations: dict[str, DurationHistogram]
+    """By task name, for the tasks that ran at least once."""
+
+
+def duration_increments(tasks: list[str], durations_ms: list[int]) -> list[str | int]:
+    """The histogram increments of one batch of runs, laid flat for settle.lua: field, amount, field, amount...
+
+    ``tasks[i]`` ran for ``durations_ms[i]``. This runs for every job a
+    worker settles, so it avoids per-job Python steps: a batch is nearly
+    always one task (checked with ``list.count``), its durations are sorted
+    once, and each bucket's count is a binary search in the sorted list.
+    """
+    if not tasks:
+        return []
+    first = tasks[0]
+    by_task: dict[str, list[int]]
+    if tasks.count(first) == len(tasks):
+        by_task = {first: durations_ms}
+    else:
+        by_task = {}
+        for task, ms in zip(tasks, durations_ms, strict=False):
+            by_task.setdefault(task, []).append(ms)
+    out: list[str | int] = []
+    for task, values in by_task.items():
+        values = sorted(values)
+        counted = 0
+        for name, bound in zip(_BUCKET_NAMES, DURATION_BOUNDS_MS, strict=False):
+            upto = bisect_right(values, bound, counted)
+            if upto > counted:
+                out += (f"{name}:{task}", upto - counted)
+                counted = upto
+                if counted == len(values):
+                    break
+        if counted < len(values):
+            out += (f"inf:{task}", len(values) - counted)
+        out += (f"sum:{task}", sum(values))
+    return out
+
+
+def add_reads(pipe: Client, keys: QueueKeys) -> None:
+    """Queue the READS commands that read one queue's totals on ``pipe``; parse their replies with ``parse``."""
+    pipe.hgetall(keys.totals)
+    pipe.hgetall(keys.durations)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def parse(queue: str, counters_reply: dict[bytes, bytes], durations_reply: dict[bytes, bytes]) -> QueueTotals:
+    """A queue's totals from the replies of ``add_reads``; fields this version does not know are left out."""
+    for reply in (counters_reply, durations_reply):
+        if isinstance(reply, Exception):  # a pipeline read with raise_on_error=False
+            raise reply
+    counters = dict.fromkeys(FIELDS, 0)
+    for name, value in counters_reply.items():
+        field = _text(name)
+        if field in counters:
+            counters[field] = int(value)
+    counts: dict[str, list[int]] = {}
+    sums: dict[str, int] = {}
+    for name, value in durations_reply.items():
+        bucket, _, task = _text(name).partition(":")
+        if bucket == "sum":
+            sums[task] = int(value)
+        elif bucket in _POSITION:
+            counts.setdefault(task, [0] * len(_BUCKET_NAMES))[_POSITION[bucket]] = int(value)
+    durations = {
+        task: DurationHistogram(task, tuple(counts.get(task, [0] * len(_BUCKET_NAMES))), sums.get(task, 0))
+        for task in sorted(set(counts) | set(sums))
+    }
+    return QueueTotals(queue, counters, durations)
+
+
+def read_totals(client: Client, queues: list[str]) -> dict[str, QueueTotals]:
+    """The totals of several queues, in one round trip."""
+    all_keys = [QueueKeys.for_queue(q) for q in dict.fromkeys(queues)]
+    pipe = client.pipeline(transaction=False)
+    for keys in all_keys:
+        add_reads(pipe, keys)
+    replies = pipe.execute()
+    return {k.queue: parse(k.queue, replies[READS * i], replies[READS * i + 1]) for i, k in enumerate(all_keys)}

@@ -1,0 +1,100 @@
+"""Chasqui's figures in Prometheus's text format, read from Redis at scrape time.
+
+The collector keeps no counters of its own: every value comes from Redis when
+Prometheus asks, so any web process answers for the whole fleet and a
+restarted process loses nothing. A scrape costs two round trips whatever the
+number of queues: the queue registry, then one pipeline with the server's
+clock and every queue's stats (``engine/stats.py``) and totals
+(``engine/totals.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from chasqui_core.engine import stats, totals
+from chasqui_core.engine.keys import QueueKeys
+
+PREFIX = "chasqui_"
+
+_COUNTERS = (
+    ("enqueued", "jobs_enqueued", "Jobs added to the queue, ready or delayed (duplicates refused by job id excluded)."),
+    ("completed", "jobs_completed", "Handler runs that succeeded."),
+    ("failed", "jobs_failed", "Handler runs that raised, whether the job was retried or dead-lettered."),
+    ("retried", "jobs_retried", "Failed runs scheduled for another attempt."),
+    ("dlq", "jobs_dead_lettered", "Jobs moved to the dead-letter queue, for any reason."),
+    ("replayed", "jobs_replayed", "Dead-letter entries sent back to work by an operator."),
+    ("promoted", "jobs_promoted", "Delayed jobs (retries included) moved to the stream when due."),
+)
+
+_BUCKET_BOUNDS = [floatToGoString(ms / 1000) for ms in totals.DURATION_BOUNDS_MS] + ["+Inf"]
+
+
+class QueueCollector(Collector):
+    """Every registered queue's depth, counters and run durations, in one pipelined read per scrape."""
+
+    def __init__(self, client, *, stale_after_ms: int = stats.DEFAULT_STALE_AFTER_MS) -> None:
+        self.client = client
+        self.stale_after_ms = stale_after_ms
+
+    def collect(self) -> Iterator[Metric]:
+        all_keys = [QueueKeys.for_queue(name) for name in stats.list_queues(self.client)]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        for keys in all_keys:
+            stats.add_stats_reads(pipe, keys)
+            totals.add_reads(pipe, keys)
+        replies = pipe.execute(raise_on_error=False)
+        now = stats.server_ms(replies[0])
+        per_queue = stats.STATS_READS + totals.READS
+
+        def gauge(name: str, doc: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(PREFIX + name, doc, labels=["queue"])
+
+        depth = gauge("queue_stream_length", "Entries in the queue's stream: jobs waiting plus jobs leased to workers.")
+        pending = gauge("queue_pending_jobs", "Jobs leased to a worker and not settled yet.")
+        delayed = gauge("queue_delayed_jobs", "Jobs in the delayed set: scheduled for later, or waiting for a retry.")
+        dlq = gauge("queue_dead_letter_jobs", "Entries in the dead-letter queue.")
+        paused = gauge("queue_paused", "1 when operators paused the queue (workers do not read it), else 0.")
+        workers = gauge("queue_workers_alive", "Workers whose heartbeat on this queue is fresh.")
+        lag = gauge("promoter_lag_seconds",
+                    "Age of the oldest due job still in the delayed set (0 when none is due): how late promotion is.")
+        counters = {field: CounterMetricFamily(PREFIX + name, doc, labels=["queue"]) for field, name, doc in _COUNTERS}
+        durations = HistogramMetricFamily(
+            PREFIX + "job_duration_seconds",
+            "Run time of handler runs, successful or failed, per task (counted as whole milliseconds).",
+            labels=["queue", "task"],
+        )
+        for i, keys in enumerate(all_keys):
+            start = 1 + per_queue * i
+            qs = stats.stats_from_replies(keys, replies[start:start + stats.STATS_READS], now, self.stale_after_ms)
+            counted = totals.parse(keys.queue, *replies[start + stats.STATS_READS:start + per_queue])
+            label = [keys.queue]
+            depth.add_metric(label, qs.stream_length)
+            pending.add_metric(label, qs.pending)
+            delayed.add_metric(label, qs.delayed)
+            dlq.add_metric(label, qs.dlq)
+            paused.add_metric(label, 1 if qs.paused else 0)
+            workers.add_metric(label, qs.workers)
+            lag.add_metric(label, qs.oldest_overdue_age_ms / 1000)
+            for field, family in counters.items():
+                family.add_metric(label, counted.counters[field])
+            for task, histogram in counted.durations.items():
+                cumulative, running = [], 0
+                for bound, count in zip(_BUCKET_BOUNDS, histogram.counts, strict=False):
+                    running += count
+                    cumulative.append((bound, running))
+                durations.add_metric([keys.queue, task], cumulative, histogram.sum_ms / 1000)
+        yield from (depth, pending, delayed, dlq, paused, workers, lag, *counters.values(), durations)
+
+
+def render(client) -> bytes:
+    """The text exposition of every queue, read now."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(client))
+    return generate_latest(registry)
