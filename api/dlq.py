@@ -5,7 +5,7 @@ from ninja import Query, Router
 from ninja.responses import Status
 
 from api.auth import needs
-from api.errors import CHANGE, READ
+from api.errors import CHANGE, READ, WITH_BODY
 from api.schemas import (
     BulkIn,
     BulkOut,
@@ -58,7 +58,7 @@ def dead_groups(request: HttpRequest, queue: str, q: Query[DLQQuery]):
     return GroupsOut(items=[ErrorGroupOut.from_group(g) for g in groups])
 
 
-@router.post("/{queue}/dlq/replay", response={200: BulkOut, 202: BulkOut, **CHANGE},
+@router.post("/{queue}/dlq/replay", response={200: BulkOut, 202: BulkOut, **WITH_BODY},
              summary="Replay dead jobs by ids or by filter", auth=needs("replay_jobs"))
 def replay(request: HttpRequest, queue: str, payload: ReplayIn):
     """Give ``ids`` or a ``filter`` (``{"fingerprint": ...}`` is one error group). Filters matching more
@@ -72,7 +72,7 @@ def replay(request: HttpRequest, queue: str, payload: ReplayIn):
     return _bulk_response(result)
 
 
-@router.post("/{queue}/dlq/discard", response={200: BulkOut, 202: BulkOut, **CHANGE},
+@router.post("/{queue}/dlq/discard", response={200: BulkOut, 202: BulkOut, **WITH_BODY},
              summary="Discard dead jobs by ids or by filter", auth=needs("discard_jobs"))
 def discard(request: HttpRequest, queue: str, payload: BulkIn):
     """Delete for good. Same ``ids``/``filter`` rules and background behaviour as replay.
@@ -91,7 +91,7 @@ def get_dead(request: HttpRequest, queue: str, entry_id: str):
     return DeadJobOut.from_dead(dlq_service.dlq_entry(request.auth, queue, entry_id))
 
 
-@router.post("/{queue}/dlq/{entry_id}/replay", response={200: BulkOut, **CHANGE}, summary="Replay one dead job",
+@router.post("/{queue}/dlq/{entry_id}/replay", response={200: BulkOut, **WITH_BODY}, summary="Replay one dead job",
              auth=needs("replay_jobs"))
 def replay_one(request: HttpRequest, queue: str, entry_id: str, payload: OneReplayIn | None = None):
     """404 when the entry is gone (replayed or discarded already). Needs replay_jobs."""

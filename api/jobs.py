@@ -5,7 +5,7 @@ from ninja import Router
 from ninja.responses import Status
 
 from api.auth import needs
-from api.errors import CHANGE, READ
+from api.errors import CHANGE, READ, WITH_BODY
 from api.schemas import EnqueueIn, EnqueueOut, JobResultOut, TaskOut
 from chasqui_core.services import jobs as jobs_service
 
@@ -20,7 +20,7 @@ def list_tasks(request: HttpRequest):
             for t in jobs_service.task_list(request.auth)]
 
 
-@router.post("/queues/{queue}/jobs", response={201: EnqueueOut, **CHANGE}, summary="Enqueue a task",
+@router.post("/queues/{queue}/jobs", response={201: EnqueueOut, **WITH_BODY}, summary="Enqueue a task",
              auth=needs("enqueue_jobs"))
 def enqueue(request: HttpRequest, queue: str, payload: EnqueueIn):
     """Enqueue a registered task by name, with args, kwargs and per-job options (delay, attempts,

@@ -11,6 +11,7 @@ from django.test import Client
 
 from chasqui_core import access
 from chasqui_core.models import ApiKey
+from tests.api.conformance import check_response
 from tests.django import sample_tasks  # noqa: F401  (registers the sample tasks)
 
 
@@ -26,7 +27,8 @@ def _fresh_backend(redis):
 
 
 class ApiClient:
-    """A Django test client that sends JSON and an optional bearer key."""
+    """A Django test client that sends JSON and an optional bearer key, and checks every answer
+    against the API's published schema."""
 
     def __init__(self, key: str | None = None, client: Client | None = None) -> None:
         headers = {"authorization": f"Bearer {key}"} if key else {}
@@ -34,11 +36,15 @@ class ApiClient:
         self.key = key
 
     def get(self, path: str, **params):
-        return self.client.get(path, params)
+        response = self.client.get(path, params)
+        check_response("GET", path, response)
+        return response
 
     def post(self, path: str, body=None, **extra):
         data = json.dumps(body) if body is not None else ""
-        return self.client.post(path, data=data, content_type="application/json", **extra)
+        response = self.client.post(path, data=data, content_type="application/json", **extra)
+        check_response("POST", path, response)
+        return response
 
 
 def make_user(name: str, group: str | None = None, **kw) -> User:

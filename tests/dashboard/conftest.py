@@ -47,3 +47,18 @@ def viewer(db, django_user_model):
 def outsider(db, django_user_model):
     """Logged in, but without any Chasqui permission."""
     return _user(django_user_model, "otto", None)
+
+
+@pytest.fixture
+def viewer_cookie(viewer) -> bytes:
+    """A browser session of the viewer, for websockets."""
+    from tests.dashboard.websockets import session_cookie
+
+    return session_cookie(viewer)
+
+
+@pytest.fixture
+def outsider_cookie(outsider) -> bytes:
+    from tests.dashboard.websockets import session_cookie
+
+    return session_cookie(outsider)

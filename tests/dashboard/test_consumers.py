@@ -1,25 +1,24 @@
 """The console's websocket, through Channels' communicator and the project's real ASGI stack
-(origin check, session auth), with the in-memory channel layer and a real Redis."""
+(origin check, session auth), with the in-memory channel layer and a real Redis.
+
+test_consumers_redis.py runs the socket over the production channel layer (channels_redis)."""
 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import pytest
 from channels.layers import channel_layers
-from channels.testing import WebsocketCommunicator
-from django.test import Client
 
 from chasqui_core.engine.backoff import BackoffSpec
 from chasqui_core.engine.queue import Queue
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy
 from chasqui_core.engine.worker import Worker
-from config.asgi import application
 from dashboard.sampler import get_sampler
 from dashboard.topics import Topic
+from tests.dashboard.websockets import figure, live_socket, next_fragment, refused_with
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -35,73 +34,26 @@ def memory_layer(settings):
     channel_layers.backends.clear()
 
 
-def _cookie(user) -> bytes:
-    client = Client()
-    client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
-
-
-@pytest.fixture
-def viewer_cookie(viewer) -> bytes:
-    return _cookie(viewer)
-
-
-@pytest.fixture
-def outsider_cookie(outsider) -> bytes:
-    return _cookie(outsider)
-
-
-def _socket(path: str, cookie: bytes | None = None) -> WebsocketCommunicator:
-    headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
-    if cookie:
-        headers.append((b"cookie", cookie))
-    return WebsocketCommunicator(application, path, headers=headers)
-
-
-async def _refused_with(path: str, cookie: bytes | None) -> int:
-    ws = _socket(path, cookie)
-    connected, _ = await ws.connect()
-    assert connected  # accepted only to say why it closes
-    message = await ws.receive_output(timeout=5)
-    assert message["type"] == "websocket.close"
-    await ws.wait()
-    return message["code"]
-
-
 async def test_an_anonymous_socket_is_refused():
-    assert await _refused_with("/ws/live/overview/", None) == 4401
+    assert await refused_with("/ws/live/overview/", None) == 4401
     assert not get_sampler().running
 
 
 async def test_a_socket_without_the_view_permission_is_refused(outsider_cookie):
-    assert await _refused_with("/ws/live/overview/", outsider_cookie) == 4403
+    assert await refused_with("/ws/live/overview/", outsider_cookie) == 4403
 
 
 async def test_a_socket_for_nothing_watchable_is_refused(viewer_cookie):
-    assert await _refused_with("/ws/live/operation/not-an-id/", viewer_cookie) == 4404
-
-
-def _figure(html: str, name: str) -> int:
-    m = re.search(rf'data-metric="{name}"[^>]*>([\d,]+)<', html)
-    assert m, f"no {name} figure in the fragment"
-    return int(m[1].replace(",", ""))
-
-
-async def _next_fragment(ws: WebsocketCommunicator, marker: str, timeout: float = 10) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        html = await ws.receive_from(timeout=max(0.1, deadline - time.monotonic()))
-        if marker in html:
-            return html
+    assert await refused_with("/ws/live/operation/not-an-id/", viewer_cookie) == 4404
 
 
 async def test_a_logged_in_socket_sees_retries_and_dead_letters_rise(viewer_cookie, redis, redis_url):
     Queue(QUEUE, redis_client=redis).add("noop", [0])  # registers the queue; a handler that works
-    ws = _socket(f"/ws/live/queue/{QUEUE}/", viewer_cookie)
+    ws = live_socket(f"/ws/live/queue/{QUEUE}/", viewer_cookie)
     connected, _ = await ws.connect()
     assert connected
-    first = await _next_fragment(ws, 'id="q-cards"')
-    assert _figure(first, "retried-5m") == 0 and _figure(first, "dlq") == 0
+    first = await next_fragment(ws, 'id="q-cards"')
+    assert figure(first, "retried-5m") == 0 and figure(first, "dlq") == 0
     assert 'hx-swap-oob="true"' in first
 
     def boom(n):
@@ -120,8 +72,8 @@ async def test_a_logged_in_socket_sees_retries_and_dead_letters_rise(viewer_cook
         deadline = time.monotonic() + 20
         retried = dead = 0
         while (retried < 10 or dead < 5) and time.monotonic() < deadline:
-            html = await _next_fragment(ws, 'id="q-cards"')
-            retried, dead = _figure(html, "retried-5m"), _figure(html, "dlq")
+            html = await next_fragment(ws, 'id="q-cards"')
+            retried, dead = figure(html, "retried-5m"), figure(html, "dlq")
         assert (retried, dead) == (10, 5)  # two retries each, then the dead-letter queue
     finally:
         worker.request_stop()
@@ -130,12 +82,12 @@ async def test_a_logged_in_socket_sees_retries_and_dead_letters_rise(viewer_cook
 
 
 async def test_one_sampler_serves_every_socket_and_stops_with_the_last(viewer_cookie):
-    sockets = [_socket("/ws/live/overview/", viewer_cookie) for _ in range(3)]
+    sockets = [live_socket("/ws/live/overview/", viewer_cookie) for _ in range(3)]
     for ws in sockets:
         assert (await ws.connect())[0]
     sampler = get_sampler()
     for ws in sockets:
-        await _next_fragment(ws, 'id="ov-cards"')
+        await next_fragment(ws, 'id="ov-cards"')
     # One loop, one topic watched three times: each reading is rendered once and sent to the group.
     assert sampler.running
     assert dict(sampler._counts) == {Topic("overview"): 3}

@@ -455,9 +455,7 @@ def test_pages_of_a_dlq_with_200000_entries(viewer, redis):
     ids = bulk_dead(redis, Q, 200_000)
     newest_first = ids[::-1]
     c = _client(viewer)
-    started = time.monotonic()
     first = c.get(f"/queues/{Q}/dlq/").content.decode()
-    elapsed = time.monotonic() - started
     page1 = _entries(first)
     assert page1 == newest_first[:50]
     assert "200,000" in first
@@ -468,7 +466,7 @@ def test_pages_of_a_dlq_with_200000_entries(viewer, redis):
     assert not set(page1) & set(page2)
     filtered = c.get(f"/queues/{Q}/dlq/?q=row+199990+failed").content.decode()
     assert _entries(filtered) == [ids[199_990]]
-    assert elapsed < 10  # generous: the goal is well under 300 ms, measured by the bench
+    # How fast a page opens at this size is a goal of the dlq-page benchmark (bench/dlq_page.py), not of a test.
 
 
 # --- live figures on the pages ------------------------------------------------------------------

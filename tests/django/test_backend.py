@@ -160,6 +160,7 @@ def test_a_payload_naming_other_code_is_refused_never_imported(redis, redis_url)
     assert sample_tasks.RUNS == [("add", 1, 2)]
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_transaction_on_commit_enqueues_only_after_commit(redis):
     from functools import partial
@@ -170,6 +171,7 @@ def test_transaction_on_commit_enqueues_only_after_commit(redis):
     assert redis.xlen(DEFAULT.stream) == 1
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_transaction_rolled_back_never_enqueues(redis):
     from functools import partial
@@ -182,6 +184,7 @@ def test_transaction_rolled_back_never_enqueues(redis):
     assert redis.xlen(DEFAULT.stream) == 0
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_transaction_enqueue_on_commit_option(redis, settings):
     settings.TASKS = {"default": {"BACKEND": "chasqui_core.backend.ChasquiBackend", "QUEUES": ["default", "emails"],

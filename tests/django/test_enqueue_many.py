@@ -115,6 +115,7 @@ def test_aenqueue_many(redis):
     assert redis.xlen(DEFAULT.stream) == 5
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_transaction_enqueue_on_commit_holds_the_batch_until_commit(redis, settings):
     settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"], "OPTIONS": {"ENQUEUE_ON_COMMIT": True}}}
@@ -129,6 +130,7 @@ def test_transaction_enqueue_on_commit_holds_the_batch_until_commit(redis, setti
     assert redis.xlen(DEFAULT.stream) == 3
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_transaction_outbox_stages_the_batch_and_relays_it_after_commit(redis, settings):
     settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"], "OPTIONS": {"OUTBOX": True}}}

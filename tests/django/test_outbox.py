@@ -25,6 +25,8 @@ from tests.helpers import ROOT, subprocess_database_url
 
 from . import sample_tasks
 
+pytestmark = pytest.mark.postgres  # the relay's row locking differs on PostgreSQL (SKIP LOCKED)
+
 DEFAULT = QueueKeys.for_queue("default")
 EMAILS = QueueKeys.for_queue("emails")
 

@@ -25,11 +25,10 @@ from tests.engine.worker_app import (
 )
 
 
-def kill(proc) -> float:
-    """SIGKILL a worker process; returns when it is gone (monotonic time)."""
+def kill(proc) -> None:
+    """SIGKILL a worker process; returns once it is gone."""
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    return time.monotonic()
 
 
 @pytest.mark.timeout(90)
@@ -42,15 +41,14 @@ def test_job_of_a_killed_worker_reruns_on_another_worker(redis, workers):
     [first] = wait_for(lambda: read_runs(redis), 20, "the job to start")
     [victim] = [p for p in procs if p.pid == first.pid]
     [survivor] = [p for p in procs if p is not victim]
-    killed_at = kill(victim)
+    kill(victim)
 
     wait_for(lambda: len(read_runs(redis)) >= 2, visibility_s + 15, "the job to run again")
-    rerun_after = time.monotonic() - killed_at
     rerun = read_runs(redis)[1]
     assert rerun.job_id == job.job_id
     assert rerun.pid == survivor.pid
     assert rerun.attempt == 2, "the run lost with the dead worker counts"
-    assert rerun_after < visibility_s + 15
+    assert rerun.at_ms - first.at_ms >= visibility_s * 1000, "taken over only once the visibility timeout passed"
 
     wait_for(lambda: redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1) == [job.job_id.encode()], 20, "the rerun to finish")
     wait_for(lambda: settled(redis, "c-kill"), 10, "the queue to settle")
@@ -86,13 +84,12 @@ def test_promoter_lock_passes_on_when_its_holder_is_killed(redis, workers):
     leader_pid = int(holder.rsplit(":", 2)[1])
     [leader] = [p for p in procs if p.pid == leader_pid]
     [survivor] = [p for p in procs if p is not leader]
-    killed_at = kill(leader)
+    kill(leader)
 
     q = Queue("c-leader", redis_client=redis)
     jobs = [q.add("noop", delay=100) for _ in range(5)]
     assert all(j.delayed for j in jobs)
     wait_for(lambda: len(read_runs(redis)) >= 5, ttl_s + 15, "the delayed jobs to be promoted and run")
-    assert time.monotonic() - killed_at < ttl_s + 15
     runs = read_runs(redis)
     assert sorted(r.job_id for r in runs) == sorted(j.job_id for j in jobs)
     assert {r.pid for r in runs} == {survivor.pid}

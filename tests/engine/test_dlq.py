@@ -219,6 +219,7 @@ def test_count_and_pages_newest_first_without_skips_or_repeats(redis, dl):
     seen, sizes, cursor = [], [], None
     while True:
         page = dl.page(cursor=cursor, limit=100)
+        assert page.scanned == len(page.items), "an unfiltered page reads only what it shows, whatever the size"
         seen += [d.entry_id for d in page.items]
         sizes.append(len(page.items))
         cursor = page.next_cursor

@@ -120,7 +120,7 @@ class Command(BaseCommand):
                 self.stdout.write(f"Using Redis at {redis_url} (from REDIS_URL).")
             else:
                 server = EmbeddedValkey(
-                    settings.BASE_DIR / "var" / "valkey",
+                    settings.VAR_DIR / "valkey",
                     port=options["redis_port"],
                     appendonly=True,
                 )
