@@ -15,8 +15,9 @@ from chasqui_core.engine.queue import Queue
 from chasqui_core.management.commands.chasqui import ProgressBar, parse_when
 from chasqui_core.models import ApiKey, AuditEntry
 
-from .conftest import ApiClient
-from .helpers import TASK, add_dead, add_delayed, bulk_dead, dlq_len, heartbeat, stream_jobs
+from tests.helpers import TASK, add_dead, bulk_dead
+
+from .helpers import ApiClient, add_delayed, dlq_len, heartbeat, stream_jobs
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,9 @@ import pytest
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.models import AuditEntry
 
-from .helpers import TASK, add_dead, bulk_dead, dead_job, dlq_len, stream_jobs
+from tests.helpers import TASK, add_dead, bulk_dead, dead_job
+
+from .helpers import dlq_len, stream_jobs
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,9 @@ from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.models import AuditEntry, Operation
 
-from .helpers import bulk_dead, dlq_len, stream_jobs
+from tests.helpers import bulk_dead
+
+from .helpers import dlq_len, stream_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

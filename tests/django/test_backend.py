@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.core.management import get_commands
 from django.db import transaction
-from django.tasks import TaskResultStatus, task_backends
+from django.tasks import TaskResultStatus
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
@@ -34,11 +34,8 @@ EMAILS = QueueKeys.for_queue("emails")
 
 
 @pytest.fixture(autouse=True)
-def _clean(redis):
+def _clean(fresh_backend):
     sample_tasks.RUNS.clear()
-    for backend in task_backends.all():
-        backend.reset_connections()
-    yield
 
 
 def _stream_jobs(redis, keys=DEFAULT):

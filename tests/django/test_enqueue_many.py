@@ -21,11 +21,7 @@ DEFAULT = QueueKeys.for_queue("default")
 BACKEND = "chasqui_core.backend.ChasquiBackend"
 
 
-@pytest.fixture(autouse=True)
-def _clean(redis):
-    for backend in task_backends.all():
-        backend.reset_connections()
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_backend")
 
 
 def _stream_jobs(redis):
