@@ -5,7 +5,7 @@ from ninja import Router
 from ninja.responses import Status
 
 from api.auth import needs
-from api.errors import CHANGE, READ, WITH_BODY
+from api.errors import READ, WITH_BODY
 from api.schemas import EnqueueIn, EnqueueOut, JobResultOut, TaskOut
 from chasqui_core.services import jobs as jobs_service
 

@@ -1,3 +1,8 @@
+"""Fixtures every test folder shares: a Redis of the tests' own, a clean backend, users with each level of access.
+
+Builders of queue contents (dead-letter entries...) are in tests/helpers.py.
+"""
+
 import os
 
 import pytest
@@ -39,3 +44,51 @@ def redis(redis_url):
     client.set(OWNED_MARK, "flushed by the Chasqui test suite")
     yield client
     client.close()
+
+
+@pytest.fixture
+def fresh_backend(redis):
+    """A flushed Redis (the project's cache and channel layer live in it too) and task backends connected anew."""
+    from django.tasks import task_backends
+
+    for backend in task_backends.all():
+        backend.reset_connections()
+    yield
+
+
+# --- users with each level of access ----------------------------------------------------------------------
+
+
+def _user(django_user_model, username: str, group: str | None):
+    """A user whose password is ``<username>-password``, in ``group`` (one of chasqui_core.access's groups)."""
+    from django.contrib.auth.models import Group
+
+    from chasqui_core import access
+
+    access.ensure_groups()  # transactional tests empty the database, groups included
+    user = django_user_model.objects.create_user(username=username, password=f"{username}-password")
+    if group is not None:
+        user.groups.add(Group.objects.get(name=group))
+    return django_user_model.objects.get(pk=user.pk)  # a fresh permission cache
+
+
+@pytest.fixture
+def operator(db, django_user_model):
+    """Every Chasqui permission."""
+    from chasqui_core import access
+
+    return _user(django_user_model, "olga", access.OPERATORS)
+
+
+@pytest.fixture
+def viewer(db, django_user_model):
+    """view_queues only: sees everything, changes nothing."""
+    from chasqui_core import access
+
+    return _user(django_user_model, "vera", access.VIEWERS)
+
+
+@pytest.fixture
+def outsider(db, django_user_model):
+    """Logged in, but without any Chasqui permission."""
+    return _user(django_user_model, "otto", None)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
+from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
+
 ROOT = Path(__file__).resolve().parents[1]
 """The project's folder: where ``manage.py`` is, and the working directory of the processes tests start."""
 
@@ -16,3 +19,67 @@ def subprocess_database_url() -> str:
     if s["ENGINE"].endswith("sqlite3"):
         return f"sqlite:///{s['NAME']}"
     return f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+# --- dead-letter entries, written the way settle.lua writes them ------------------------------------------
+
+TASK = "tests.django.sample_tasks.add"
+"""A task every Django test process knows (tests/django/sample_tasks.py), so its dead jobs can be replayed."""
+
+
+def _traceback(cls: str, message: str) -> str:
+    return f"Traceback (most recent call last):\n  File \"tasks.py\", line 9\n{cls}: {message}\n"
+
+
+def error_history(messages, cls: str = "ValueError") -> list[dict]:
+    """One error record per message, as a worker writes them: run n failed with ``messages[n - 1]``."""
+    return [
+        error_record(attempt=i + 1, exc_class=cls, message=m, traceback=_traceback(cls, m),
+                     worker="host-1:4242:abcd", started_at=1_700_000_000_000 + i * 1000,
+                     finished_at=1_700_000_000_020 + i * 1000)
+        for i, m in enumerate(messages)
+    ]
+
+
+def dead_job(task: str = TASK, *, args=(1, 2), kwargs=None, messages=("boom",), cls: str = "ValueError",
+             job_id: str | None = None, replays: int = 0) -> Job:
+    """A job that failed once per message and ran out of attempts."""
+    errors = error_history(messages, cls)
+    return Job(job_id or new_job_id(), task, list(args), dict(kwargs or {}), attempt=len(errors),
+               created_at=now_ms(), max_attempts=len(errors), errors=errors, replays=replays)
+
+
+def dead_fields(job: Job, reason: str = "retries_exhausted") -> dict:
+    """The fields of the job's dead-letter entry."""
+    last = job.errors[-1] if job.errors else {}
+    return {"j": job.encode(), "reason": reason, "task": job.task, "job_id": job.id, "source_id": "1-0",
+            "error_class": last.get("class", ""), "error": last.get("message", "")}
+
+
+def add_dead(redis, queue: str, job: Job | None = None, reason: str = "retries_exhausted", **job_kw) -> str:
+    """Dead-letter ``job`` (or ``dead_job(**job_kw)``) in ``queue``; returns the entry id."""
+    job = job or dead_job(**job_kw)
+    redis.sadd(QUEUES_REGISTRY, queue)
+    return redis.xadd(QueueKeys.for_queue(queue).dlq, dead_fields(job, reason)).decode()
+
+
+def bulk_dead(redis, queue: str, n: int, *, task: str = TASK, cls: str = "ValueError",
+              message: str = "row {i} failed") -> list[str]:
+    """``n`` dead entries, one pipeline per 5,000; returns their entry ids, oldest first.
+
+    Entry i's only error says ``message.format(i=i)``, so a filter can find exactly one of them.
+    """
+    redis.sadd(QUEUES_REGISTRY, queue)
+    key = QueueKeys.for_queue(queue).dlq
+    [record] = error_history(["-"], cls)
+    created = now_ms()
+    ids: list[str] = []
+    for start in range(0, n, 5000):
+        pipe = redis.pipeline(transaction=False)
+        for i in range(start, min(n, start + 5000)):
+            text = message.format(i=i)
+            job = Job(new_job_id(), task, [i, 0], {}, attempt=1, created_at=created, max_attempts=1,
+                      errors=[{**record, "message": text, "traceback": _traceback(cls, text)}])
+            pipe.xadd(key, dead_fields(job))
+        ids += [r.decode() for r in pipe.execute()]
+    return ids

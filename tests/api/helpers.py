@@ -1,57 +1,49 @@
-"""Building queue state the way the engine writes it, for the API and CLI tests."""
+"""API clients, and queue state built the way the engine writes it, for the API and CLI tests.
+
+Dead-letter entries come from tests/helpers.py, shared with the console's tests.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 
 import msgpack
+from django.test import Client
 
-from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, now_ms
+from chasqui_core.engine.envelope import Job, decode
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.queue import Queue
-
-TASK = "tests.django.sample_tasks.add"
-
-
-def error_history(messages, cls="ValueError") -> list[dict]:
-    return [
-        error_record(attempt=i + 1, exc_class=cls, message=m,
-                     traceback=f"Traceback (most recent call last):\n  File \"x.py\", line 1\n{cls}: {m}\n",
-                     worker="w1", started_at=1_000, finished_at=1_020)
-        for i, m in enumerate(messages)
-    ]
+from chasqui_core.models import ApiKey
+from tests.api.conformance import check_response
+from tests.helpers import TASK
 
 
-def dead_job(task=TASK, *, args=(1, 2), kwargs=None, messages=("boom",), cls="ValueError", job_id=None) -> Job:
-    errors = error_history(messages, cls)
-    return Job(job_id or new_job_id(), task, list(args), dict(kwargs or {}), attempt=len(errors),
-               created_at=now_ms(), max_attempts=len(errors), errors=errors)
+class ApiClient:
+    """A Django test client that sends JSON and an optional bearer key, and checks every answer
+    against the API's published schema."""
+
+    def __init__(self, key: str | None = None, client: Client | None = None) -> None:
+        headers = {"authorization": f"Bearer {key}"} if key else {}
+        self.client = client or Client(headers=headers)
+        self.key = key
+
+    def get(self, path: str, **params):
+        response = self.client.get(path, params)
+        check_response("GET", path, response)
+        return response
+
+    def post(self, path: str, body=None, **extra):
+        data = json.dumps(body) if body is not None else ""
+        response = self.client.post(path, data=data, content_type="application/json", **extra)
+        check_response("POST", path, response)
+        return response
 
 
-def dead_fields(job: Job, reason: str = "retries_exhausted") -> dict:
-    """The fields settle.lua writes for a dead job."""
-    last = job.errors[-1] if job.errors else {}
-    return {"j": job.encode(), "reason": reason, "task": job.task, "job_id": job.id, "source_id": "1-0",
-            "error_class": last.get("class", ""), "error": last.get("message", "")}
-
-
-def add_dead(redis, queue: str, job: Job | None = None, reason: str = "retries_exhausted", **job_kw) -> str:
-    job = job or dead_job(**job_kw)
-    redis.sadd(QUEUES_REGISTRY, queue)
-    return redis.xadd(QueueKeys.for_queue(queue).dlq, dead_fields(job, reason)).decode()
-
-
-def bulk_dead(redis, queue: str, n: int, *, task=TASK, cls="ValueError", message="row {i} failed") -> list[str]:
-    """``n`` dead entries, one pipeline per 5,000; returns their entry ids, oldest first."""
-    redis.sadd(QUEUES_REGISTRY, queue)
-    key = QueueKeys.for_queue(queue).dlq
-    ids: list[str] = []
-    for start in range(0, n, 5000):
-        pipe = redis.pipeline(transaction=False)
-        for i in range(start, min(n, start + 5000)):
-            pipe.xadd(key, dead_fields(dead_job(task, args=(i, 0), messages=(message.format(i=i),), cls=cls)))
-        ids += [r.decode() for r in pipe.execute()]
-    return ids
+def key_client(user) -> ApiClient:
+    """An ApiClient sending a new API key of ``user``."""
+    _, key = ApiKey.issue(user, name="tests")
+    return ApiClient(key)
 
 
 def stream_jobs(redis, queue: str) -> list[Job]:

@@ -6,7 +6,9 @@ from django.test import Client
 
 from chasqui_core.models import AuditEntry
 
-from .helpers import add_delayed, bulk_dead
+from tests.helpers import bulk_dead
+
+from .helpers import add_delayed
 
 pytestmark = pytest.mark.django_db
 

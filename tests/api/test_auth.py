@@ -10,7 +10,7 @@ from django.utils import timezone
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.models import ApiKey
 
-from .conftest import ApiClient, key_client
+from .helpers import ApiClient, key_client
 
 pytestmark = pytest.mark.django_db
 
@@ -63,8 +63,8 @@ def test_anonymous_gets_401_and_nothing_else(anon_api, method, path, body):
 
 
 @pytest.mark.parametrize("method,path,body", READS)
-def test_user_without_view_permission_gets_403_on_reads(nobody_api, method, path, body):
-    r = call(nobody_api, method, path, body)
+def test_user_without_view_permission_gets_403_on_reads(outsider_api, method, path, body):
+    r = call(outsider_api, method, path, body)
     assert r.status_code == 403
     assert "view_queues" in r.json()["detail"]
 

@@ -3,7 +3,7 @@
 import io
 import os
 import signal
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 from django.contrib.auth.models import User
@@ -15,8 +15,9 @@ from chasqui_core.engine.queue import Queue
 from chasqui_core.management.commands.chasqui import ProgressBar, parse_when
 from chasqui_core.models import ApiKey, AuditEntry
 
-from .conftest import ApiClient
-from .helpers import TASK, add_dead, add_delayed, bulk_dead, dlq_len, heartbeat, stream_jobs
+from tests.helpers import TASK, add_dead, bulk_dead
+
+from .helpers import ApiClient, add_delayed, dlq_len, heartbeat, stream_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -221,8 +222,8 @@ def test_progress_bar_on_a_terminal_and_in_logs():
 
 
 def test_parse_when():
-    now = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
     assert parse_when("30m", now=now) == now - timedelta(minutes=30)
     assert parse_when("2d", now=now) == now - timedelta(days=2)
-    assert parse_when("2026-01-01T10:00:00") == datetime(2026, 1, 1, 10, tzinfo=timezone.utc)
+    assert parse_when("2026-01-01T10:00:00") == datetime(2026, 1, 1, 10, tzinfo=UTC)
     assert parse_when("2026-01-01T10:00:00+02:00").utcoffset() == timedelta(hours=2)

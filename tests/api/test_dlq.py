@@ -1,13 +1,15 @@
 """The DLQ endpoints: browse, filter, group, one entry, replay and discard (inline)."""
 
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pytest
 
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.models import AuditEntry
 
-from .helpers import TASK, add_dead, bulk_dead, dead_job, dlq_len, stream_jobs
+from tests.helpers import TASK, add_dead, bulk_dead, dead_job
+
+from .helpers import dlq_len, stream_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -140,7 +142,7 @@ def test_replay_by_ids_resets_attempts_and_is_audited(op_api, operator, redis):
 
 def test_replay_one_more_attempt_at_a_time(op_api, redis):
     eid = add_dead(redis, Q, messages=("a", "b", "c"))
-    when = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    when = datetime(2030, 1, 1, tzinfo=UTC)
     r = op_api.post(f"/api/queues/{Q}/dlq/{eid}/replay", {"reset_attempts": False, "run_at": when.isoformat()})
     assert r.status_code == 200, r.content
     assert r.json()["count"] == 1

@@ -16,8 +16,10 @@ from django.db import close_old_connections
 
 from chasqui_core.models import ApiKey
 
+from tests.helpers import add_dead, bulk_dead
+
 from .conformance import published_schema
-from .helpers import add_dead, add_delayed, bulk_dead, heartbeat
+from .helpers import add_delayed, heartbeat
 
 pytestmark = pytest.mark.django_db
 

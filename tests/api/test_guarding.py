@@ -3,7 +3,7 @@
 import pytest
 from django.test import Client
 
-from .conftest import ApiClient
+from .helpers import ApiClient
 
 Q = "default"
 
@@ -21,12 +21,12 @@ def test_wrong_api_keys_from_one_address_get_429_with_retry_after(db, view_api, 
     assert elsewhere.status_code == 200
 
 
-def test_a_user_without_the_permission_gets_403_before_any_validation(nobody_api, redis):
-    bad_body = nobody_api.post(f"/api/queues/{Q}/dlq/replay", {"ids": "not a list", "nonsense": True})
+def test_a_user_without_the_permission_gets_403_before_any_validation(outsider_api, redis):
+    bad_body = outsider_api.post(f"/api/queues/{Q}/dlq/replay", {"ids": "not a list", "nonsense": True})
     assert bad_body.status_code == 403 and "replay_jobs" in bad_body.json()["detail"]
-    unknown = nobody_api.get(f"/api/queues/{Q}/dlq/1-0")
+    unknown = outsider_api.get(f"/api/queues/{Q}/dlq/1-0")
     assert unknown.status_code == 403
-    bad_queue = nobody_api.get("/api/queues/no such queue!/dlq")
+    bad_queue = outsider_api.get("/api/queues/no such queue!/dlq")
     assert bad_queue.status_code == 403
 
 
@@ -47,7 +47,7 @@ def test_unknown_api_paths_and_methods_answer_json(view_api):
 
 
 @pytest.mark.django_db
-def test_thirty_wrong_passwords_lock_the_login_out_with_a_clear_message(django_user_model, groups):
+def test_thirty_wrong_passwords_lock_the_login_out_with_a_clear_message(django_user_model):
     django_user_model.objects.create_user("olga", password="the-right-one")
     browser = Client()
     answers = [browser.post("/login/", {"username": "olga", "password": f"guess-{i}"}).status_code

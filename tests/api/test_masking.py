@@ -4,7 +4,9 @@ import pytest
 
 from chasqui_core.masking import MASK, mask, mask_text
 
-from .helpers import add_dead, add_delayed, dead_job
+from tests.helpers import add_dead, dead_job
+
+from .helpers import add_delayed
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import msgpack
 import pytest
@@ -91,7 +91,7 @@ def test_metrics_after_a_known_workload(redis, redis_url, view_api):
                + [JobSpec("broken", [i]) for i in range(2)])
     q.add_bulk([JobSpec("ok", [100 + i], delay=3_600_000) for i in range(2)])
     late = Queue("late", redis_client=redis)  # nobody serves it: its due job waits, so promotion lags
-    late.add("ok", [1], run_at=datetime.now(timezone.utc) - timedelta(seconds=5))
+    late.add("ok", [1], run_at=datetime.now(UTC) - timedelta(seconds=5))
     Queue("idle", redis_client=redis).add("ok", [1])
     stats.pause(redis, "idle")
 

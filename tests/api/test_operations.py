@@ -13,7 +13,9 @@ from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services import background
 from chasqui_core.services import dlq as dlq_service
 
-from .helpers import bulk_dead, dlq_len, stream_jobs
+from tests.helpers import bulk_dead
+
+from .helpers import dlq_len, stream_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,7 +6,9 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.models import AuditEntry
 
-from .helpers import TASK, add_dead, add_delayed
+from tests.helpers import TASK, add_dead
+
+from .helpers import add_delayed
 
 pytestmark = pytest.mark.django_db
 

@@ -1,52 +1,22 @@
-"""Fixtures of the console tests: users with each level of access, a clean
-Redis, and the console's per-process state reset between tests."""
+"""Fixtures of the console tests: a clean Redis and console state per test, and browser sessions for websockets.
+
+The users (operator, viewer, outsider) come from tests/conftest.py.
+"""
 
 from __future__ import annotations
 
 import pytest
-from django.tasks import task_backends
 
-from chasqui_core import access
 from dashboard.sampler import get_sampler
 
 
 @pytest.fixture(autouse=True)
-def _fresh_state(redis):
-    """Flushed Redis (via ``redis``), new backend clients, and a sampler without cached history."""
-    for backend in task_backends.all():
-        backend.reset_connections()
+def _fresh_state(fresh_backend):
+    """A flushed Redis, new backend clients, and a sampler without cached history."""
     sampler = get_sampler()
     sampler._reader = None
     yield
     sampler._reader = None
-
-
-def _user(django_user_model, username: str, group: str | None):
-    access.ensure_groups()
-    user = django_user_model.objects.create_user(username=username, password=f"{username}-password")
-    if group is not None:
-        from django.contrib.auth.models import Group
-
-        user.groups.add(Group.objects.get(name=group))
-    return django_user_model.objects.get(pk=user.pk)  # fresh permission cache
-
-
-@pytest.fixture
-def operator(db, django_user_model):
-    """Every Chasqui permission."""
-    return _user(django_user_model, "olga", access.OPERATORS)
-
-
-@pytest.fixture
-def viewer(db, django_user_model):
-    """view_queues only: sees everything, changes nothing."""
-    return _user(django_user_model, "vera", access.VIEWERS)
-
-
-@pytest.fixture
-def outsider(db, django_user_model):
-    """Logged in, but without any Chasqui permission."""
-    return _user(django_user_model, "otto", None)
 
 
 @pytest.fixture

@@ -63,7 +63,7 @@ def stack(redis, redis_url, operator, viewer, tmp_path):
     """Daphne and a worker for QUEUE, both on the e2e settings, the test database and Redis."""
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": subprocess_database_url(),
            "DJANGO_SETTINGS_MODULE": "tests.dashboard.e2e_settings", "PYTHONPATH": str(ROOT), "DEBUG": "1"}
-    worker_log = open(tmp_path / "worker.log", "w")
+    worker_log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - the worker writes it until the test ends
     worker = subprocess.Popen(
         [sys.executable, "manage.py", "runworker", QUEUE, "--concurrency", "4", "--poll-interval", "0.05"],
         cwd=ROOT, env=env, stdout=worker_log, stderr=subprocess.STDOUT,

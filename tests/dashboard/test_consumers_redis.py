@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 from channels.layers import channel_layers, get_channel_layer
 from channels_redis.core import RedisChannelLayer
-from django.conf import settings as django_settings
 
 from chasqui_core.engine.queue import Queue
 from dashboard.topics import Topic

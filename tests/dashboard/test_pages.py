@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from datetime import timedelta
 from html import escape, unescape
 from urllib.parse import parse_qsl, urlsplit
@@ -14,14 +13,15 @@ from django.test import Client
 from chasqui_core.engine.dlq.fingerprint import fingerprint_id
 from django.utils import timezone
 
-from chasqui_core.engine.envelope import decode
+from chasqui_core.engine.envelope import Job, decode, now_ms
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.masking import MASK
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services import background
 
-from .helpers import add_dead, failed_job
+from tests.api.helpers import heartbeat
+from tests.helpers import add_dead, bulk_dead, dead_job
 
 pytestmark = pytest.mark.django_db
 
@@ -29,6 +29,12 @@ Q = "emails"
 KEYS = QueueKeys.for_queue(Q)
 PAGES = ["/", f"/queues/{Q}/", f"/queues/{Q}/dlq/", f"/queues/{Q}/dlq/?view=groups", "/audit/",
          "/live/overview/", f"/live/queue/{Q}/", f"/live/dlq/{Q}/"]
+
+
+def welcome_failure(**overrides) -> Job:
+    """A welcome email the SMTP server kept refusing: the console's everyday dead job."""
+    return dead_job(**{"task": "emails.tasks.send_welcome_email", "args": (1,), "messages": ("SMTP server said 451",),
+                       "cls": "RuntimeError", **overrides})
 
 
 def _client(user, **kwargs) -> Client:
@@ -85,7 +91,7 @@ ACTION_MARKERS = ['name="intent"', 'name="ids"', "Pause queue", "Resume queue", 
 
 def _stock(redis) -> str:
     """A dead job and a delayed job in queue Q; returns the dead entry id."""
-    entry = add_dead(redis, Q, failed_job())
+    entry = add_dead(redis, Q, welcome_failure())
     Queue(Q, redis_client=redis).add("emails.tasks.send_welcome_email", [7], delay=3600)
     return entry
 
@@ -148,8 +154,8 @@ def test_changes_are_posts_with_a_csrf_token(operator, redis):
 
 
 def test_overview_lists_every_queue_with_its_figures(viewer, redis):
-    for i in range(3):
-        add_dead(redis, "billing", failed_job("billing.tasks.charge", messages=("declined",)))
+    for _i in range(3):
+        add_dead(redis, "billing", welcome_failure(task="billing.tasks.charge", messages=("declined",)))
     Queue("billing", redis_client=redis).add("billing.tasks.charge", [1])
     html = _client(viewer).get("/").content.decode()
     row = re.search(r'<tr id="queue-row-billing".*?</tr>', html, re.S)[0]
@@ -160,9 +166,7 @@ def test_overview_lists_every_queue_with_its_figures(viewer, redis):
 
 
 def test_the_queue_page_shows_each_worker_with_memory_and_running_jobs_and_lost_ones(viewer, redis):
-    from tests.api.helpers import heartbeat
-
-    now = int(time.time() * 1000)
+    now = now_ms()
     heartbeat(redis, [Q], "w-busy", in_flight=1, rss_kb=150 * 1024,
               current=[("emails.tasks.send_welcome", "01JBUSYJOB000000000000000", now - 95_000)])
     heartbeat(redis, [Q], "w-gone", age_ms=300_000)
@@ -210,12 +214,14 @@ def test_delayed_jobs_run_now_or_cancel(operator, redis):
 def _mixed_dlq(redis) -> dict[str, list[str]]:
     ids: dict[str, list[str]] = {"timeout": [], "declined": [], "smtp": []}
     for i in range(4):
-        ids["timeout"].append(add_dead(redis, Q, failed_job("billing.charge", cls="TimeoutError",
-                                                             messages=(f"gateway timed out for order {i}",))))
-        ids["declined"].append(add_dead(redis, Q, failed_job("billing.charge", cls="CardDeclined",
-                                                              messages=(f"card of customer {i} declined",))))
-    for i in range(3):
-        ids["smtp"].append(add_dead(redis, Q, failed_job(messages=("SMTP server said 451",))))
+        timeout = welcome_failure(task="billing.charge", cls="TimeoutError",
+                                  messages=(f"gateway timed out for order {i}",))
+        declined = welcome_failure(task="billing.charge", cls="CardDeclined",
+                                   messages=(f"card of customer {i} declined",))
+        ids["timeout"].append(add_dead(redis, Q, timeout))
+        ids["declined"].append(add_dead(redis, Q, declined))
+    for _ in range(3):
+        ids["smtp"].append(add_dead(redis, Q, welcome_failure(messages=("SMTP server said 451",))))
     return ids
 
 
@@ -285,8 +291,8 @@ def test_error_groups_with_actions_per_group(operator, redis):
     ids = _mixed_dlq(redis)
     c = _client(operator)
     html = c.get(f"/queues/{Q}/dlq/?view=groups").content.decode()
-    rows = re.findall(r'<td class="r num strong">(\d+)</td>\s*<td class="error-cell">\s*<div class="mono fingerprint">([^<]+)<',
-                      html)
+    rows = re.findall(r'<td class="r num strong">(\d+)</td>\s*<td class="error-cell">\s*'
+                      r'<div class="mono fingerprint">([^<]+)<', html)
     assert [(int(n), fp) for n, fp in rows] == [
         (4, "CardDeclined: card of customer &lt;n&gt; declined"),
         (4, "TimeoutError: gateway timed out for order &lt;n&gt;"),
@@ -349,9 +355,9 @@ def test_an_error_group_keeps_the_other_filters_and_each_chip_removes_one(operat
 @pytest.mark.django_db(transaction=True)
 def test_a_big_error_group_runs_in_the_background(operator, redis, settings):
     settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
-    group = [add_dead(redis, Q, failed_job(cls="TimeoutError", messages=(f"order {i} timed out",)))
+    group = [add_dead(redis, Q, welcome_failure(cls="TimeoutError", messages=(f"order {i} timed out",)))
              for i in range(30)]
-    others = [add_dead(redis, Q, failed_job(cls="TimeoutError", messages=(f"order {i} refused",)))
+    others = [add_dead(redis, Q, welcome_failure(cls="TimeoutError", messages=(f"order {i} refused",)))
               for i in range(15)]
     fp = fingerprint_id("TimeoutError: order <n> timed out")
     c = _client(operator)
@@ -376,7 +382,7 @@ def test_a_big_error_group_runs_in_the_background(operator, redis, settings):
 def test_a_big_operation_runs_in_the_background_with_progress(operator, redis, settings):
     settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
     for i in range(60):
-        add_dead(redis, Q, failed_job(messages=(f"boom {i}",)))
+        add_dead(redis, Q, welcome_failure(messages=(f"boom {i}",)))
     c = _client(operator)
     confirm = c.post(f"/queues/{Q}/dlq/confirm/", {"intent": "replay-matching"}).content.decode()
     assert "Replay 60 entries?" in confirm and "live progress bar" in confirm
@@ -395,9 +401,10 @@ def test_a_big_operation_runs_in_the_background_with_progress(operator, redis, s
 
 
 def test_the_entry_page_shows_masked_arguments_every_run_and_lineage(viewer, redis):
-    job = failed_job(kwargs={"email": "ana@example.com", "password": "hunter2", "headers": {"Authorization": "Bearer abc.def.ghi"}},
-                     messages=("timeout talking to smtp://mailer:s3cr3t@mx.example.com", "connection reset", "451 later"),
-                     replays=2)
+    job = welcome_failure(
+        kwargs={"email": "ana@example.com", "password": "hunter2", "headers": {"Authorization": "Bearer abc.def.ghi"}},
+        messages=("timeout talking to smtp://mailer:s3cr3t@mx.example.com", "connection reset", "451 later"),
+        replays=2)
     entry = add_dead(redis, Q, job)
     html = _client(viewer).get(f"/queues/{Q}/dlq/{entry}/").content.decode()
     for secret in ("hunter2", "s3cr3t", "abc.def.ghi"):
@@ -412,7 +419,7 @@ def test_the_entry_page_shows_masked_arguments_every_run_and_lineage(viewer, red
 
 
 def test_replay_one_entry_with_one_more_attempt_at_a_time(operator, redis):
-    entry = add_dead(redis, Q, failed_job(messages=("a", "b")))
+    entry = add_dead(redis, Q, welcome_failure(messages=("a", "b")))
     when = (timezone.now() + timedelta(hours=2)).replace(second=0, microsecond=0)
     response = _client(operator).post(f"/queues/{Q}/dlq/{entry}/replay/", {
         "attempts": "one", "when": "at", "run_at": when.strftime("%Y-%m-%dT%H:%M")})
@@ -424,7 +431,7 @@ def test_replay_one_entry_with_one_more_attempt_at_a_time(operator, redis):
 
 
 def test_a_replay_at_a_time_needs_the_time(operator, redis):
-    entry = add_dead(redis, Q, failed_job())
+    entry = add_dead(redis, Q, welcome_failure())
     page = _client(operator).post(f"/queues/{Q}/dlq/{entry}/replay/", {"attempts": "reset", "when": "at"},
                                   follow=True).content.decode()
     assert "Give the date and time" in page and redis.xlen(KEYS.dlq) == 1
@@ -432,8 +439,8 @@ def test_a_replay_at_a_time_needs_the_time(operator, redis):
 
 def test_job_data_is_escaped_everywhere(operator, redis):
     evil = "<script>alert('x')</script>"
-    job = failed_job(task=f"tasks.{evil}", args=[evil, {"note": evil}], cls="ValueError",
-                     messages=(f"bad input {evil}",))
+    job = welcome_failure(task=f"tasks.{evil}", args=[evil, {"note": evil}], cls="ValueError",
+                          messages=(f"bad input {evil}",))
     entry = add_dead(redis, Q, job)
     c = _client(operator)
     for url in (f"/queues/{Q}/dlq/", f"/queues/{Q}/dlq/?view=groups", f"/queues/{Q}/dlq/{entry}/",
@@ -450,8 +457,6 @@ def test_job_data_is_escaped_everywhere(operator, redis):
 
 @pytest.mark.timeout(120)
 def test_pages_of_a_dlq_with_200000_entries(viewer, redis):
-    from .helpers import bulk_dead
-
     ids = bulk_dead(redis, Q, 200_000)
     newest_first = ids[::-1]
     c = _client(viewer)
@@ -503,8 +508,6 @@ def test_without_redis_the_console_says_so(viewer, settings):
 
 
 def test_secrets_never_reach_the_console_nor_its_urls(viewer, redis):
-    from tests.api.helpers import add_dead, dead_job
-
     job = dead_job(kwargs={"pwd": "pw-LEAK-1", "private_key": "pk-LEAK-2", "session_id": "sid-LEAK-3",
                            "Cookie": "ck-LEAK-4", "email": "a@b.c"},
                    args=("x", {"api_key": "ak-LEAK-5"}), messages=("login refused: password=x9TopSecret",))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.core.management import get_commands
 from django.db import transaction
-from django.tasks import TaskResultStatus, task_backends
+from django.tasks import TaskResultStatus
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
@@ -34,11 +34,8 @@ EMAILS = QueueKeys.for_queue("emails")
 
 
 @pytest.fixture(autouse=True)
-def _clean(redis):
+def _clean(fresh_backend):
     sample_tasks.RUNS.clear()
-    for backend in task_backends.all():
-        backend.reset_connections()
-    yield
 
 
 def _stream_jobs(redis, keys=DEFAULT):
@@ -176,10 +173,9 @@ def test_transaction_on_commit_enqueues_only_after_commit(redis):
 def test_transaction_rolled_back_never_enqueues(redis):
     from functools import partial
 
-    with pytest.raises(RuntimeError):
-        with transaction.atomic():
-            transaction.on_commit(partial(sample_tasks.add.enqueue, 1, 2))
-            raise RuntimeError("roll back")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        transaction.on_commit(partial(sample_tasks.add.enqueue, 1, 2))
+        raise RuntimeError("roll back")
     time.sleep(0.1)
     assert redis.xlen(DEFAULT.stream) == 0
 
@@ -193,10 +189,9 @@ def test_transaction_enqueue_on_commit_option(redis, settings):
         result = sample_tasks.add.enqueue(5, 5)
         assert redis.xlen(DEFAULT.stream) == 0
     assert [j.id for j in _stream_jobs(redis)] == [result.id]
-    with pytest.raises(RuntimeError):
-        with transaction.atomic():
-            sample_tasks.add.enqueue(6, 6)
-            raise RuntimeError("roll back")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        sample_tasks.add.enqueue(6, 6)
+        raise RuntimeError("roll back")
     assert redis.xlen(DEFAULT.stream) == 1
 
 

@@ -21,11 +21,7 @@ DEFAULT = QueueKeys.for_queue("default")
 BACKEND = "chasqui_core.backend.ChasquiBackend"
 
 
-@pytest.fixture(autouse=True)
-def _clean(redis):
-    for backend in task_backends.all():
-        backend.reset_connections()
-    yield
+pytestmark = pytest.mark.usefixtures("fresh_backend")
 
 
 def _stream_jobs(redis):
@@ -118,15 +114,15 @@ def test_aenqueue_many(redis):
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_transaction_enqueue_on_commit_holds_the_batch_until_commit(redis, settings):
-    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"], "OPTIONS": {"ENQUEUE_ON_COMMIT": True}}}
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["default", "emails"],
+                                  "OPTIONS": {"ENQUEUE_ON_COMMIT": True}}}
     with transaction.atomic():
         results = sample_tasks.add.enqueue_many([([i, i], {}) for i in range(3)])
         assert redis.xlen(DEFAULT.stream) == 0
     assert [j.id for j in _stream_jobs(redis)] == [r.id for r in results]
-    with pytest.raises(RuntimeError):
-        with transaction.atomic():
-            sample_tasks.add.enqueue_many([([9, 9], {})] * 2)
-            raise RuntimeError("roll back")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        sample_tasks.add.enqueue_many([([9, 9], {})] * 2)
+        raise RuntimeError("roll back")
     assert redis.xlen(DEFAULT.stream) == 3
 
 
@@ -140,10 +136,9 @@ def test_transaction_outbox_stages_the_batch_and_relays_it_after_commit(redis, s
         assert redis.xlen(DEFAULT.stream) == 0
     assert OutboxEntry.objects.count() == 0
     assert [j.id for j in _stream_jobs(redis)] == [r.id for r in results]
-    with pytest.raises(RuntimeError):
-        with transaction.atomic():
-            sample_tasks.add.enqueue_many([([9, 9], {})] * 2)
-            raise RuntimeError("roll back")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        sample_tasks.add.enqueue_many([([9, 9], {})] * 2)
+        raise RuntimeError("roll back")
     assert OutboxEntry.objects.count() == 0 and redis.xlen(DEFAULT.stream) == 600
 
 

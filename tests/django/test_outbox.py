@@ -58,10 +58,9 @@ def test_transaction_outbox_row_commits_with_the_data_then_reaches_redis(outbox_
 
 @pytest.mark.django_db(transaction=True)
 def test_transaction_outbox_rolled_back_leaves_nothing(outbox_on, redis):
-    with pytest.raises(RuntimeError):
-        with transaction.atomic():
-            sample_tasks.add.enqueue(1, 2)
-            raise RuntimeError("roll back")
+    with pytest.raises(RuntimeError), transaction.atomic():
+        sample_tasks.add.enqueue(1, 2)
+        raise RuntimeError("roll back")
     assert not OutboxEntry.objects.exists()
     assert redis.xlen(DEFAULT.stream) == 0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
-from django.tasks import TaskResultStatus, task_backends
+from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
 from chasqui_core.engine.keys import QueueKeys
@@ -16,11 +16,8 @@ DEFAULT = QueueKeys.for_queue("default")
 
 
 @pytest.fixture(autouse=True)
-def _clean(redis):
+def _clean(fresh_backend):
     sample_tasks.RUNS.clear()
-    for backend in task_backends.all():
-        backend.reset_connections()
-    yield
 
 
 @pytest.fixture

@@ -12,16 +12,17 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.promoter import Promoter
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.scripts import Scripts
+from datetime import UTC
 
 KEYS = QueueKeys.for_queue("drain")
 
 
 def test_a_backlog_of_many_batches_moves_every_job_once(redis, redis_url):
     due = time.time() - 1
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     added = Queue("drain", redis_client=redis).add_bulk(
-        JobSpec("tasks.x", [i], run_at=datetime.fromtimestamp(due, timezone.utc)) for i in range(2_550))
+        JobSpec("tasks.x", [i], run_at=datetime.fromtimestamp(due, UTC)) for i in range(2_550))
     redis.zadd(KEYS.delayed, {b"later": time.time() * 1000 + 3_600_000})  # not due: must stay
 
     async def run() -> Promoter:

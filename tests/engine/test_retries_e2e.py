@@ -32,7 +32,7 @@ def runs_of(client, job_id, key=RUNS_KEY):
 
 
 def gaps_ms(runs):
-    return [b.at_ms - a.at_ms for a, b in zip(runs, runs[1:])]
+    return [b.at_ms - a.at_ms for a, b in zip(runs, runs[1:], strict=False)]
 
 
 @pytest.mark.timeout(60)
@@ -70,7 +70,7 @@ def test_exponential_backoff_grows_from_one_retry_to_the_next(redis, workers):
 
     runs = runs_of(redis, job.job_id)
     assert [r.attempt for r in runs] == [1, 2, 3, 4, 5]
-    for wait, gap in zip(waits, gaps_ms(runs)):
+    for wait, gap in zip(waits, gaps_ms(runs), strict=False):
         assert gap >= wait, f"a retry ran before its backoff had passed: gaps {gaps_ms(runs)}, waits {waits}"
 
 

@@ -20,7 +20,7 @@ def test_duration_increments_count_each_bucket_once_per_task():
     tasks = ["a", "b", "a", "a", "b", "a", "a"]
     durations = [0, 7, 5, 6, 400_000, 300_000, 1_000]
     flat = totals.duration_increments(tasks, durations)
-    fields = dict(zip(flat[::2], flat[1::2]))
+    fields = dict(zip(flat[::2], flat[1::2], strict=False))
     assert fields == {
         "5:a": 2, "10:a": 1, "1000:a": 1, "300000:a": 1, "sum:a": 301_011,
         "10:b": 1, "inf:b": 1, "sum:b": 400_007,

@@ -34,7 +34,7 @@ def test_context_chain_and_exceptions_without_traceback():
         try:
             raise ValueError("first")
         except ValueError:
-            raise TypeError("second")
+            raise TypeError("second")  # noqa: B904 - the implicit context is what this test formats
     except TypeError as exc:
         text = format_exception(exc)
     assert "During handling of the above exception" in text

@@ -8,7 +8,7 @@ import asyncio
 import signal
 import time
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 
@@ -167,7 +167,8 @@ async def test_events_and_counters_add_up(redis, redis_url):
     task = asyncio.create_task(worker.run())
     try:
         deadline = time.monotonic() + 30
-        while not (redis.xlen(q.keys.dlq) >= dead and sum(1 for e in received if e.type == events.COMPLETED) >= successes
+        while not (redis.xlen(q.keys.dlq) >= dead
+                   and sum(1 for e in received if e.type == events.COMPLETED) >= successes
                    and settled(redis, "ev")):
             assert time.monotonic() < deadline, f"timed out; runs so far: {dict(runs)}"
             assert not task.done(), task
@@ -221,7 +222,7 @@ async def test_events_and_counters_add_up(redis, redis_url):
 def test_concurrent_promoters_move_each_due_entry_once(redis, workers):
     n = 20_000
     q = Queue("promo", redis_client=redis)
-    past = datetime.now(timezone.utc) - timedelta(seconds=5)
+    past = datetime.now(UTC) - timedelta(seconds=5)
     added = q.add_bulk([JobSpec("noop", [i], run_at=past) for i in range(n)])
     ids = {e.job_id for e in added}
     assert redis.zcard(q.keys.delayed) == n and redis.xlen(q.keys.stream) == 0

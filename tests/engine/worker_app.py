@@ -240,7 +240,7 @@ class Workers:
             argv += [f"--{name.replace('_', '-')}", str(value)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")
+        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115 - closed in stop()
         try:
             proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         finally:
