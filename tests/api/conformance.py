@@ -27,13 +27,21 @@ STATUSES_OUTSIDE_THE_SCHEMA = {
 def published_schema():
     """The schema as the running API serves it, not as the code is expected to build it.
 
-    Fetched with Django's test client rather than a bare WSGI call: a bare call
-    ends with Django's request_finished signal, which would close the test's
-    database connection under it.
+    Loading it runs a request through the WSGI application, which ends with
+    Django's request_finished signal; its handler would close the test's
+    database connection under it, so it is held off meanwhile, as Django's
+    test client does.
     """
-    from django.test import Client
+    from django.core import signals
+    from django.db import close_old_connections
 
-    return schemathesis.openapi.from_dict(Client().get(SCHEMA_PATH).json())
+    from config.wsgi import application
+
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        return schemathesis.openapi.from_wsgi(SCHEMA_PATH, application)
+    finally:
+        signals.request_finished.connect(close_old_connections)
 
 
 def check_response(method: str, path: str, response) -> None:

@@ -182,8 +182,8 @@ def test_metrics_refuse_anonymous_callers(anon_api):
     assert "view_queues" in response.content.decode()
 
 
-def test_metrics_refuse_a_key_without_the_view_permission(nobody_api):
-    response = nobody_api.get("/metrics")
+def test_metrics_refuse_a_key_without_the_view_permission(outsider_api):
+    response = outsider_api.get("/metrics")
     assert response.status_code == 403
     assert "view_queues" in response.content.decode()
 
