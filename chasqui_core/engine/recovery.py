@@ -11,7 +11,6 @@ an entry already delivered too often to the DLQ as a poison pill.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -58,26 +57,22 @@ class Leases:
         self.scripts = scripts
         self.consumer = consumer
         self.horizon = visibility_timeout_ms / 3000
-        self._held: dict[bytes, tuple[QueueKeys, float]] = {}
+        self.held: dict[bytes, tuple[QueueKeys, float]] = {}
+        """Entry id -> (its queue's keys, when its lease was last renewed, monotonic seconds).
 
-    def __contains__(self, entry_id: bytes) -> bool:
-        return entry_id in self._held
-
-    def hold(self, keys: QueueKeys, entry_id: bytes, now: float | None = None) -> None:
-        self._held[entry_id] = (keys, time.monotonic() if now is None else now)
-
-    def release(self, entry_id: bytes) -> None:
-        self._held.pop(entry_id, None)
+        The worker adds and removes entries here directly, once per job: a
+        method call each way would cost the hot path more than the dict does.
+        """
 
     async def renew(self, now: float) -> None:
         """Renew every lease older than the horizon; log the entries another worker took meanwhile."""
         stale: dict[str, list[bytes]] = {}
         keys_by_queue: dict[str, QueueKeys] = {}
-        for entry_id, (keys, since) in list(self._held.items()):
+        for entry_id, (keys, since) in list(self.held.items()):
             if now - since >= self.horizon:
                 stale.setdefault(keys.queue, []).append(entry_id)
                 keys_by_queue[keys.queue] = keys
-                self._held[entry_id] = (keys, now)
+                self.held[entry_id] = (keys, now)
         for queue, ids in stale.items():
             for entry_id in await extend_leases(self.scripts, keys_by_queue[queue], self.consumer, ids):
                 logger.warning("entry %s on %s was reclaimed by another worker while this one held it "

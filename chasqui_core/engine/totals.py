@@ -19,7 +19,8 @@ introduced these keys; jobs settled before it are not in them.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass
 
 from .connection import Client
@@ -63,34 +64,26 @@ def duration_increments(tasks: list[str], durations_ms: list[int]) -> list[str |
     """The histogram increments of one batch of runs, laid flat for settle.lua: field, amount, field, amount...
 
     ``tasks[i]`` ran for ``durations_ms[i]``. This runs for every job a
-    worker settles, so it avoids per-job Python steps: a batch is nearly
-    always one task (checked with ``list.count``), its durations are sorted
-    once, and each bucket's count is a binary search in the sorted list.
+    worker settles, so the per-job step is one C-level pass (a Counter of
+    (task, milliseconds) pairs: a batch holds few distinct ones); the bucket
+    of each distinct duration is then found once.
     """
     if not tasks:
         return []
-    first = tasks[0]
-    by_task: dict[str, list[int]]
-    if tasks.count(first) == len(tasks):
-        by_task = {first: durations_ms}
-    else:
-        by_task = {}
-        for task, ms in zip(tasks, durations_ms, strict=False):
-            by_task.setdefault(task, []).append(ms)
+    per_task: dict[str, dict[str, int]] = {}
+    sums: dict[str, int] = {}
+    for (task, ms), runs in Counter(zip(tasks, durations_ms, strict=True)).items():
+        position = bisect_left(DURATION_BOUNDS_MS, ms)
+        name = _BUCKET_NAMES[position]
+        buckets = per_task.setdefault(task, {})
+        buckets[name] = buckets.get(name, 0) + runs
+        sums[task] = sums.get(task, 0) + ms * runs
     out: list[str | int] = []
-    for task, values in by_task.items():
-        values = sorted(values)
-        counted = 0
-        for name, bound in zip(_BUCKET_NAMES, DURATION_BOUNDS_MS, strict=False):
-            upto = bisect_right(values, bound, counted)
-            if upto > counted:
-                out += (f"{name}:{task}", upto - counted)
-                counted = upto
-                if counted == len(values):
-                    break
-        if counted < len(values):
-            out += (f"inf:{task}", len(values) - counted)
-        out += (f"sum:{task}", sum(values))
+    for task, buckets in per_task.items():
+        for name in _BUCKET_NAMES:
+            if name in buckets:
+                out += (f"{name}:{task}", buckets[name])
+        out += (f"sum:{task}", sums[task])
     return out
 
 

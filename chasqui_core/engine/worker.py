@@ -188,6 +188,7 @@ class Worker:
         self._room = asyncio.Event()
         self._room.set()
         self._leases = Leases(self.scripts, self.id, self.visibility_timeout_ms)
+        self._held = self._leases.held
         self._running = 0
         self._running_jobs: dict[bytes, tuple[str, str, int]] = {}
         """Entry id -> (task, job id, started at ms) of each job running now, for the heartbeat."""
@@ -343,10 +344,11 @@ class Worker:
         """Decode fetched entries; refuse the ones no handler may run."""
         now = time.monotonic()
         accepted = 0
+        held = self._held
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
                 continue
-            if entry_id in self._leases:
+            if entry_id in held:
                 continue  # already ours: a lease that lapsed while this worker still held the entry
             if type(fields) is list:  # raw reply: [field, value, ...]
                 payload = fields[1] if len(fields) == 2 and fields[0] == b"j" else None
@@ -377,7 +379,7 @@ class Worker:
                 refuse(keys, entry_id, payload, "unknown_task", "UnknownTask",
                        f"no task named {job.task!r} is registered in this worker", job)
                 continue
-            self._leases.hold(keys, entry_id, now)
+            held[entry_id] = (keys, now)
             delivery = Delivery(keys, entry_id, payload, job, handler, deliveries,
                                 budget(job, handler, self.policy))
             if handler.is_async:
@@ -456,7 +458,7 @@ class Worker:
 
     def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
         """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
-        self._leases.release(d.entry_id)
+        self._held.pop(d.entry_id, None)
         self.stats.processed += 1
         if self.stats.processed == self.max_jobs:
             self._recycle(f"{self.max_jobs} jobs processed (max_jobs {self.max_jobs})")
@@ -471,11 +473,11 @@ class Worker:
             self.outcomes.internal(d, "recording the outcome", exc)
 
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
-        self._leases.release(d.entry_id)
+        self._held.pop(d.entry_id, None)
         self.outcomes.internal(d, doing, exc)
 
     def _requeue(self, d: Delivery) -> None:
-        self._leases.release(d.entry_id)
+        self._held.pop(d.entry_id, None)
         self.outcomes.requeue(d)
 
     def _on_sync_outcomes(self, outcomes: list[Any]) -> None:

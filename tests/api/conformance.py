@@ -27,20 +27,22 @@ STATUSES_OUTSIDE_THE_SCHEMA = {
 def published_schema():
     """The schema as the running API serves it, not as the code is expected to build it.
 
-    Loading it runs a request through the WSGI application, which ends with
-    Django's request_finished signal; its handler would close the test's
-    database connection under it, so it is held off meanwhile, as Django's
-    test client does.
+    Loading it runs a request through the WSGI application, which starts and
+    ends with Django's request_started and request_finished signals; their
+    handler would close the test's database connection under it, so it is held
+    off meanwhile, as Django's test client does.
     """
     from django.core import signals
     from django.db import close_old_connections
 
     from config.wsgi import application
 
+    signals.request_started.disconnect(close_old_connections)
     signals.request_finished.disconnect(close_old_connections)
     try:
         return schemathesis.openapi.from_wsgi(SCHEMA_PATH, application)
     finally:
+        signals.request_started.connect(close_old_connections)
         signals.request_finished.connect(close_old_connections)
 
 
