@@ -28,7 +28,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
 from .backoff import BackoffSpec, coerce_backoff
-from .connection import aconnect, connect, server_of, url_of
+from .connection import aconnect, connect, is_cluster_client, server_of, url_of
 from .envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
 from .errors import EnqueueUnavailable
 from .keys import QUEUES_REGISTRY, QueueKeys
@@ -152,7 +152,9 @@ class Queue:
         self._registered = False
         self._links: list[Link] = []
         self._alanes: list[Lane] = []
-        self._register_cmd = _pack_command(("SADD", QUEUES_REGISTRY, name))
+        self._cluster = is_cluster_client(self.redis)
+        # on a cluster the registry lives in a slot of its own, likely on another node than the queue
+        self._register_cmd = b"" if self._cluster else _pack_command(("SADD", QUEUES_REGISTRY, name))
 
     # --- building jobs ------------------------------------------------------
 
@@ -240,8 +242,8 @@ class Queue:
         if link is None or link.pid != os.getpid():  # a forked child never shares its parent's sockets
             if link is not None:
                 self._links = []
-            link = Link(self.redis, connect_timeout=min(5.0, max(1.0, self.retry_for)))
             k = self.keys
+            link = Link(self.redis, connect_timeout=min(5.0, max(1.0, self.retry_for)), key=k.stream)
             # packed once per link; the last two arguments (sequence number, jobs) are added per write
             link.cache["enqueue"] = _pack_command(
                 ("EVALSHA", _ENQUEUE_SHA, 3, k.stream, k.delayed, k.lane + link.lane, k.unique,
@@ -253,7 +255,7 @@ class Queue:
         seq = link.next_seq().encode()
         items = self._items(chunk)
         packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (link.cache["enqueue"], len(seq), seq, len(items), items)
-        if self._registered:
+        if self._registered or self._cluster:
             return packed, 1
         return self._register_cmd + packed, 2
 
@@ -276,7 +278,8 @@ class Queue:
             if error is None:
                 try:
                     replies = self._receive(link, packed, count)
-                    self._registered = True
+                    if not self._registered:
+                        self._register()
                     return self._results(chunk, replies[-1])
                 except Exception as exc:
                     if not unavailable(exc):
@@ -287,6 +290,7 @@ class Queue:
             if wait is None:
                 raise self._unavailable(error, retrier, chunk, link.server) from error
             time.sleep(wait)
+            link.follow(error)  # on a cluster: to the slot's master now
             try:
                 link.send(packed)  # the same bytes: same lane, same sequence number
                 error = None
@@ -294,6 +298,17 @@ class Queue:
                 if not unavailable(exc):
                     raise
                 error = exc
+
+    def _register(self) -> None:
+        """Note the queue in the registry; on a cluster with a command of its own (another slot)."""
+        if self._cluster:
+            try:
+                self.redis.sadd(QUEUES_REGISTRY, self.name)
+            except Exception as exc:  # the jobs are in: the next add registers the queue
+                if not unavailable(exc):
+                    raise
+                return
+        self._registered = True
 
     @staticmethod
     def _receive(link: Link, packed: bytes, count: int) -> list[Any]:
@@ -401,7 +416,8 @@ class Queue:
         loop = asyncio.get_running_loop()
         if self._aredis is None or self._aloop is not loop:
             # retries are ours (guarded by the lane), not redis-py's
-            self._aredis = aconnect(self._url or url_of(self.redis), retry=AsyncRetry(NoBackoff(), 0))
+            self._aredis = aconnect(self._url or url_of(self.redis), cluster=self._cluster,
+                                    retry=AsyncRetry(NoBackoff(), 0))
             self._ascripts = Scripts(self._aredis)
             self._aloop = loop
         return self._aredis, self._ascripts  # type: ignore[return-value]
