@@ -28,12 +28,14 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
+from redis.exceptions import RedisError
 
 from chasqui_core import outbox
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
 from chasqui_core.engine.connection import connect
 from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
+from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.results import decode_result, encode_result
@@ -198,8 +200,22 @@ class ChasquiBackend(BaseTaskBackend):
 
     @property
     def client(self):
+        """The shared client: plain, a Redis Cluster's or a Sentinel master's, as ``REDIS_URL`` turns out to be.
+
+        Whether the URL is a cluster's is asked when the client is first
+        made. While Redis does not answer that cannot be known: a plain
+        client serves the call (it fails, or rides out the outage within the
+        producer's retry window, as it always did) and is not kept, so the
+        next call asks again.
+        """
         if self._client is None:
-            self._client = connect(chasqui_settings().redis_url)
+            conf = chasqui_settings()
+            try:
+                self._client = connect(conf.redis_url)
+            except RedisConfigError as exc:  # credentials refused, a database on a cluster...
+                raise ImproperlyConfigured(f"{conf.redis_url_setting}: {exc}") from None
+            except RedisError:
+                return connect(conf.redis_url, cluster=False)
         return self._client
 
     def reset_connections(self) -> None:
@@ -213,8 +229,10 @@ class ChasquiBackend(BaseTaskBackend):
         queue = self._queues.get(name)
         if queue is None:
             conf = chasqui_settings()
-            queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
-                                               retry_for=conf.ENQUEUE_RETRY_SECONDS)
+            queue = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
+                          retry_for=conf.ENQUEUE_RETRY_SECONDS)
+            if self._client is not None:  # else Redis did not answer yet: a queue for this call only
+                self._queues[name] = queue
         return queue
 
     def _options(self, task: Task) -> dict[str, Any]:

@@ -29,6 +29,14 @@ def keys_matching(client, pattern: str) -> list[bytes]:
     return list(client.keys(pattern))
 
 
+def info_per_server(client, section: str) -> list[dict]:
+    """INFO ``section`` of the one server, or of every master of a cluster, in a stable order."""
+    if is_cluster_client(client):
+        replies = client.info(section, target_nodes=client.PRIMARIES)
+        return [replies[name] for name in sorted(replies)]
+    return [client.info(section)]
+
+
 # --- dead-letter entries, written the way settle.lua writes them ------------------------------------------
 
 TASK = "tests.django.sample_tasks.add"

@@ -20,6 +20,7 @@ with its password masked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -173,6 +174,8 @@ def _cluster_reply(reply: Any) -> bool:
 
 def _refusal(url: str, exc: BaseException) -> RedisConfigError | None:
     """The clear error for a refusal no retry can fix (credentials, permissions); None for other errors."""
+    if "SELECT is not allowed in cluster mode" in str(exc):  # the probe's connection chose the URL's database
+        return _cluster_database(url)
     if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in str(exc) or "NOAUTH" in str(exc):
         return RedisConfigError(f"{masked(url)}: the server refused the URL's credentials ({exc}). "
                                 "Check the user name and password (redis://user:password@host:port/0).")
@@ -262,10 +265,14 @@ async def ais_cluster(url: str, **kwargs: Any) -> bool:
     return _remember(url, answer)
 
 
+def _cluster_database(url: str) -> RedisConfigError:
+    return RedisConfigError(f"{masked(url)} is a Redis Cluster node, and a cluster has only database 0: "
+                            "drop the database number from the URL (or make it /0)")
+
+
 def _remember(url: str, answer: bool) -> bool:
     if answer and _db_of(url) != 0:
-        raise RedisConfigError(f"{masked(url)} is a Redis Cluster node, and a cluster has only database 0: "
-                               "drop the database number from the URL (or make it /0)")
+        raise _cluster_database(url)
     with _kinds_lock:
         _kinds[url] = answer
     return answer
@@ -274,6 +281,38 @@ def _remember(url: str, answer: bool) -> bool:
 def _check(url: str, kwargs: dict[str, Any]) -> None:
     check_tls_files(url, kwargs)
     _db_of(url)
+
+
+def check_url(url: str) -> None:
+    """Refuse, without connecting, a URL that cannot work: a Sentinel URL's shape, a database, TLS files."""
+    if is_sentinel_url(url):
+        spec = SentinelURL.parse(url)
+        check_tls_files(url, spec.options)
+    else:
+        _check(url, {})
+
+
+def check(url: str) -> None:
+    """Raise ``RedisConfigError`` now for a URL that cannot work: for a process to call at start.
+
+    Files, the URL's shape, the credentials (and, on a cluster, the database)
+    are checked; a server that does not answer is not an error here: it may
+    be restarting, and the process's own retries deal with that.
+    """
+    if is_sentinel_url(url):
+        SentinelURL.parse(url)
+        client = connect(url, socket_connect_timeout=DETECT_TIMEOUT)
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            refusal = _refusal(url, exc)
+            if refusal is not None:
+                raise refusal from None
+        finally:
+            client.close()
+        return
+    with contextlib.suppress(redis.RedisError):
+        is_cluster(url)
 
 
 def forget(url: str | None = None) -> None:

@@ -178,6 +178,8 @@ class EmbeddedCluster:
             "--cluster-port", str(self.bus_ports[port]),
             "--cluster-node-timeout", str(self.node_timeout_ms),
             "--appendonly", "yes" if self.appendonly else "no", "--save", "",
+            # a replica syncs at once (not after 5 s): a replica that never synced cannot take over
+            "--repl-diskless-sync-delay", "0",
             "--logfile", str((folder / "server.log").resolve()),
             *self.extra_args,
         ]
@@ -250,6 +252,11 @@ class EmbeddedCluster:
                             raise
                         time.sleep(0.05)
             self.wait_ok(deadline - time.monotonic())
+            for port in self.ports[self.masters:]:
+                while clients[port].info("replication").get("master_link_status") != "up":
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"The replica on port {port} did not sync with its master")
+                    time.sleep(0.05)
         finally:
             for client in clients.values():
                 client.close()

@@ -34,7 +34,7 @@ from typing import Any
 import msgpack
 from redis.exceptions import ResponseError
 
-from .connection import aconnect, ais_cluster, is_cluster_client, node_url
+from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, node_url
 from .envelope import DecodeError, check_json_types, decode, now_ms
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
 from .promoter import Promoter
@@ -173,8 +173,7 @@ class Worker:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        if self.url:
-            await ais_cluster(self.url)  # asked once, without blocking the loop
+        await ais_cluster(self.url or DEFAULT_URL)  # asked once, without blocking the loop
         self.client = aconnect(self.url, health_check_interval=30)
         self.cluster = is_cluster_client(self.client)
         """A Redis Cluster client: each queue is read on a connection to the master serving its slot."""
