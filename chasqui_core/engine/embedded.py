@@ -22,7 +22,8 @@ from typing import Any
 import redis
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port nothing listens on now (on 127.0.0.1)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -47,7 +48,7 @@ class EmbeddedValkey:
         appendonly: bool = True,
     ) -> None:
         self.data_dir = Path(data_dir)
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -152,8 +153,8 @@ class EmbeddedCluster:
         self.client_kwargs = dict(client_kwargs or {})
         self.tls = tls
         """Nodes listen with TLS only (``extra_args`` hold the certificates): ports are ``--tls-port``."""
-        self.ports = [_free_port() for _ in range(masters * (1 + replicas))]
-        self.bus_ports = {port: _free_port() for port in self.ports}
+        self.ports = [free_port() for _ in range(masters * (1 + replicas))]
+        self.bus_ports = {port: free_port() for port in self.ports}
         """The cluster bus port of each node, chosen rather than port + 10000, which may be taken or past 65535."""
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 

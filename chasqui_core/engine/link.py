@@ -65,19 +65,28 @@ UNAVAILABLE_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTER
 REDIRECT_REPLIES = ("MOVED", "ASK")
 """Error replies of a cluster node that does not serve the slot (now): the command did not run."""
 
+_UNAVAILABLE_ERRORS = (redis.exceptions.ReadOnlyError, redis.exceptions.TryAgainError,
+                       redis.exceptions.ClusterDownError, redis.exceptions.AskError)
+"""The same replies as redis-py's own parser raises them (their prefix cut off the message): MasterDownError is a
+ClusterDownError, MovedError an AskError. Replies read with hiredis directly arrive as plain ResponseErrors."""
+
 _RAW_CONNECTIONS = (redis.Connection, redis.UnixDomainSocketConnection, SentinelManagedConnection)
 
 
 def unavailable(exc: BaseException) -> bool:
     """True for the errors of a server that is restarting, failing over or unreachable."""
-    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError, *_UNAVAILABLE_ERRORS)):
         return True
     return isinstance(exc, redis.ResponseError) and str(exc).startswith(UNAVAILABLE_REPLIES + REDIRECT_REPLIES)
 
 
-def redirected(exc: BaseException) -> bool:
-    """True for a cluster node's ``MOVED <slot> <host>:<port>``: the slot has another master now."""
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith("MOVED ")
+def moved(exc: BaseException) -> redis.exceptions.MovedError | None:
+    """A cluster node's ``MOVED <slot> <host>:<port>`` (the slot has another master now) as redis-py's MovedError."""
+    if isinstance(exc, redis.exceptions.MovedError):
+        return exc
+    if isinstance(exc, redis.ResponseError) and str(exc).startswith("MOVED "):
+        return redis.exceptions.MovedError(str(exc).split(" ", 1)[1])
+    return None
 
 
 def not_run(exc: BaseException) -> bool:
@@ -169,9 +178,10 @@ class Link(Lane):
         if not self.cluster:
             return
         nodes = self.client.nodes_manager
+        redirect = moved(error)
         try:
-            if redirected(error):
-                nodes.move_slot(redis.exceptions.MovedError(str(error).split(" ", 1)[1]))
+            if redirect is not None:
+                nodes.move_slot(redirect)
             else:
                 nodes.initialize()
         except redis.RedisError:
@@ -216,7 +226,7 @@ class Link(Lane):
     def _send(self, packed: bytes) -> None:
         conn = self.conn
         if not self.raw:
-            conn.send_packed_command(packed, check_health=False)
+            conn.send_packed_command([packed], check_health=False)
             return
         if conn._sock is not None and self._poller.poll(0):
             # something to read before anything was asked: the server closed the

@@ -315,7 +315,7 @@ class Queue:
         try:
             return link.receive(count)
         except redis.ResponseError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
+            if not isinstance(exc, redis.exceptions.NoScriptError) and not str(exc).startswith("NOSCRIPT"):
                 raise
         # a restarted server has forgotten the script: load it and send again, one round trip
         link.send(_LOAD_ENQUEUE + packed)

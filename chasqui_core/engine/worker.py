@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from redis.exceptions import ResponseError
+from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgainError
 
 from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, node_url
 from .envelope import DecodeError, check_json_types, decode, now_ms
@@ -313,7 +313,7 @@ class Worker:
                     if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate it
                         await self._setup()
                         continue
-                    if self.cluster and str(exc).startswith(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")):
+                    if self.cluster and isinstance(exc, (AskError, ClusterDownError, TryAgainError)):  # MOVED is an ASK
                         logger.info("reading %s: %s; following the cluster's new layout", keys.queue, exc)
                         await self._drop_reader(keys, reader, refresh=True)
                         reader = None
