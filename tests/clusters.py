@@ -120,3 +120,84 @@ class TLSServer:
             self.process.terminate()
             self.process.wait(10)
             self.process = None
+
+
+class SentinelGroup:
+    """A master, a replica and one Sentinel watching them as ``service`` (quorum 1), on free ports."""
+
+    def __init__(self, folder: Path, service: str = "chasqui") -> None:
+        self.folder = folder
+        self.service = service
+        self.master_port, self.replica_port, self.sentinel_port = free_port(), free_port(), free_port()
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{self.service}"
+
+    def _start(self, name: str, *args: str) -> None:
+        folder = self.folder / name
+        folder.mkdir(parents=True, exist_ok=True)
+        self.processes.append(subprocess.Popen(
+            [server_binary(), *args, "--bind", "127.0.0.1", "--dir", str(folder),
+             "--logfile", str(folder / "server.log")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    def start(self) -> str:
+        plain = ("--save", "", "--appendonly", "no", "--repl-diskless-sync-delay", "0")
+        self._start("master", "--port", str(self.master_port), *plain)
+        self._start("replica", "--port", str(self.replica_port), *plain,
+                    "--replicaof", "127.0.0.1", str(self.master_port))
+        config = self.folder / "sentinel.conf"  # a Sentinel rewrites its configuration file: one of its own
+        config.write_text(f"port {self.sentinel_port}\n"
+                          f"sentinel monitor {self.service} 127.0.0.1 {self.master_port} 1\n"
+                          f"sentinel down-after-milliseconds {self.service} 1000\n"
+                          f"sentinel failover-timeout {self.service} 10000\n")
+        self._start("sentinel", str(config), "--sentinel")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                replica = redis.Redis(port=self.replica_port, socket_connect_timeout=0.5)
+                sentinel = redis.Redis(port=self.sentinel_port, socket_connect_timeout=0.5)
+                synced = replica.info("replication").get("master_link_status") == "up"
+                known = sentinel.sentinel_master(self.service).get("num-slaves", 0) >= 1
+                replica.close()
+                sentinel.close()
+                if synced and known:
+                    return self.url
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Sentinel group did not come up: see the logs under {self.folder}")
+            time.sleep(0.1)
+
+    def master(self) -> tuple[str, int]:
+        sentinel = redis.Redis(port=self.sentinel_port)
+        try:
+            host, port = sentinel.sentinel_get_master_addr_by_name(self.service)
+        finally:
+            sentinel.close()
+        return host.decode() if isinstance(host, bytes) else host, int(port)
+
+    def failover(self) -> None:
+        """Ask the Sentinel to hand the master role to the replica (what it does when the master dies)."""
+        sentinel = redis.Redis(port=self.sentinel_port)
+        deadline = time.monotonic() + 30
+        try:
+            while True:
+                try:
+                    sentinel.execute_command("SENTINEL", "FAILOVER", self.service)
+                    return
+                except redis.ResponseError as exc:
+                    # the Sentinel promotes only a replica it has seen in sync, and asks replicas every 10 s
+                    if "NOGOODSLAVE" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        finally:
+            sentinel.close()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(10)
+        self.processes = []

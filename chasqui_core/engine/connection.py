@@ -378,8 +378,12 @@ def _sentinel_master(url: str, kwargs: dict[str, Any], manager: Any) -> Any:
         options["ssl"] = True
     sentinel_options = {k: v for k, v in options.items() if k.startswith("socket_")}
     sentinel_options.update(spec.sentinel_options)
+    single = options.pop("single_connection_client", False)
     sentinels = manager(list(spec.sentinels), sentinel_kwargs=sentinel_options)
-    return sentinels.master_for(spec.service, db=spec.db, decode_responses=False, **options)
+    client = sentinels.master_for(spec.service, db=spec.db, decode_responses=False, **options)
+    if single:  # master_for hands every option to the connections; this one is the client's
+        client = type(client)(connection_pool=client.connection_pool, single_connection_client=True)
+    return client
 
 
 def node_url(url: str, host: str, port: int) -> str:
