@@ -24,7 +24,7 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.engine.worker import Worker
 
-from tests.helpers import subprocess_database_url
+from tests.helpers import keys_matching, subprocess_database_url
 
 from . import sample_tasks
 
@@ -238,7 +238,7 @@ def test_runworker_command_runs_the_demo_task_from_the_view(redis, redis_url, cl
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            counters = [redis.hget(k, "completed") for k in redis.keys(EMAILS.second_counters + "*")]
+            counters = [redis.hget(k, "completed") for k in keys_matching(redis, EMAILS.second_counters + "*")]
             if any(counters):
                 break
             assert proc.poll() is None, proc.stdout.read()
