@@ -9,6 +9,7 @@ on several nodes, the settings a cluster refuses, a master that dies.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -147,8 +148,6 @@ def test_one_worker_runs_queues_on_three_masters_with_retries_delays_and_the_dlq
 
 
 def test_async_adds_and_a_fresh_asyncio_client_reach_every_master(cluster, client):
-    import asyncio
-
     names = queues_on_each_master(client)
 
     async def add_all() -> list[str]:
@@ -187,8 +186,8 @@ def test_a_node_url_keeps_credentials_and_options():
 
 @pytest.mark.timeout(180)
 def test_producers_and_workers_follow_a_replica_promoted_when_its_master_dies(tmp_path):
-    """A master is killed mid-load: the producer's adds wait for the replica to take over, then land;
-    the worker, never restarted, reads from the new master; a delayed job is promoted there."""
+    """A master is killed mid-load: the producers' adds (asyncio, then sync) wait for the replica to take over,
+    then land once; the worker, never restarted, reads from the new master; a delayed job is promoted there."""
     with EmbeddedCluster(tmp_path / "failover", masters=3, replicas=1, binary=server_binary(),
                          node_timeout_ms=1000) as cluster:
         client = connect(cluster.url)
@@ -205,17 +204,27 @@ def test_producers_and_workers_follow_a_replica_promoted_when_its_master_dies(tm
 
             master = client.get_node_from_key(keys.stream)
             replicas_before = set(cluster.ports) - set(cluster.master_ports())
-            cluster.stop_node(master.port, kill=True)
-            # the first add meets a dead master: it waits, follows the promoted replica, and lands once
-            during = [producer.add("record", [f"during-{i}"]) for i in range(20)]
+
+            async def across_the_failover() -> list:
+                await producer.aadd("record", ["async-before"])  # the asyncio client knows the old master
+                await asyncio.to_thread(cluster.stop_node, master.port, kill=True)
+                # the first add meets a dead master: it waits, follows the promoted replica, and lands once
+                added = [await producer.aadd("record", [f"async-during-{i}"]) for i in range(10)]
+                await producer.aclose()
+                return added
+
+            during = asyncio.run(across_the_failover())
             promoted = set(cluster.master_ports()) & replicas_before
             assert promoted, "a replica took over the dead master's slots"
-            assert client.get_node_from_key(keys.stream).port in promoted
+            # the sync producer's link still points at the dead master: it follows too
+            during += [producer.add("record", [f"during-{i}"]) for i in range(20)]
             assert all(e.entry_id for e in during)
+            assert client.get_node_from_key(keys.stream).port in promoted
             producer.add("record", ["delayed-after"], delay=200)
             producer.add_bulk([JobSpec("record", [f"after-{i}"]) for i in range(50)])
 
-            wanted = {f"during-{i}" for i in range(20)} | {f"after-{i}" for i in range(50)} | {"delayed-after"}
+            wanted = ({f"async-during-{i}" for i in range(10)} | {f"during-{i}" for i in range(20)}
+                      | {f"after-{i}" for i in range(50)} | {"delayed-after"})
             wait_for(lambda: wanted <= set(ran), 90, "the worker to run every job added after the failover")
             counts = Counter(ran)
             assert all(counts[tag] == 1 for tag in wanted), {t: counts[t] for t in wanted if counts[t] != 1}
