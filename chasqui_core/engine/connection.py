@@ -25,7 +25,7 @@ import os
 import threading
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio as aredis
@@ -174,8 +174,6 @@ def _cluster_reply(reply: Any) -> bool:
 
 def _refusal(url: str, exc: BaseException) -> RedisConfigError | None:
     """The clear error for a refusal no retry can fix (credentials, permissions); None for other errors."""
-    if "SELECT is not allowed in cluster mode" in str(exc):  # the probe's connection chose the URL's database
-        return _cluster_database(url)
     if isinstance(exc, redis.AuthenticationError) or "WRONGPASS" in str(exc) or "NOAUTH" in str(exc):
         return RedisConfigError(f"{masked(url)}: the server refused the URL's credentials ({exc}). "
                                 "Check the user name and password (redis://user:password@host:port/0).")
@@ -190,8 +188,16 @@ def _detection_kwargs(url: str) -> dict[str, Any]:
     return {} if "socket_connect_timeout" in query else {"socket_connect_timeout": DETECT_TIMEOUT}
 
 
+def _probe_url(url: str) -> str:
+    """``url`` on database 0: the question is asked before any database is chosen (a cluster may have only 0)."""
+    parts = urlsplit(url)
+    query = urlencode([(name, value) for name, value in parse_qsl(parts.query) if name != "db"])
+    return parts._replace(path="/0", query=query).geturl()
+
+
 def _ask_cluster_sync(url: str, kwargs: dict[str, Any]) -> bool:
-    probe: Any = redis.Redis.from_url(url, single_connection_client=True, **{**kwargs, **_detection_kwargs(url)})
+    probe: Any = redis.Redis.from_url(_probe_url(url), single_connection_client=True,
+                                      **{**kwargs, **_detection_kwargs(url)})
     try:
         try:
             return _cluster_reply(probe.execute_command("CLUSTER", "INFO"))
@@ -206,7 +212,8 @@ def _ask_cluster_sync(url: str, kwargs: dict[str, Any]) -> bool:
 
 
 async def _ask_cluster_async(url: str, kwargs: dict[str, Any]) -> bool:
-    probe: Any = aredis.Redis.from_url(url, single_connection_client=True, **{**kwargs, **_detection_kwargs(url)})
+    probe: Any = aredis.Redis.from_url(_probe_url(url), single_connection_client=True,
+                                       **{**kwargs, **_detection_kwargs(url)})
     try:
         try:
             return _cluster_reply(await probe.execute_command("CLUSTER", "INFO"))
@@ -234,7 +241,7 @@ def is_cluster(url: str, **kwargs: Any) -> bool:
     known = _kinds.get(url)
     if known is not None:
         return known
-    if is_sentinel_url(url):
+    if is_sentinel_url(url) or urlsplit(url).scheme == "unix":  # no cluster behind a Unix socket
         return False
     _check(url, kwargs)
     try:
@@ -252,7 +259,7 @@ async def ais_cluster(url: str, **kwargs: Any) -> bool:
     known = _kinds.get(url)
     if known is not None:
         return known
-    if is_sentinel_url(url):
+    if is_sentinel_url(url) or urlsplit(url).scheme == "unix":  # no cluster behind a Unix socket
         return False
     _check(url, kwargs)
     try:
