@@ -57,12 +57,17 @@ class ChasquiTask(Task):
     """Per-job override of backoff, set with ``.using(backoff=...)``."""
     job_id: str | None = None
     """Caller-given job id, for idempotent enqueue: ``.using(job_id=...)``."""
+    job_result_ttl: int | None = None
+    """Per-job override of the backend's RESULT_TTL (seconds), set with ``.using(result_ttl=...)``."""
 
     def __post_init__(self) -> None:
         for name in ("max_attempts", "job_attempts"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise InvalidTask(f"{name} must be a whole number of 1 or more, got {value!r}")
+        ttl = self.job_result_ttl
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= MAX_RESULT_TTL):
+            raise InvalidTask(f"result_ttl must be a whole number of seconds from 0 to {MAX_RESULT_TTL}, got {ttl!r}")
         for name in ("backoff", "job_backoff"):
             try:
                 coerce_backoff(getattr(self, name))
@@ -72,8 +77,9 @@ class ChasquiTask(Task):
         TASK_REGISTRY.setdefault(self.module_path, self)
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
-              attempts: int | None = None, backoff: Any = None, job_id: str | None = None) -> ChasquiTask:
-        """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``."""
+              attempts: int | None = None, backoff: Any = None, job_id: str | None = None,
+              result_ttl: int | None = None) -> ChasquiTask:
+        """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``, ``result_ttl``."""
         task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
         changes: dict[str, Any] = {}
         if attempts is not None:
@@ -82,6 +88,8 @@ class ChasquiTask(Task):
             changes["job_backoff"] = backoff
         if job_id is not None:
             changes["job_id"] = job_id
+        if result_ttl is not None:
+            changes["job_result_ttl"] = result_ttl
         return replace(task, **changes) if changes else task
 
     def enqueue_many(self, calls: Iterable[tuple[Any, Any]]) -> list[TaskResult]:
@@ -222,6 +230,8 @@ class ChasquiBackend(BaseTaskBackend):
                                    "meta": {"backend": self.alias}}
         if isinstance(task, ChasquiTask):
             options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff)
+            if task.job_result_ttl is not None:
+                options["result_ttl"] = task.job_result_ttl
         return options
 
     def _result(self, task: Task, job_id: str, args, kwargs) -> TaskResult:

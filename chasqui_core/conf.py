@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
@@ -50,6 +51,10 @@ class ChasquiSettings:
     """Client addresses or networks ("10.0.0.7", "10.0.0.0/8", "fd00::/8") that may read /metrics without an
     API key: the Prometheus servers, when giving them a key is awkward. Matched against the address Django
     sees (REMOTE_ADDR), never a forwarded header."""
+
+    SCHEDULES: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Repeatable jobs by name: ``{"nightly-report": {"task": "reports.tasks.nightly", "cron": "0 3 * * *",
+    "timezone": "Europe/Lima"}}``. Checked in full (tasks included) by chasqui_core/schedules.py."""
 
     def metrics_allowed(self, address: str) -> bool:
         """Whether a request from ``address`` may read /metrics without a key."""
@@ -103,6 +108,12 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         raw["MASKED_KEYS"] = tuple(k.lower() for k in keys)
     if "METRICS_ALLOWED_IPS" in raw:
         raw["METRICS_ALLOWED_IPS"] = _networks(raw["METRICS_ALLOWED_IPS"])
+    if "SCHEDULES" in raw:
+        schedules = raw["SCHEDULES"]
+        if not isinstance(schedules, Mapping) or not all(isinstance(v, Mapping) for v in schedules.values()):
+            raise ImproperlyConfigured(
+                "settings.CHASQUI['SCHEDULES'] must be a dict of schedules by name, each a dict such as "
+                "{'task': 'reports.tasks.nightly', 'cron': '0 3 * * *'}")
     if raw.get("BACKOFF") is not None:
         try:
             coerce_backoff(raw["BACKOFF"])

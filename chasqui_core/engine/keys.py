@@ -98,3 +98,19 @@ class QueueKeys:
 
 QUEUES_REGISTRY = "chasqui:queues"
 """A set of every queue name ever used, so operators can list queues without SCAN."""
+
+
+SCHEDULES_PREFIX = "{chasqui:schedules}:"
+"""Every schedule key shares one hash tag, so the scheduler's scripts touch one Redis Cluster slot."""
+SCHEDULER_LOCK = SCHEDULES_PREFIX + "lock"
+"""The scheduler's leader lock: the one process that fires schedules holds it (SET NX PX, renewed)."""
+
+
+def schedule_state(name: str) -> str:
+    """A hash of one schedule's state: next due time, the definition it was computed for, last fire, pause."""
+    return f"{SCHEDULES_PREFIX}state:{name}"
+
+
+def schedule_fires(name: str) -> str:
+    """A list of one schedule's recent fires, newest first (see scheduler.py for a record's fields)."""
+    return f"{SCHEDULES_PREFIX}fires:{name}"

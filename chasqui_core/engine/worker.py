@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -42,6 +43,8 @@ from .queue import DEFAULT_MAX_PAYLOAD_BYTES
 from .recovery import PANIC_AFTER_DEATHS, Leases, forget_dead_workers, reclaim_abandoned
 from .registry import HandlerRegistry
 from .retry import RetryPolicy, budget
+from .scheduler import Fire, Scheduler, queue_fire
+from .schedules import Schedule
 from .scripts import Scripts
 from .outcomes import Delivery, Outcomes
 from .settler import Settler
@@ -96,6 +99,8 @@ class Worker:
         max_jobs: int | None = None,
         max_memory_mb: int | None = None,
         supervisor_pid: int | None = None,
+        schedules: Sequence[Schedule] = (),
+        fire: Fire | None = None,
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
@@ -127,6 +132,10 @@ class Worker:
         """The pid of the supervisor that started this process, shown with its heartbeat; None when standalone."""
         self.recycle_reason = ""
         """Why the worker stopped itself (``max_jobs`` or ``max_memory_mb`` reached); "" when it did not."""
+        self.schedules = list(schedules)
+        """Schedules this worker fires while it leads the scheduler (every worker may; one leads)."""
+        self.fire = fire
+        """Adds a fire's job; None adds it with an engine Queue (the Django integration passes its own)."""
         self.hostname = socket.gethostname()
         self.id = worker_id or f"{self.hostname}:{os.getpid()}:{os.urandom(3).hex()}"
         self.stats = WorkerStats()
@@ -207,6 +216,11 @@ class Worker:
         slots = [self._start_slot(i) for i in range(self.concurrency)]
         self._slots = slots
         promoters = [asyncio.create_task(p.run(self._stop), name=f"promoter:{q}") for q, p in self.promoters.items()]
+        self.scheduler = None
+        if self.schedules:
+            self.scheduler = Scheduler(self.client, self.scripts, self.schedules, self.fire or queue_fire(self.url),
+                                       self.id, lock_ttl_ms=self.promoter_lock_ttl_ms)
+            promoters.append(asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"))
         housekeeping = asyncio.create_task(self._housekeeping(), name="housekeeping")
         try:
             await self._stop.wait()
