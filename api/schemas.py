@@ -447,7 +447,7 @@ class ScheduleOut(Schema):
     name: str
     task: str
     queue: str
-    timing: str = Field(description="The timing in words: 'every 30 s' or 'cron 0 3 * * * (Europe/Lima)'.")
+    timing: str = Field(description="The timing in words: 'every 30 s' or 'cron 0 3 * * * (America/Lima)'.")
     cron: str | None
     every: float | None = Field(description="Seconds between fires, for an 'every' schedule.")
     timezone: str

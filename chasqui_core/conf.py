@@ -54,7 +54,7 @@ class ChasquiSettings:
 
     SCHEDULES: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Repeatable jobs by name: ``{"nightly-report": {"task": "reports.tasks.nightly", "cron": "0 3 * * *",
-    "timezone": "Europe/Lima"}}``. Checked in full (tasks included) by chasqui_core/schedules.py."""
+    "timezone": "America/Lima"}}``. Checked in full (tasks included) by chasqui_core/schedules.py."""
 
     def metrics_allowed(self, address: str) -> bool:
         """Whether a request from ``address`` may read /metrics without a key."""

@@ -74,7 +74,7 @@ class Schedule:
 
     @property
     def describe(self) -> str:
-        """The timing in words, for lists: ``every 30 s`` or ``cron 0 3 * * * (Europe/Lima)``."""
+        """The timing in words, for lists: ``every 30 s`` or ``cron 0 3 * * * (America/Lima)``."""
         if self.every_ms is not None:
             seconds = self.every_ms / 1000
             return f"every {seconds:g} s"
@@ -122,8 +122,7 @@ class Schedule:
                     kept.append(latest)
                     total += 1
                 at = latest
-            if len(kept) > limit:
-                del kept[0]
+            del kept[:-limit]
             at = self.next_after(at)
         return kept, at, total
 

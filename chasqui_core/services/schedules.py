@@ -50,7 +50,7 @@ class ScheduleInfo:
     task: str
     queue: str
     timing: str
-    """The timing in words: ``every 30 s`` or ``cron 0 3 * * * (Europe/Lima)``."""
+    """The timing in words: ``every 30 s`` or ``cron 0 3 * * * (America/Lima)``."""
     definition: dict[str, Any]
     next_fire: datetime | None
     """None while paused."""
