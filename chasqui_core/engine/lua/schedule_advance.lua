@@ -12,7 +12,8 @@
 -- ARGV[5]  due times missed (no job) to add to the schedule's count
 -- ARGV[6]  how many fire records to keep
 -- ARGV[7..] fire records, oldest first: JSON strings, pushed to the front of
---          the list; the last one is also written as the state's last fire
+--          the list; the last one is also written as the state's last fire;
+--          the scheduler's own (holder given) add to the state's 'fired' count
 -- Returns 1 when applied; 0 when the caller is not the leader; -1 when the
 -- next due time is not the one the caller read (another leader moved it).
 
@@ -39,7 +40,9 @@ if #ARGV >= 7 then
     redis.call('LPUSH', fires, ARGV[i])
   end
   redis.call('HSET', state, 'last', ARGV[#ARGV])
-  redis.call('HINCRBY', state, 'fired', #ARGV - 6)
+  if holder ~= '' then
+    redis.call('HINCRBY', state, 'fired', #ARGV - 6)
+  end
   redis.call('LTRIM', fires, 0, tonumber(ARGV[6]) - 1)
 end
 return 1
