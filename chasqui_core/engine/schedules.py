@@ -12,6 +12,7 @@ due time, so that a fire repeated by a second leader adds nothing.
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,9 +30,9 @@ Misfire = Literal["skip", "run_once", "run_all"]
 MISFIRE_POLICIES: tuple[Misfire, ...] = ("skip", "run_once", "run_all")
 
 DEFAULT_GRACE_S = 60
-"""How late a fire may still start and count as on time (a worker restart across a due time, say)."""
+"""How late a due time may still get its job (a leader failover, a worker restart across it); older is missed."""
 DEFAULT_CATCH_UP = 100
-"""At most this many missed fires are run under ``misfire: run_all`` (the latest ones)."""
+"""At most this many jobs are added for one schedule at once, after an outage (the latest due times)."""
 DEFAULT_RESULT_TTL = 7 * 24 * 3600
 """Seconds a fired job's outcome is kept, so the console can say how each recent fire went."""
 
@@ -233,23 +234,27 @@ def parse_schedule(name: str, raw: Mapping[str, Any], *, default_queue: str | No
 
 
 def plan_fires(schedule: Schedule, next_due: int, now_ms: int) -> tuple[list[int], int, int]:
-    """Which due times to fire now, by the misfire policy: ``(fire, next_due, missed)``.
+    """Which due times to fire now: ``(fire, next_due, missed)``.
 
-    Of the due times from ``next_due`` up to ``now_ms``, the latest is on time
-    when it is at most ``grace`` old; every other one was missed (no leader ran
-    then). ``skip`` fires only an on-time one; ``run_once`` fires one job for
-    all of them (the latest due time); ``run_all`` fires each, up to
-    ``catch_up`` of the latest. ``missed`` counts due times that got no job.
+    Of the due times from ``next_due`` up to ``now_ms``, those at most
+    ``grace`` old are late but on time: each gets its job, whatever the policy
+    (a leader that takes over after a crash, or a worker restarted across a
+    due time, catches up on them). Older ones were missed, and the misfire
+    policy decides: ``skip`` fires none of them; ``run_once`` fires one job
+    for all of them (the latest due time) unless an on-time one runs anyway;
+    ``run_all`` fires each. Never more than ``catch_up`` jobs at once (the
+    latest). ``missed`` counts due times that got no job.
     """
-    due, following, total = schedule.due_between(next_due, now_ms, schedule.catch_up + 1)
+    due, following, total = schedule.due_between(next_due, now_ms, _CRON_WALK_LIMIT)
     if not due:
         return [], following, 0
-    on_time = now_ms - due[-1] <= schedule.grace_ms
+    cut = bisect_left(due, now_ms - schedule.grace_ms)
+    old, on_time = due[:cut], due[cut:]
     if schedule.misfire == "run_all":
-        fire = due[-schedule.catch_up - 1:] if on_time else due[-schedule.catch_up:]
-    elif on_time or schedule.misfire == "run_once":
-        fire = due[-1:]
+        fire = old + on_time
+    elif schedule.misfire == "run_once" and old and not on_time:
+        fire = old[-1:]
     else:
-        fire = []
+        fire = on_time
+    fire = fire[-schedule.catch_up:]
     return fire, following, total - len(fire)
-

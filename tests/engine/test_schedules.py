@@ -98,11 +98,14 @@ def test_misfire_policies_decide_what_runs_after_a_stopped_period():
     def plan(**extra):
         return plan_fires(every(1, **extra), 10_000, now)
 
-    assert plan(misfire="skip") == ([20_000], 21_000, 10)  # only the on-time one
-    assert plan(misfire="run_once") == ([20_000], 21_000, 10)
-    assert plan(misfire="run_all") == ([10_000 + i * 1000 for i in range(11)], 21_000, 0)
-    assert plan(misfire="run_all", catch_up=3) == ([17_000, 18_000, 19_000, 20_000], 21_000, 7)
-    # with no grace, even the latest is late: skip runs nothing, run_once runs one for all of them
+    # within a grace of 2 s, 19 s and 20 s are late but on time: they run whatever the policy
+    assert plan(misfire="skip", grace=2) == ([19_000, 20_000], 21_000, 9)
+    assert plan(misfire="run_once", grace=2) == ([19_000, 20_000], 21_000, 9)
+    assert plan(misfire="run_all", grace=2) == ([10_000 + i * 1000 for i in range(11)], 21_000, 0)
+    assert plan(misfire="run_all", grace=2, catch_up=3) == ([18_000, 19_000, 20_000], 21_000, 8)
+    # with the default grace of a minute, a ten-second gap (a leader failover, say) is caught up on
+    assert plan(misfire="skip") == ([10_000 + i * 1000 for i in range(11)], 21_000, 0)
+    # with no grace, every due time is missed: skip runs nothing, run_once runs one for all of them
     assert plan(misfire="skip", grace=0) == ([], 21_000, 11)
     assert plan(misfire="run_once", grace=0) == ([20_000], 21_000, 10)
     assert plan(misfire="run_all", grace=0, catch_up=2) == ([19_000, 20_000], 21_000, 9)
