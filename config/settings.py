@@ -183,6 +183,8 @@ if REDIS_URL:
 # The demo's signup form (it enqueues work): on in `make run` (devstack sets
 # CHASQUI_DEMO=1), otherwise only for logged-in users allowed to enqueue jobs.
 CHASQUI_DEMO = env_bool("CHASQUI_DEMO", False)
+if CHASQUI_DEMO:  # something on the console's Schedules page (docs/schedules.md)
+    CHASQUI["SCHEDULES"] = {"signup-digest": {"task": "emails.tasks.signup_digest", "every": 60}}
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
