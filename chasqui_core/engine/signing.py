@@ -133,7 +133,11 @@ class Signer:
         signature = job.meta.get(SIGNATURE)
         if signature is None:
             return "the job carries no signature, and this worker runs signed jobs only"
-        if type(signature) is not str or len(signature) != 64:
+        if type(signature) is not str or len(signature) != 64 or not signature.isascii():
+            return "the job's signature is not 64 hex characters"
+        try:
+            bytes.fromhex(signature)
+        except ValueError:
             return "the job's signature is not 64 hex characters"
         keys = "the signing key" if len(self.keys) == 1 else f"any of the {len(self.keys)} signing keys"
         return (f"the job's signature does not match its task, arguments, id and creation time under {keys} "

@@ -141,6 +141,7 @@ class Command(BaseCommand):
             max_jobs=options["max_jobs"],
             max_memory_mb=options["max_memory"],
             supervisor_pid=child.supervisor_pid if child is not None else None,
+            signing_keys=conf.SIGNING_KEYS,
         )
         _configure_logging()
         tasks_logger = logging.getLogger("django.tasks")
@@ -149,8 +150,9 @@ class Command(BaseCommand):
             # cost a busy worker most of its throughput. A project that wants
             # them sets the "django.tasks" logger's level itself.
             tasks_logger.setLevel(logging.WARNING)
+        signed = f", signed jobs only ({len(conf.SIGNING_KEYS)} key(s))" if conf.SIGNING_KEYS else ""
         self.stdout.write(f"Chasqui worker {worker.id}: queues {', '.join(options['queues'])}, "
-                          f"{len(registry)} task(s), concurrency {worker.concurrency}")
+                          f"{len(registry)} task(s), concurrency {worker.concurrency}{signed}")
         self.stdout.flush()
         relay = _outbox_relay()
         if child is not None:
