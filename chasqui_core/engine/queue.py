@@ -161,7 +161,10 @@ class Queue:
         self.unique_ttl_ms = unique_ttl_ms
         self.chunk_size = chunk_size
         self.retry_for = float(retry_for)
-        self._signer = Signer([signing_key], where="signing_key") if signing_key is not None else None
+        if signing_key is not None and (not isinstance(signing_key, (str, bytes)) or not signing_key):
+            raise ValueError(f"signing_key must be a non-empty string or bytes (or None: jobs are not signed), "
+                             f"got {type(signing_key).__name__}")
+        self._signer = Signer([signing_key]) if signing_key is not None else None
         self.idempotency_ttl = check_ttl(idempotency_ttl)
         self._registered = False
         self._links: list[Link] = []
