@@ -453,7 +453,10 @@ class Worker:
         for d, by in zip(keyed, done, strict=True):
             if by is not None:
                 self._held.pop(d.entry_id, None)
-                self.outcomes.skipped(d, by)
+                try:
+                    self.outcomes.skipped(d, by)
+                except Exception as exc:  # whatever goes wrong touches this job only
+                    self.outcomes.internal(d, "acknowledging a job whose idempotency key had completed", exc)
             elif self._stop.is_set():  # stopping while the markers were read: it must not start now
                 self._requeue(d)
             elif d.handler.is_async:
