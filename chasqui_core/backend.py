@@ -31,6 +31,7 @@ from django.utils.module_loading import autodiscover_modules
 
 from chasqui_core import outbox
 from chasqui_core.conf import chasqui_settings
+from chasqui_core.engine import idempotency
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
 from chasqui_core.engine.connection import connect
 from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
@@ -59,6 +60,11 @@ class ChasquiTask(Task):
     """Caller-given job id, for idempotent enqueue: ``.using(job_id=...)``."""
     job_result_ttl: int | None = None
     """Per-job override of the backend's RESULT_TTL (seconds), set with ``.using(result_ttl=...)``."""
+    idempotency_key: str | bool | None = None
+    """Guards execution: a job whose key already completed is acknowledged, not run again. A string, or
+    True for the job's own id: ``.using(idempotency_key=...)``, or ``@task(idempotency_key=True)``."""
+    idempotency_ttl: int | None = None
+    """Seconds its completed key is remembered; None: settings.CHASQUI['IDEMPOTENCY_TTL']."""
 
     def __post_init__(self) -> None:
         for name in ("max_attempts", "job_attempts"):
@@ -73,13 +79,22 @@ class ChasquiTask(Task):
                 coerce_backoff(getattr(self, name))
             except (TypeError, ValueError) as exc:
                 raise InvalidTask(f"{name} is not valid: {exc}") from None
+        try:
+            if not isinstance(self.idempotency_key, bool | None):
+                idempotency.check_key(self.idempotency_key)
+            if self.idempotency_ttl is not None:
+                idempotency.check_ttl(self.idempotency_ttl)
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
         Task.__post_init__(self)
         TASK_REGISTRY.setdefault(self.module_path, self)
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
               attempts: int | None = None, backoff: Any = None, job_id: str | None = None,
-              result_ttl: int | None = None) -> ChasquiTask:
-        """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``, ``result_ttl``."""
+              result_ttl: int | None = None, idempotency_key: str | bool | None = None,
+              idempotency_ttl: int | None = None) -> ChasquiTask:
+        """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``, ``result_ttl``,
+        ``idempotency_key``, ``idempotency_ttl``."""
         task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
         changes: dict[str, Any] = {}
         if attempts is not None:
@@ -90,6 +105,10 @@ class ChasquiTask(Task):
             changes["job_id"] = job_id
         if result_ttl is not None:
             changes["job_result_ttl"] = result_ttl
+        if idempotency_key is not None:
+            changes["idempotency_key"] = idempotency_key
+        if idempotency_ttl is not None:
+            changes["idempotency_ttl"] = idempotency_ttl
         return replace(task, **changes) if changes else task
 
     def enqueue_many(self, calls: Iterable[tuple[Any, Any]]) -> list[TaskResult]:
@@ -222,14 +241,17 @@ class ChasquiBackend(BaseTaskBackend):
         if queue is None:
             conf = chasqui_settings()
             queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
-                                               retry_for=conf.ENQUEUE_RETRY_SECONDS)
+                                               retry_for=conf.ENQUEUE_RETRY_SECONDS,
+                                               signing_key=conf.SIGNING_KEYS[0] if conf.SIGNING_KEYS else None,
+                                               idempotency_ttl=conf.IDEMPOTENCY_TTL)
         return queue
 
     def _options(self, task: Task) -> dict[str, Any]:
         options: dict[str, Any] = {"run_at": task.run_after, "result_ttl": self.result_ttl,
                                    "meta": {"backend": self.alias}}
         if isinstance(task, ChasquiTask):
-            options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff)
+            options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff,
+                           idempotency_key=task.idempotency_key, idempotency_ttl=task.idempotency_ttl)
             if task.job_result_ttl is not None:
                 options["result_ttl"] = task.job_result_ttl
         return options
@@ -305,6 +327,9 @@ class ChasquiBackend(BaseTaskBackend):
                 results.append(self._result(task, job.job_id, args, kwargs))
         if options["job_id"] is not None and len(built) > 1:
             raise ValueError("job_id names one job: use it with enqueue(), not with enqueue_many() of several calls")
+        if isinstance(options.get("idempotency_key"), str) and len(built) > 1:
+            raise ValueError("idempotency_key names the work of one job: with enqueue_many() of several calls, "
+                             "use idempotency_key=True (each job guarded by its own id)")
         return queue, built, results
 
     def _sent(self, queue: Queue, task: Task, results: list[TaskResult]) -> None:

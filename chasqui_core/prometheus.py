@@ -31,6 +31,9 @@ _COUNTERS = (
     ("dlq", "jobs_dead_lettered", "Jobs moved to the dead-letter queue, for any reason."),
     ("replayed", "jobs_replayed", "Dead-letter entries sent back to work by an operator."),
     ("promoted", "jobs_promoted", "Delayed jobs (retries included) moved to the stream when due."),
+    ("skipped", "jobs_skipped", "Jobs acknowledged without running: their idempotency key had already completed."),
+    ("bad_signature", "jobs_bad_signature",
+     "Jobs refused because their signature was missing or wrong (also counted as dead-lettered)."),
 )
 
 _BUCKET_BOUNDS = [floatToGoString(ms / 1000) for ms in totals.DURATION_BOUNDS_MS] + ["+Inf"]

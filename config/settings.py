@@ -146,6 +146,9 @@ CHASQUI_SAMPLER_INTERVAL = 1.0
 # Engine settings (stream names, timeouts, retry policy...). The engine reads
 # this dict and documents its keys; empty means "engine defaults".
 CHASQUI: dict[str, object] = {}
+# Keys that sign jobs, the signing one first (see docs/security.md).
+if env_list("CHASQUI_SIGNING_KEYS"):
+    CHASQUI["SIGNING_KEYS"] = env_list("CHASQUI_SIGNING_KEYS")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -53,6 +53,9 @@ class QueueKeys:
     paused: str
     unique: str
     """Prefix of the idempotency markers written for adds with a caller-given job id."""
+    done: str
+    """Prefix of the execution idempotency markers: ``<done><key>`` holds the id of the job that completed
+    the key (see idempotency.py)."""
     result: str
     """Prefix of stored results (when result storage is on)."""
     metrics: str
@@ -85,6 +88,7 @@ class QueueKeys:
             workers=p + "workers",
             paused=p + "paused",
             unique=p + "unique:",
+            done=p + "done:",
             result=p + "result:",
             metrics=p + "m:",
             second_counters=p + "m:" + SECOND_BUCKET,

@@ -249,14 +249,14 @@ def record_fire(client: Client, scripts: Scripts, name: str, record: FireRecord)
                              args=["", "", "", "", 0, FIRES_KEPT, record.to_json()])
 
 
-def queue_fire(url: str | None) -> Fire:
-    """A Fire that adds each job with an engine Queue: for workers run without Django."""
+def queue_fire(url: str | None, signing_key: bytes | str | None = None) -> Fire:
+    """A Fire that adds each job with an engine Queue (signed with ``signing_key``): for workers without Django."""
     queues: dict[str, Queue] = {}
 
     async def fire(schedule: Schedule, due_ms: int, job_id: str) -> None:
         queue = queues.get(schedule.queue)
         if queue is None:
-            queue = queues[schedule.queue] = Queue(schedule.queue, url=url)
+            queue = queues[schedule.queue] = Queue(schedule.queue, url=url, signing_key=signing_key)
         await queue.aadd(schedule.task, schedule.args, schedule.kwargs, job_id=job_id, attempts=schedule.attempts,
                          backoff=schedule.backoff, result_ttl=schedule.result_ttl)
 

@@ -153,6 +153,7 @@ class Command(BaseCommand):
             supervisor_pid=child.supervisor_pid if child is not None else None,
             schedules=schedules,
             fire=fire_schedule,
+            signing_keys=conf.SIGNING_KEYS,
         )
         _configure_logging()
         tasks_logger = logging.getLogger("django.tasks")
@@ -161,8 +162,9 @@ class Command(BaseCommand):
             # cost a busy worker most of its throughput. A project that wants
             # them sets the "django.tasks" logger's level itself.
             tasks_logger.setLevel(logging.WARNING)
+        signed = f", signed jobs only ({len(conf.SIGNING_KEYS)} key(s))" if conf.SIGNING_KEYS else ""
         self.stdout.write(f"Chasqui worker {worker.id}: queues {', '.join(options['queues'])}, "
-                          f"{len(registry)} task(s), concurrency {worker.concurrency}"
+                          f"{len(registry)} task(s), concurrency {worker.concurrency}{signed}"
                           + (f", {len(schedules)} schedule(s)" if schedules else ""))
         self.stdout.flush()
         relay = _outbox_relay()
