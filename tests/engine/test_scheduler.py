@@ -186,3 +186,29 @@ def test_per_fire_attempts_and_backoff_hold_for_every_retry_of_a_fire(redis, red
     assert dead.job_id.startswith("schedule:flaky:")
     assert len(dead.errors) == 2, "two runs: the schedule's attempts, not the worker's five"
     assert dead.job.max_attempts == 2 and dead.job.backoff["initial_ms"] == 20
+
+
+def test_a_signing_worker_signs_the_jobs_its_schedules_fire(redis, redis_url):
+    """With signing keys, the scheduler's jobs carry the first key's signature and run; nothing is refused."""
+    s = schedule("signed", every=1)
+    ran = []
+    registry = HandlerRegistry()
+
+    async def tick():
+        ran.append(1)
+
+    registry.register("tasks.tick", tick)
+    worker = Worker([Q], registry, url=redis_url, install_signal_handlers=False, schedules=[s],
+                    signing_keys=["current-key-of-at-least-32-bytes!!", "older-key-of-at-least-32-bytes!!!"])
+
+    async def main():
+        runner = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 30
+        while not ran and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        worker.request_stop()
+        await runner
+
+    asyncio.run(main())
+    assert ran, "the fired job ran"
+    assert redis.xlen(KEYS.dlq) == 0
