@@ -27,6 +27,7 @@ from api.dlq import router as dlq_router
 from api.jobs import router as jobs_router
 from api.operations import router as operations_router
 from api.queues import router as queues_router
+from api.schedules import router as schedules_router
 from api.workers import router as workers_router
 from chasqui_core.services.common import Conflict, InvalidInput, NotFound
 
@@ -52,6 +53,7 @@ api.add_router("/queues", delayed_router)
 api.add_router("/queues", dlq_router)
 api.add_router("", jobs_router)
 api.add_router("/workers", workers_router)
+api.add_router("/schedules", schedules_router)
 api.add_router("/operations", operations_router)
 api.add_router("/audit", audit_router)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_safe
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -22,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from api.auth import TooManyAttempts, user_for_key
-from chasqui_core import access, health, prometheus
+from chasqui_core import access, health, prometheus, schedules
 from chasqui_core.services.common import redis_client
 from chasqui_core.conf import chasqui_settings
 
@@ -54,13 +54,21 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+def _schedules() -> list:
+    """The settings' schedules; none when they are invalid (the system check reports them, metrics go on)."""
+    try:
+        return list(schedules.configured().values())
+    except ImproperlyConfigured:
+        return []
+
+
 @require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
     refusal = _refusal(request)
     if refusal is not None:
         return refusal
     try:
-        body = prometheus.render(redis_client())
+        body = prometheus.render(redis_client(), _schedules())
     except (RedisConnectionError, RedisTimeoutError) as exc:
         logger.warning("metrics: Redis unreachable: %s", exc)
         return _text(503, "Redis is unreachable, so there are no figures to report; try again shortly.")

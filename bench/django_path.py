@@ -16,6 +16,12 @@ millisecond until the stream and the delayed set are empty; nothing polls
 during the drain). The process is then stopped with SIGTERM and must exit
 cleanly, and the queue is checked for leftovers, as for the twins.
 
+``runworker-signed`` is the ``runworker-async`` drain with
+``CHASQUI["SIGNING_KEYS"]`` set on both sides: the backlog is signed at
+enqueue and the worker checks every job's signature before it runs it. It is
+shown as a fraction of ``runworker-async`` of the same run: what signing
+costs the worker.
+
 ``runworker-processes-2`` is the same drain by ``runworker --processes 2``: a
 supervisor and two worker processes, compared with ``runworker-async`` of the
 same run. The window opens once both processes have started a job (the
@@ -37,7 +43,9 @@ import time
 from dataclasses import dataclass
 
 from chasqui_core.engine import stats
+from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.signing import SIGNATURE
 
 from . import consumer
 from .child import ROOT, start_profiler, stop_profiler
@@ -54,6 +62,9 @@ STOP_TIMEOUT = 60.0
 SETTLE_POLL = 0.0005
 DRAIN_POLL = 0.005
 """How often the bench reads the queue while several processes drain it (none of them can tell it is done)."""
+SIGNING_KEY = "bench-signing-key-" + "k" * 32
+SIGNING_KEYS_ENV = "CHASQUI_SIGNING_KEYS"
+"""Read by the project's settings (config/settings.py), which bench.django_settings builds on."""
 
 
 def _setup():
@@ -137,6 +148,8 @@ class RunworkerSetup:
     """``runworker --processes``; above 1 a supervisor runs that many worker processes."""
     compared_with: str = ""
     """The row the report shows it against, when not its engine twin."""
+    signed: bool = False
+    """Jobs signed at enqueue and checked by the worker (``CHASQUI["SIGNING_KEYS"]`` on both sides)."""
 
     @property
     def concurrency(self) -> int:
@@ -149,6 +162,10 @@ SETUPS = {
     "runworker-retry": RunworkerSetup("fail_once", "worker-retry",
                                       "async task failing on its first run (1 ms backoff), then succeeding; "
                                       "--concurrency 100; successes per second"),
+    "runworker-signed": RunworkerSetup("anoop", "worker-concurrent",
+                                       "async def noop task, --concurrency 100, CHASQUI['SIGNING_KEYS'] set: every "
+                                       "job signed at enqueue and its signature checked by the worker",
+                                       compared_with="runworker-async", signed=True),
     "runworker-processes-2": RunworkerSetup("anoop", "worker-concurrent",
                                             "--processes 2: a supervisor and two worker processes, async def noop "
                                             "task, --concurrency 100 each", processes=2,
@@ -156,19 +173,32 @@ SETUPS = {
 }
 
 
-def _preload(ctx, task, n: int) -> None:
-    for start in range(0, n, ENQUEUE_MANY_CALLS):
-        task.enqueue_many([((i,), {}) for i in range(start, min(n, start + ENQUEUE_MANY_CALLS))])
+def _preload(ctx, task, n: int, *, signed: bool = False) -> None:
+    """Enqueue the backlog, signed or not whatever the environment says (the setting is overridden meanwhile)."""
+    from django.conf import settings
+    from django.test.utils import override_settings
+
+    with override_settings(CHASQUI={**settings.CHASQUI, "SIGNING_KEYS": [SIGNING_KEY] if signed else []}):
+        for start in range(0, n, ENQUEUE_MANY_CALLS):
+            task.enqueue_many([((i,), {}) for i in range(start, min(n, start + ENQUEUE_MANY_CALLS))])
     _check_queued(ctx, task.queue_name, n)
+    [(_, fields)] = ctx.client.xrange(QueueKeys.for_queue(task.queue_name).stream, count=1)
+    if (SIGNATURE in decode(fields[b"j"]).meta) != signed:
+        raise BenchError(f"the backlog should {'' if signed else 'not '}be signed, and is "
+                         f"{'not ' if signed else ''}: the rate would not be true")
 
 
 class RunworkerProcess:
     """``python manage.py runworker`` on the bench's settings, output to a file; always stopped on exit."""
 
-    def __init__(self, name: str, queue: str, concurrency: int, target: int, processes: int = 1) -> None:
+    def __init__(self, name: str, queue: str, concurrency: int, target: int, processes: int = 1,
+                 signed: bool = False) -> None:
         from .tasks import PROCESSES_ENV, TARGET_ENV
 
         env = dict(os.environ)
+        env.pop(SIGNING_KEYS_ENV, None)
+        if signed:
+            env[SIGNING_KEYS_ENV] = SIGNING_KEY
         env[PROCESSES_ENV] = str(processes)
         env["DJANGO_SETTINGS_MODULE"] = SETTINGS
         env[TARGET_ENV] = str(target)
@@ -284,10 +314,11 @@ def _drain(ctx, name: str, setup: RunworkerSetup, task, n: int) -> dict:
     from .tasks import MARKS_KEY
 
     ctx.flush()
-    _preload(ctx, task, n)
+    _preload(ctx, task, n, signed=setup.signed)
     started = time.time()
     timeout = START_TIMEOUT + max(120.0, n / 100)
-    with RunworkerProcess(name, task.queue_name, setup.concurrency, target=n, processes=setup.processes) as worker:
+    with RunworkerProcess(name, task.queue_name, setup.concurrency, target=n, processes=setup.processes,
+                          signed=setup.signed) as worker:
         if setup.processes == 1:
             _wait_done(ctx, worker, timeout=timeout)
             end = _wait_settled(ctx, task.queue_name)

@@ -46,6 +46,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              partial(django_path.runworker, name="runworker-sync")),
     Scenario("runworker-retry", "python manage.py runworker, every job fails once then succeeds",
              partial(django_path.runworker, name="runworker-retry")),
+    Scenario("runworker-signed", "python manage.py runworker, async noop task, concurrency 100, signed jobs",
+             partial(django_path.runworker, name="runworker-signed")),
     Scenario("runworker-processes-2", "python manage.py runworker --processes 2, async noop task, concurrency 100 each",
              partial(django_path.runworker, name="runworker-processes-2")),
     Scenario("cluster-drain", "one worker process, 3 queues: on one server, then on the 3 masters of a cluster",
@@ -78,6 +80,7 @@ GOALS: dict[str, Goal] = {
     "runworker-async": Goal("≥ 80% of worker-concurrent and ≥ 60,000 jobs/s"),
     "runworker-sync": Goal("≥ 30,000 jobs/s"),
     "runworker-retry": Goal("≥ 20,000 jobs/s"),
+    "runworker-signed": Goal("≥ 95% of runworker-async"),
     "runworker-processes-2": Goal("≥ 1.6 × runworker-async, given two free cores"),
     "promoter": Goal("≥ 500,000 jobs/s"),
     "worker-delayed-e2e": Goal("≥ 90% of worker-concurrent", "755,034 jobs/s"),
@@ -96,8 +99,8 @@ TWINS: dict[str, str] = {
     **{name: setup.compared_with or setup.twin for name, setup in django_path.SETUPS.items()},
 }
 """Each Django-path row and the row it is measured against (the report shows the fraction): its engine twin, or
-for ``runworker-processes-2`` the single-process ``runworker-async``; the cluster drain against the same drain on
-one server."""
+for ``runworker-signed`` and ``runworker-processes-2`` the plain single-process ``runworker-async``; the cluster
+drain against the same drain on one server."""
 
 
 def goal(label: str) -> Goal:

@@ -12,11 +12,16 @@ class ChasquiCoreConfig(AppConfig):
     verbose_name = "Chasqui"
 
     def ready(self) -> None:
+        from django.core import checks
         from django.db.models.signals import post_migrate
 
+        from chasqui_core.checks import signing_keys
         from chasqui_core.conf import chasqui_settings
+        from chasqui_core.schedules import check_schedules
 
         post_migrate.connect(_ensure_groups, sender=self)
+        checks.register(check_schedules)
+        checks.register(signing_keys, checks.Tags.security)
         # A mistake in settings.CHASQUI stops the process at start, not at the first job or scrape.
         chasqui_settings()
 

@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 
 from chasqui_core import outbox
 from chasqui_core.conf import chasqui_settings
+from chasqui_core.engine import idempotency
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
 from chasqui_core.engine.connection import connect
 from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
@@ -59,23 +60,43 @@ class ChasquiTask(Task):
     """Per-job override of backoff, set with ``.using(backoff=...)``."""
     job_id: str | None = None
     """Caller-given job id, for idempotent enqueue: ``.using(job_id=...)``."""
+    job_result_ttl: int | None = None
+    """Per-job override of the backend's RESULT_TTL (seconds), set with ``.using(result_ttl=...)``."""
+    idempotency_key: str | bool | None = None
+    """Guards execution: a job whose key already completed is acknowledged, not run again. A string, or
+    True for the job's own id: ``.using(idempotency_key=...)``, or ``@task(idempotency_key=True)``."""
+    idempotency_ttl: int | None = None
+    """Seconds its completed key is remembered; None: settings.CHASQUI['IDEMPOTENCY_TTL']."""
 
     def __post_init__(self) -> None:
         for name in ("max_attempts", "job_attempts"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise InvalidTask(f"{name} must be a whole number of 1 or more, got {value!r}")
+        ttl = self.job_result_ttl
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= MAX_RESULT_TTL):
+            raise InvalidTask(f"result_ttl must be a whole number of seconds from 0 to {MAX_RESULT_TTL}, got {ttl!r}")
         for name in ("backoff", "job_backoff"):
             try:
                 coerce_backoff(getattr(self, name))
             except (TypeError, ValueError) as exc:
                 raise InvalidTask(f"{name} is not valid: {exc}") from None
+        try:
+            if not isinstance(self.idempotency_key, bool | None):
+                idempotency.check_key(self.idempotency_key)
+            if self.idempotency_ttl is not None:
+                idempotency.check_ttl(self.idempotency_ttl)
+        except ValueError as exc:
+            raise InvalidTask(str(exc)) from None
         Task.__post_init__(self)
         TASK_REGISTRY.setdefault(self.module_path, self)
 
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
-              attempts: int | None = None, backoff: Any = None, job_id: str | None = None) -> ChasquiTask:
-        """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``."""
+              attempts: int | None = None, backoff: Any = None, job_id: str | None = None,
+              result_ttl: int | None = None, idempotency_key: str | bool | None = None,
+              idempotency_ttl: int | None = None) -> ChasquiTask:
+        """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``, ``result_ttl``,
+        ``idempotency_key``, ``idempotency_ttl``."""
         task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
         changes: dict[str, Any] = {}
         if attempts is not None:
@@ -84,6 +105,12 @@ class ChasquiTask(Task):
             changes["job_backoff"] = backoff
         if job_id is not None:
             changes["job_id"] = job_id
+        if result_ttl is not None:
+            changes["job_result_ttl"] = result_ttl
+        if idempotency_key is not None:
+            changes["idempotency_key"] = idempotency_key
+        if idempotency_ttl is not None:
+            changes["idempotency_ttl"] = idempotency_ttl
         return replace(task, **changes) if changes else task
 
     def enqueue_many(self, calls: Iterable[tuple[Any, Any]]) -> list[TaskResult]:
@@ -230,7 +257,9 @@ class ChasquiBackend(BaseTaskBackend):
         if queue is None:
             conf = chasqui_settings()
             queue = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
-                          retry_for=conf.ENQUEUE_RETRY_SECONDS)
+                          retry_for=conf.ENQUEUE_RETRY_SECONDS,
+                          signing_key=conf.SIGNING_KEYS[0] if conf.SIGNING_KEYS else None,
+                          idempotency_ttl=conf.IDEMPOTENCY_TTL)
             if self._client is not None:  # else Redis did not answer yet: a queue for this call only
                 self._queues[name] = queue
         return queue
@@ -239,7 +268,10 @@ class ChasquiBackend(BaseTaskBackend):
         options: dict[str, Any] = {"run_at": task.run_after, "result_ttl": self.result_ttl,
                                    "meta": {"backend": self.alias}}
         if isinstance(task, ChasquiTask):
-            options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff)
+            options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff,
+                           idempotency_key=task.idempotency_key, idempotency_ttl=task.idempotency_ttl)
+            if task.job_result_ttl is not None:
+                options["result_ttl"] = task.job_result_ttl
         return options
 
     def _result(self, task: Task, job_id: str, args, kwargs) -> TaskResult:
@@ -313,6 +345,9 @@ class ChasquiBackend(BaseTaskBackend):
                 results.append(self._result(task, job.job_id, args, kwargs))
         if options["job_id"] is not None and len(built) > 1:
             raise ValueError("job_id names one job: use it with enqueue(), not with enqueue_many() of several calls")
+        if isinstance(options.get("idempotency_key"), str) and len(built) > 1:
+            raise ValueError("idempotency_key names the work of one job: with enqueue_many() of several calls, "
+                             "use idempotency_key=True (each job guarded by its own id)")
         return queue, built, results
 
     def _sent(self, queue: Queue, task: Task, results: list[TaskResult]) -> None:

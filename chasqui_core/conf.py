@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings
@@ -19,9 +20,10 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
-from chasqui_core.engine import redact
+from chasqui_core.engine import idempotency, redact
 from chasqui_core.engine.connection import DEFAULT_URL, check_url
 from chasqui_core.engine.errors import RedisConfigError
+from chasqui_core.engine.signing import check_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,16 @@ class ChasquiSettings:
     """Client addresses or networks ("10.0.0.7", "10.0.0.0/8", "fd00::/8") that may read /metrics without an
     API key: the Prometheus servers, when giving them a key is awkward. Matched against the address Django
     sees (REMOTE_ADDR), never a forwarded header."""
+    SIGNING_KEYS: tuple[bytes, ...] = ()
+    """Keys (str or bytes) that sign jobs: producers sign with the first, workers run only jobs signed with
+    one of them. Empty: jobs are neither signed nor checked. See docs/security.md."""
+    IDEMPOTENCY_TTL: int = idempotency.DEFAULT_TTL
+    """Seconds a completed idempotency key is remembered (``task.using(idempotency_key=...)``), unless the
+    job says otherwise with ``idempotency_ttl``."""
+
+    SCHEDULES: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Repeatable jobs by name: ``{"nightly-report": {"task": "reports.tasks.nightly", "cron": "0 3 * * *",
+    "timezone": "America/Lima"}}``. Checked in full (tasks included) by chasqui_core/schedules.py."""
 
     def metrics_allowed(self, address: str) -> bool:
         """Whether a request from ``address`` may read /metrics without a key."""
@@ -115,6 +127,23 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         raw["MASKED_KEYS"] = tuple(k.lower() for k in keys)
     if "METRICS_ALLOWED_IPS" in raw:
         raw["METRICS_ALLOWED_IPS"] = _networks(raw["METRICS_ALLOWED_IPS"])
+    if "SCHEDULES" in raw:
+        schedules = raw["SCHEDULES"]
+        if not isinstance(schedules, Mapping) or not all(isinstance(v, Mapping) for v in schedules.values()):
+            raise ImproperlyConfigured(
+                "settings.CHASQUI['SCHEDULES'] must be a dict of schedules by name, each a dict such as "
+                "{'task': 'reports.tasks.nightly', 'cron': '0 3 * * *'}")
+    if "SIGNING_KEYS" in raw:
+        keys = raw["SIGNING_KEYS"]
+        try:
+            raw["SIGNING_KEYS"] = () if keys is None else check_keys(keys, "settings.CHASQUI['SIGNING_KEYS']")
+        except ValueError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
+    if "IDEMPOTENCY_TTL" in raw:
+        try:
+            idempotency.check_ttl(raw["IDEMPOTENCY_TTL"], "settings.CHASQUI['IDEMPOTENCY_TTL']")
+        except ValueError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
     if raw.get("BACKOFF") is not None:
         try:
             coerce_backoff(raw["BACKOFF"])

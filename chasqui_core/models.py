@@ -91,6 +91,9 @@ class AuditEntry(models.Model):
         CANCEL_OPERATION = "cancel_operation"
         APIKEY_CREATE = "apikey_create"
         APIKEY_REVOKE = "apikey_revoke"
+        SCHEDULE_PAUSE = "schedule_pause"
+        SCHEDULE_RESUME = "schedule_resume"
+        SCHEDULE_RUN = "schedule_run"
 
     class Source(models.TextChoices):
         API = "api"

@@ -17,8 +17,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from chasqui_core.engine import stats, totals
+from chasqui_core.engine import scheduler, stats, totals
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.schedules import Schedule
 
 PREFIX = "chasqui_"
 
@@ -30,6 +31,9 @@ _COUNTERS = (
     ("dlq", "jobs_dead_lettered", "Jobs moved to the dead-letter queue, for any reason."),
     ("replayed", "jobs_replayed", "Dead-letter entries sent back to work by an operator."),
     ("promoted", "jobs_promoted", "Delayed jobs (retries included) moved to the stream when due."),
+    ("skipped", "jobs_skipped", "Jobs acknowledged without running: their idempotency key had already completed."),
+    ("bad_signature", "jobs_bad_signature",
+     "Jobs refused because their signature was missing or wrong (also counted as dead-lettered)."),
 )
 
 _BUCKET_BOUNDS = [floatToGoString(ms / 1000) for ms in totals.DURATION_BOUNDS_MS] + ["+Inf"]
@@ -93,8 +97,43 @@ class QueueCollector(Collector):
         yield from (depth, pending, delayed, dlq, paused, workers, lag, *counters.values(), durations)
 
 
-def render(client) -> bytes:
-    """The text exposition of every queue, read now."""
+class ScheduleCollector(Collector):
+    """Each schedule's fires, misses, next fire and pause, in one pipelined read per scrape."""
+
+    def __init__(self, client, schedules: list[Schedule]) -> None:
+        self.client = client
+        self.schedules = schedules
+
+    def collect(self) -> Iterator[Metric]:
+        if not self.schedules:
+            return
+        states = scheduler.read_states(self.client, [s.name for s in self.schedules])
+        labels = ["schedule", "queue"]
+        fired = CounterMetricFamily(PREFIX + "schedule_fires", "Jobs added by the scheduler for the schedule's due "
+                                    "times (fires by hand excluded).", labels=labels)
+        missed = CounterMetricFamily(PREFIX + "schedule_missed", "Due times that got no job because no worker "
+                                     "fired schedules then (by the misfire policy).", labels=labels)
+        next_fire = GaugeMetricFamily(PREFIX + "schedule_next_fire_timestamp_seconds", "When the schedule fires "
+                                      "next (absent while paused or before a scheduler first saw it); in the past "
+                                      "when no worker fires schedules.", labels=labels)
+        last_fire = GaugeMetricFamily(PREFIX + "schedule_last_fire_timestamp_seconds", "When the schedule last "
+                                      "added a job.", labels=labels)
+        paused = GaugeMetricFamily(PREFIX + "schedule_paused", "1 while the schedule is paused.", labels=labels)
+        for schedule, state in zip(self.schedules, states, strict=True):
+            values = [schedule.name, schedule.queue]
+            fired.add_metric(values, state.fired)
+            missed.add_metric(values, state.missed)
+            paused.add_metric(values, 1 if state.paused else 0)
+            if state.next_due is not None and not state.paused and state.version == schedule.version:
+                next_fire.add_metric(values, state.next_due / 1000)
+            if state.recent:
+                last_fire.add_metric(values, state.recent[0].at / 1000)
+        yield from (fired, missed, next_fire, last_fire, paused)
+
+
+def render(client, schedules: list[Schedule] | None = None) -> bytes:
+    """The text exposition of every queue (and of the given schedules), read now."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(QueueCollector(client))
+    registry.register(ScheduleCollector(client, schedules or []))
     return generate_latest(registry)

@@ -148,6 +148,9 @@ CHASQUI_SAMPLER_INTERVAL = 1.0
 # Engine settings (stream names, timeouts, retry policy...). The engine reads
 # this dict and documents its keys; empty means "engine defaults".
 CHASQUI: dict[str, object] = {}
+# Keys that sign jobs, the signing one first (see docs/security.md).
+if env_list("CHASQUI_SIGNING_KEYS"):
+    CHASQUI["SIGNING_KEYS"] = env_list("CHASQUI_SIGNING_KEYS")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -186,6 +189,8 @@ if REDIS_URL:
 # The demo's signup form (it enqueues work): on in `make run` (devstack sets
 # CHASQUI_DEMO=1), otherwise only for logged-in users allowed to enqueue jobs.
 CHASQUI_DEMO = env_bool("CHASQUI_DEMO", False)
+if CHASQUI_DEMO:  # something on the console's Schedules page (docs/schedules.md)
+    CHASQUI["SCHEDULES"] = {"signup-digest": {"task": "emails.tasks.signup_digest", "every": 60}}
 
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"

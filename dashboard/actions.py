@@ -22,6 +22,7 @@ from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services import dlq as dlq_service
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services import queues as queues_service
+from chasqui_core.services import schedules as schedules_service
 from chasqui_core.services.common import Conflict, InvalidInput, NotFound, known_queues, require, require_queue
 
 from .forms import BulkForm, DLQFilterForm, ReplayOptionsForm, describe_filter
@@ -63,6 +64,32 @@ def resume(request: HttpRequest, name: str) -> HttpResponse:
     changed = queues_service.resume(request.user, name, source=SOURCE)
     messages.success(request, f"Queue {name} is running again." if changed else f"Queue {name} was not paused.")
     return _back(request, reverse("dashboard:queue", args=[name]))
+
+
+# --- schedules ----------------------------------------------------------------------------
+
+
+@console_action
+def schedule_pause(request: HttpRequest, name: str) -> HttpResponse:
+    changed = schedules_service.pause(request.user, name, source=SOURCE)
+    messages.success(request, f"Schedule {name} is paused: its due times pass without a job until it is resumed."
+                     if changed else f"Schedule {name} was already paused.")
+    return HttpResponseRedirect(reverse("dashboard:schedules"))
+
+
+@console_action
+def schedule_resume(request: HttpRequest, name: str) -> HttpResponse:
+    changed = schedules_service.resume(request.user, name, source=SOURCE)
+    messages.success(request, f"Schedule {name} fires again from its next due time." if changed
+                     else f"Schedule {name} was not paused.")
+    return HttpResponseRedirect(reverse("dashboard:schedules"))
+
+
+@console_action
+def schedule_run(request: HttpRequest, name: str) -> HttpResponse:
+    fire = schedules_service.run_now(request.user, name, source=SOURCE)
+    messages.success(request, f"Schedule {name}: job {fire.job_id} is on queue {fire.queue} now.")
+    return HttpResponseRedirect(reverse("dashboard:schedules"))
 
 
 # --- the delayed set ----------------------------------------------------------------------

@@ -48,5 +48,9 @@ urlpatterns = [
     path("operations/<uuid:op_id>/", views.operation, name="operation"),
     path("operations/<uuid:op_id>/cancel/", actions.operation_cancel, name="operation_cancel"),
     path("audit/", views.audit, name="audit"),
+    path("schedules/", views.schedules, name="schedules"),
+    path("schedules/<queue:name>/pause/", actions.schedule_pause, name="schedule_pause"),
+    path("schedules/<queue:name>/resume/", actions.schedule_resume, name="schedule_resume"),
+    path("schedules/<queue:name>/run/", actions.schedule_run, name="schedule_run"),
     path("live/<path:topic>/", views.live, name="live"),
 ]

@@ -14,6 +14,7 @@ from typing import Any
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 
 from chasqui_core.engine.dlq.entries import DeadJob
 from chasqui_core.models import AuditEntry
@@ -22,6 +23,7 @@ from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services import dlq as dlq_service
 from chasqui_core.services import jobs as jobs_service
 from chasqui_core.services import operations as operations_service
+from chasqui_core.services import schedules as schedules_service
 from chasqui_core.services.common import InvalidInput, NotFound, known_queues, require_queue
 
 from . import fragments
@@ -223,6 +225,20 @@ def audit(request: HttpRequest) -> HttpResponse:
         "selected": {"action": action or "", "queue": queue_name or "", "source": source or ""},
     }
     return render(request, "dashboard/audit.html", ctx)
+
+
+@console_page
+def schedules(request: HttpRequest) -> HttpResponse:
+    """Every schedule with its next fire and how its recent fires went; htmx refreshes the table."""
+    error = ""
+    try:
+        items = schedules_service.schedule_list(request.user, source="console")
+    except InvalidInput as exc:  # the settings' schedules are wrong: say so instead of failing the page
+        items, error = [], str(exc)
+    ctx = {**_base(request, "schedules"), "schedules": items, "error": error, "now": timezone.now()}
+    if request.htmx:
+        return render(request, "dashboard/parts/schedules_table.html", ctx)
+    return render(request, "dashboard/schedules.html", ctx)
 
 
 # --- live fragments over plain HTTP (the websocket fallback) -------------------------------------

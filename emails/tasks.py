@@ -39,3 +39,11 @@ def send_welcome_email(signup_id: int, *, fail_rate: float = 0.0) -> str:
     )
     logger.info("Sent welcome email to %s (signup %s)", signup.email, signup_id)
     return f"welcome email sent to {signup.email}"
+
+
+@task(queue_name="emails")
+def signup_digest() -> str:
+    """How many people have signed up: the demo's schedule (``make run`` fires it every minute)."""
+    total = Signup.objects.count()
+    logger.info("Signup digest: %d signup(s) so far", total)
+    return f"{total} signup(s)"

@@ -25,6 +25,9 @@ FAILED = "failed"
 RETRY_SCHEDULED = "retry_scheduled"
 DLQ = "dlq"
 PROMOTED = "promoted"
+SKIPPED = "skipped"
+"""A job acknowledged without running: its idempotency key had completed (``extra``: idempotency_key,
+completed_by)."""
 
 EVENTS_MAXLEN = 10_000
 """Approximate cap of each queue's events stream."""
@@ -84,6 +87,10 @@ def parse_entry(queue: str, fields: dict[bytes, bytes]) -> list[Event]:
     if kind == COMPLETED:
         jobs = msgpack.unpackb(f["jobs"]) if f.get("jobs") else []
         return [Event(COMPLETED, queue, job_id=j, task=t, duration_ms=d) for j, t, d in jobs]
+    if kind == SKIPPED and f.get("jobs"):  # a batch: [job id, task, idempotency key, completed by]
+        return [Event(SKIPPED, queue, job_id=_text(j), task=_text(t),
+                      extra={"idempotency_key": _text(k), "completed_by": _text(b)})
+                for j, t, k, b in msgpack.unpackb(f["jobs"], raw=True)]
     if kind == RETRY_SCHEDULED and f.get("jobs"):  # a batch: [job id, task, attempt, backoff, duration, class, error]
         return [Event(RETRY_SCHEDULED, queue, job_id=_text(j), task=_text(t), attempt=int(a), backoff_ms=int(b),
                       duration_ms=int(d), error_class=_text(c), error_message=_text(e))

@@ -53,6 +53,9 @@ class QueueKeys:
     paused: str
     unique: str
     """Prefix of the idempotency markers written for adds with a caller-given job id."""
+    done: str
+    """Prefix of the execution idempotency markers: ``<done><key>`` holds the id of the job that completed
+    the key (see idempotency.py)."""
     result: str
     """Prefix of stored results (when result storage is on)."""
     metrics: str
@@ -85,6 +88,7 @@ class QueueKeys:
             workers=p + "workers",
             paused=p + "paused",
             unique=p + "unique:",
+            done=p + "done:",
             result=p + "result:",
             metrics=p + "m:",
             second_counters=p + "m:" + SECOND_BUCKET,
@@ -98,3 +102,19 @@ class QueueKeys:
 
 QUEUES_REGISTRY = "chasqui:queues"
 """A set of every queue name ever used, so operators can list queues without SCAN."""
+
+
+SCHEDULES_PREFIX = "{chasqui:schedules}:"
+"""Every schedule key shares one hash tag, so the scheduler's scripts touch one Redis Cluster slot."""
+SCHEDULER_LOCK = SCHEDULES_PREFIX + "lock"
+"""The scheduler's leader lock: the one process that fires schedules holds it (SET NX PX, renewed)."""
+
+
+def schedule_state(name: str) -> str:
+    """A hash of one schedule's state: next due time, the definition it was computed for, last fire, pause."""
+    return f"{SCHEDULES_PREFIX}state:{name}"
+
+
+def schedule_fires(name: str) -> str:
+    """A list of one schedule's recent fires, newest first (see scheduler.py for a record's fields)."""
+    return f"{SCHEDULES_PREFIX}fires:{name}"

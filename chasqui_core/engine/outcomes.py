@@ -6,8 +6,9 @@ job has runs left and how long to wait; this module builds what Redis must
 hold afterwards (the job's envelope with its new error record, the result
 record for ``get_result()``) and queues it on the settler, which writes a
 batch of outcomes per queue with one ``settle.lua`` call. Entries refused
-before they run (undecodable, oversize, unknown task, poison pill) are
-dead-lettered here too.
+before they run (undecodable, oversize, a bad signature, unknown task, poison
+pill) are dead-lettered here too, and jobs whose idempotency key has already
+completed are acknowledged without running.
 
 Recording an outcome can itself fail (a user's backoff strategy returning
 None, a return value msgpack refuses): such a job goes to the DLQ as
@@ -24,6 +25,7 @@ from typing import Any
 import msgpack
 
 from .envelope import Job, error_record, now_ms
+from .idempotency import ttl_ms
 from .keys import QueueKeys
 from .log_budget import LogBudget
 from .registry import Handler, JobContext
@@ -47,6 +49,8 @@ class Delivery:
     deliveries: int = 1
     max_attempts: int = 0
     """The job's budget of runs (see retry.budget), for the JobContext."""
+    idempotency_key: str | None = None
+    """The job's idempotency key, when it has one: its success marks the key completed (idempotency.py)."""
 
     def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
         """Positional arguments for the handler: a JobContext first when it asked for one."""
@@ -66,11 +70,15 @@ class Outcomes:
         self.worker_id = worker_id
         self._retry_lines = LogBudget(logger, "jobs failed and were scheduled for a retry")
         self._dead_lines = LogBudget(logger, "jobs failed for good and went to the dead-letter queue")
+        self._refused_lines = LogBudget(logger, "jobs refused for a bad signature")
+        self._skipped_lines = LogBudget(logger, "jobs not run because their idempotency key had completed")
 
     def summarise_logs(self) -> None:
-        """Log how many retry / dead-letter lines the per-second budget held back."""
+        """Log how many retry / dead-letter / refusal / skip lines the per-second budget held back."""
         self._retry_lines.summarise()
         self._dead_lines.summarise()
+        self._refused_lines.summarise()
+        self._skipped_lines.summarise()
 
     # --- after a run ------------------------------------------------------------
 
@@ -79,7 +87,27 @@ class Outcomes:
         stored = None
         if job.result_ttl:
             stored = self._stored(d.keys, job, "SUCCESSFUL", started, now_ms(), return_value=result)
-        self.settler.complete(d.keys, d.entry_id, job.id, job.task, duration, stored)
+        marker = None
+        if d.idempotency_key is not None:
+            marker = (d.keys.done + d.idempotency_key, ttl_ms(job))
+        self.settler.complete(d.keys, d.entry_id, job.id, job.task, duration, stored, marker)
+
+    def skipped(self, d: Delivery, completed_by: str) -> None:
+        """Acknowledge a job without running it: job ``completed_by`` completed its idempotency key.
+
+        Its result record (when results are kept) says SUCCESSFUL with no
+        return value and names that job, unless it is that job: then the
+        record of the run that completed it stays as it is.
+        """
+        job = d.job
+        if self._skipped_lines.allow():
+            by = "this same job" if completed_by == job.id else f"job {completed_by}"
+            logger.info("job %s (%s) not run: its idempotency key %r was completed by %s; acknowledged", job.id,
+                        job.task, d.idempotency_key, by)
+        stored = None
+        if job.result_ttl and completed_by != job.id:
+            stored = self._stored(d.keys, job, "SUCCESSFUL", None, now_ms(), duplicate_of=completed_by)
+        self.settler.skip(d.keys, d.entry_id, job.id, job.task, d.idempotency_key or "", completed_by, stored)
 
     def failed(self, d: Delivery, exc: BaseException, started: int, duration: int) -> None:
         """Record the error in the job's history, then retry it after its backoff or dead-letter it."""
@@ -141,16 +169,24 @@ class Outcomes:
         self.settler.dead(keys, entry_id, payload, reason, job_id=job.id if job else "", task=job.task if job else "",
                           error_class=error_class, error=error)
 
+    def bad_signature(self, keys: QueueKeys, entry_id: bytes, payload: bytes, job: Job, why: str) -> None:
+        """Dead-letter a job whose signature is missing or wrong (``bad_signature``), and say so in the log."""
+        if self._refused_lines.allow():
+            logger.warning("job %r (task %r) refused: %s; moved to the dead-letter queue (bad_signature)",
+                           job.id, job.task, why)
+        self.refuse(keys, entry_id, payload, "bad_signature", "BadSignature", why, job)
+
     def refuse_foreign(self, keys: QueueKeys, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         """Dead-letter a stream entry without a job envelope, keeping its fields for inspection."""
         payload = msgpack.packb({k.decode(errors="replace"): v for k, v in fields.items()})
         self.refuse(keys, entry_id, payload, "decode_failed", "DecodeError",
                     "stream entry has no 'j' field (not written by a Chasqui producer)")
 
-    def _stored(self, keys: QueueKeys, job: Job, status: str, started: int, finished: int,
-                return_value: Any = None) -> tuple[str, int, bytes]:
+    def _stored(self, keys: QueueKeys, job: Job, status: str, started: int | None, finished: int,
+                return_value: Any = None, duplicate_of: str | None = None) -> tuple[str, int, bytes]:
         """The (key, TTL ms, blob) of the job's result record, for ``get_result()``."""
         blob = encode_result(job_id=job.id, task=job.task, status=status, args=job.args, kwargs=job.kwargs,
                              enqueued_at=job.created_at, errors=job.errors, started_at=started,
-                             finished_at=finished, worker=self.worker_id, return_value=return_value)
+                             finished_at=finished, worker=self.worker_id, return_value=return_value,
+                             duplicate_of=duplicate_of)
         return keys.result + job.id, job.result_ttl * 1000, blob

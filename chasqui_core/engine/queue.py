@@ -31,9 +31,11 @@ from .backoff import BackoffSpec, coerce_backoff
 from .connection import aconnect, connect, is_cluster_client, server_of, url_of
 from .envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
 from .errors import EnqueueUnavailable
+from .idempotency import DEFAULT_TTL, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, check_key, check_ttl
 from .keys import QUEUES_REGISTRY, QueueKeys
 from .link import Lane, Link, Retrier, unavailable
 from .scripts import Scripts, source
+from .signing import SIGNATURE, Signer
 
 DEFAULT_UNIQUE_TTL_MS = 24 * 3600 * 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -50,6 +52,7 @@ _EMPTY_BULK = b"$0\r\n\r\n"
 
 
 _pack_items = msgpack.Packer(use_bin_type=False).pack
+_RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL})
 
 
 class PayloadTooLarge(ValueError):
@@ -70,6 +73,11 @@ class JobSpec:
     backoff: BackoffSpec | int | dict[str, Any] | str | None = None
     result_ttl: int = 0
     meta: Mapping[str, Any] | None = None
+    idempotency_key: str | bool | None = None
+    """Guards execution: a job whose key already completed (within its TTL) is acknowledged, not run.
+    True uses the job's id. See idempotency.py."""
+    idempotency_ttl: int | None = None
+    """Seconds the completed key is remembered; None: the queue's ``idempotency_ttl``."""
 
 
 class Enqueued(NamedTuple):
@@ -122,6 +130,8 @@ class Queue:
 
     Pass a redis-py client (sync) or a URL; an asyncio twin is created on the
     first ``a``-prefixed call, because asyncio clients belong to one loop.
+    With ``signing_key`` every job is signed (see signing.py): workers given
+    that key among their ``signing_keys`` run only signed jobs.
     """
 
     def __init__(
@@ -134,6 +144,8 @@ class Queue:
         unique_ttl_ms: int = DEFAULT_UNIQUE_TTL_MS,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         retry_for: float = DEFAULT_RETRY_FOR,
+        signing_key: bytes | str | None = None,
+        idempotency_ttl: int = DEFAULT_TTL,
     ) -> None:
         if isinstance(retry_for, bool) or not isinstance(retry_for, (int, float)) or not 0 <= retry_for <= 3600:
             raise ValueError(f"retry_for must be a number of seconds from 0 to 3600, got {retry_for!r}")
@@ -149,6 +161,11 @@ class Queue:
         self.unique_ttl_ms = unique_ttl_ms
         self.chunk_size = chunk_size
         self.retry_for = float(retry_for)
+        if signing_key is not None and (not isinstance(signing_key, (str, bytes)) or not signing_key):
+            raise ValueError(f"signing_key must be a non-empty string or bytes (or None: jobs are not signed), "
+                             f"got {type(signing_key).__name__}")
+        self._signer = Signer([signing_key]) if signing_key is not None else None
+        self.idempotency_ttl = check_ttl(idempotency_ttl)
         self._registered = False
         self._links: list[Link] = []
         self._alanes: list[Lane] = []
@@ -189,8 +206,23 @@ class Queue:
         meta = dict(spec.meta) if spec.meta else {}
         if meta:
             check_json_types(meta, "meta")
+            if not _RESERVED_META.isdisjoint(meta):
+                raise ValueError(f"meta keys {', '.join(sorted(_RESERVED_META))} are the queue's own; "
+                                 "pass idempotency_key= and idempotency_ttl= instead")
         jid = job_id or new_job_id()
-        payload = pack_job(jid, task, args, kwargs, now_ms(), attempts, backoff, result_ttl, meta)
+        key = spec.idempotency_key
+        if key is not None and key is not False:
+            key = meta[IDEMPOTENCY_KEY] = jid if key is True else check_key(key)
+            ttl = spec.idempotency_ttl
+            meta[IDEMPOTENCY_TTL] = self.idempotency_ttl if ttl is None else check_ttl(ttl)
+        else:
+            key = None
+            if spec.idempotency_ttl is not None:
+                raise ValueError("idempotency_ttl is only meaningful with an idempotency_key")
+        created = now_ms()
+        if self._signer is not None:
+            meta[SIGNATURE] = self._signer.sign(jid, task, args, kwargs, created, key)
+        payload = pack_job(jid, task, args, kwargs, created, attempts, backoff, result_ttl, meta)
         if len(payload) > self.max_payload_bytes:
             raise PayloadTooLarge(
                 f"Job for task {task!r} is {len(payload)} bytes once encoded; "
@@ -373,7 +405,8 @@ class Queue:
         kwargs: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> Enqueued:
-        """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta."""
+        """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta, idempotency_key,
+        idempotency_ttl (see JobSpec)."""
         return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
 
     def add_built(self, built: BuiltJob) -> Enqueued:

@@ -11,7 +11,7 @@ an entry already delivered too often to the DLQ as a poison pill.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +81,7 @@ class Leases:
 
 
 async def reclaim_abandoned(scripts: Scripts, keys: QueueKeys, consumer: str, *, min_idle_ms: int,
-                            room: Callable[[], int], accept: Callable[[QueueKeys, list[Any], int], None],
+                            room: Callable[[], int], accept: Callable[[QueueKeys, list[Any], int], Awaitable[None]],
                             rounds: int = 10) -> None:
     """Take over entries idle past the visibility timeout, as much as ``room()`` allows, bounded per call."""
     cursor: bytes | str = b"0-0"
@@ -94,7 +94,7 @@ async def reclaim_abandoned(scripts: Scripts, keys: QueueKeys, consumer: str, *,
         for e in entries:
             logger.warning("reclaimed job entry %s on %s from a worker that stopped answering (delivery %d)",
                            e.entry_id.decode(), keys.queue, e.deliveries)
-            accept(keys, [(e.entry_id, e.fields)], e.deliveries)
+            await accept(keys, [(e.entry_id, e.fields)], e.deliveries)
         if cursor in (b"0-0", "0-0"):
             return
 

@@ -27,12 +27,17 @@ def encode_result(
     finished_at: int | None = None,
     worker: str = "",
     return_value: Any = None,
+    duplicate_of: str | None = None,
 ) -> bytes:
-    blob: bytes = msgpack.packb({
+    """``duplicate_of``: the job whose success made this one's run unnecessary (execution idempotency)."""
+    record = {
         "id": job_id, "task": task, "status": status, "args": list(args), "kwargs": kwargs,
         "enqueued_at": enqueued_at, "started_at": started_at, "finished_at": finished_at,
         "last_attempted_at": started_at, "errors": list(errors), "worker": worker, "return_value": return_value,
-    })
+    }
+    if duplicate_of is not None:
+        record["duplicate_of"] = duplicate_of
+    blob: bytes = msgpack.packb(record)
     return blob
 
 

@@ -25,7 +25,8 @@ from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 
 _LUA_DIR = Path(__file__).with_name("lua")
 
-NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats")
+NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
+         "schedule_advance")
 
 
 @cache
@@ -68,6 +69,7 @@ class Scripts:
     delayed_move: ScriptCall
     lease: ScriptCall
     delayed_stats: ScriptCall
+    schedule_advance: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:

@@ -44,16 +44,21 @@ class _Batch:
     retries: list[Any] = field(default_factory=list)
     dead: list[Any] = field(default_factory=list)
     requeues: list[Any] = field(default_factory=list)
+    markers: list[Any] = field(default_factory=list)
+    """Idempotency markers of keyed successes, laid flat: key, job id, ttl ms."""
+    skipped: list[Any] = field(default_factory=list)
+    """Jobs not run (their key had completed), laid flat: entry id, job id, task, key, completed by."""
     failed_tasks: list[str] = field(default_factory=list)
     failed_ms: list[int] = field(default_factory=list)
     """Task and duration of each run that raised; successful runs are read from ``completed``."""
     n_retries: int = 0
     n_dead: int = 0
     n_requeues: int = 0
+    n_skipped: int = 0
     local_events: list[Event] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.done) + self.n_retries + self.n_dead + self.n_requeues
+        return len(self.done) + self.n_retries + self.n_dead + self.n_requeues + self.n_skipped
 
 
 class Settler:
@@ -94,12 +99,28 @@ class Settler:
     # --- outcomes -------------------------------------------------------------
 
     def complete(self, keys: QueueKeys, entry_id: bytes, job_id: str, task: str, duration_ms: int,
-                 result: tuple[str, int, bytes] | None = None) -> None:
+                 result: tuple[str, int, bytes] | None = None, marker: tuple[str, int] | None = None) -> None:
+        """A success; ``marker`` (key, ttl ms) marks the job's idempotency key completed in the same call."""
         batch = self._batch(keys)
         batch.done.append(entry_id)
         batch.completed.append([job_id, task, duration_ms])
         if result is not None:
             batch.results += result
+        if marker is not None:
+            batch.markers += (marker[0], job_id, marker[1])
+        self._added()
+
+    def skip(self, keys: QueueKeys, entry_id: bytes, job_id: str, task: str, key: str, completed_by: str,
+             result: tuple[str, int, bytes] | None = None) -> None:
+        """Acknowledge a job that was not run: job ``completed_by`` completed its idempotency key."""
+        batch = self._batch(keys)
+        batch.skipped += (entry_id, job_id, task, key, completed_by)
+        batch.n_skipped += 1
+        if result is not None:
+            batch.results += result
+        if events.has_subscribers():
+            batch.local_events.append(Event(events.SKIPPED, keys.queue, job_id, task,
+                                            extra={"idempotency_key": key, "completed_by": completed_by}))
         self._added()
 
     def retry(self, keys: QueueKeys, entry_id: bytes, delay_ms: int, payload: bytes, *, job_id: str,
@@ -204,6 +225,11 @@ class Settler:
         argv.append(len(histogram) // 2)
         if histogram:
             argv.append(_pack_items(histogram))
+        argv.append(len(b.markers) // 3)
+        argv += b.markers
+        argv.append(b.n_skipped)
+        if b.n_skipped:
+            argv.append(_pack_items(b.skipped))
         kwargs = dict(keys=[keys.stream, keys.delayed, keys.dlq, keys.events], args=argv)
         for attempt in range(SETTLE_TRIES):
             try:
@@ -220,7 +246,7 @@ class Settler:
             logger.error("gave up settling %d outcomes on %s after %d tries; their entries stay pending and "
                          "will be reclaimed after the visibility timeout", len(b), keys.queue, SETTLE_TRIES)
             return
-        server_ms, _, _, _, _, earliest, problems = reply
+        server_ms, _, _, _, _, earliest, problems, _ = reply
         for problem in problems:
             logger.error("settling on %s: %s", keys.queue, problem.decode(errors="replace")
                          if isinstance(problem, bytes) else problem)

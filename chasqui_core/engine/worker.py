@@ -28,6 +28,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,13 +37,17 @@ from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgain
 
 from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, node_url
 from .envelope import DecodeError, check_json_types, decode, now_ms
+from .idempotency import IDEMPOTENCY_KEY, completed_by, key_of
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
 from .promoter import Promoter
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES
 from .recovery import PANIC_AFTER_DEATHS, Leases, forget_dead_workers, reclaim_abandoned
 from .registry import HandlerRegistry
 from .retry import RetryPolicy, budget
+from .scheduler import Fire, Scheduler, queue_fire
+from .schedules import Schedule
 from .scripts import Scripts
+from .signing import Signer
 from .outcomes import Delivery, Outcomes
 from .settler import Settler
 from .sync_lane import FAILED, REQUEUE, SyncLane
@@ -96,6 +101,9 @@ class Worker:
         max_jobs: int | None = None,
         max_memory_mb: int | None = None,
         supervisor_pid: int | None = None,
+        schedules: Sequence[Schedule] = (),
+        fire: Fire | None = None,
+        signing_keys: Sequence[bytes | str] = (),
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
@@ -125,8 +133,16 @@ class Worker:
         self.max_memory_mb = max_memory_mb
         self.supervisor_pid = supervisor_pid
         """The pid of the supervisor that started this process, shown with its heartbeat; None when standalone."""
+        self.signer = Signer(signing_keys) if signing_keys else None
+        self._signing_keys = list(signing_keys)
+        """With signing keys, only jobs signed with one of them run; the others are dead-lettered as
+        ``bad_signature`` before their task is looked up (see signing.py)."""
         self.recycle_reason = ""
         """Why the worker stopped itself (``max_jobs`` or ``max_memory_mb`` reached); "" when it did not."""
+        self.schedules = list(schedules)
+        """Schedules this worker fires while it leads the scheduler (every worker may; one leads)."""
+        self.fire = fire
+        """Adds a fire's job; None adds it with an engine Queue (the Django integration passes its own)."""
         self.hostname = socket.gethostname()
         self.id = worker_id or f"{self.hostname}:{os.getpid()}:{os.urandom(3).hex()}"
         self.stats = WorkerStats()
@@ -211,6 +227,12 @@ class Worker:
         slots = [self._start_slot(i) for i in range(self.concurrency)]
         self._slots = slots
         promoters = [asyncio.create_task(p.run(self._stop), name=f"promoter:{q}") for q, p in self.promoters.items()]
+        self.scheduler = None
+        if self.schedules:
+            fire = self.fire or queue_fire(self.url, self._signing_keys[0] if self._signing_keys else None)
+            self.scheduler = Scheduler(self.client, self.scripts, self.schedules, fire, self.id,
+                                       lock_ttl_ms=self.promoter_lock_ttl_ms)
+            promoters.append(asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"))
         housekeeping = asyncio.create_task(self._housekeeping(), name="housekeeping")
         try:
             await self._stop.wait()
@@ -332,7 +354,9 @@ class Worker:
                 if reply:
                     # a map of stream -> entries under RESP3, a list of pairs under RESP2
                     for entries in reply.values() if type(reply) is dict else (pair[1] for pair in reply):
-                        self._accept(keys, entries, 1)
+                        keyed = self._accept(keys, entries, 1)
+                        if keyed:
+                            await self._screen(keys, keyed)
         finally:
             self._reader_ids.pop(keys.queue, None)
             if reader is not None:
@@ -379,11 +403,20 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
-    def _accept(self, keys: QueueKeys, entries: list[Any], deliveries: int) -> None:
-        """Decode fetched entries; refuse the ones no handler may run."""
+    def _accept(self, keys: QueueKeys, entries: list[Any], deliveries: int) -> list[Delivery] | None:
+        """Decode fetched entries; refuse the ones no handler may run, and hand the others to the slots.
+
+        Refused: what cannot be decoded, a job without a valid signature when
+        the worker has signing keys (checked before its task is looked up),
+        a poison pill, an unknown task. Jobs carrying an idempotency key are
+        returned instead of run, for the caller to screen all of them with
+        one round trip (``_screen``); a batch without any costs nothing more.
+        """
         now = time.monotonic()
         accepted = 0
         held = self._held
+        signer = self.signer
+        keyed: list[Delivery] | None = None
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
                 continue
@@ -409,6 +442,9 @@ class Worker:
             except DecodeError as exc:
                 refuse(keys, entry_id, payload, "decode_failed", "DecodeError", str(exc))
                 continue
+            if signer is not None and not signer.verify(job):
+                self.outcomes.bad_signature(keys, entry_id, payload, job, signer.refusal(job))
+                continue
             if deliveries > 1 and job.deaths + deliveries - 1 >= PANIC_AFTER_DEATHS:
                 refuse(keys, entry_id, payload, "panic", "WorkerLost",
                        f"the job was running when its worker died {job.deaths + deliveries - 1} times", job)
@@ -418,16 +454,72 @@ class Worker:
                 refuse(keys, entry_id, payload, "unknown_task", "UnknownTask",
                        f"no task named {job.task!r} is registered in this worker", job)
                 continue
+            marker = None
+            if IDEMPOTENCY_KEY in job.meta:
+                try:
+                    marker = key_of(job)
+                except DecodeError as exc:
+                    refuse(keys, entry_id, payload, "decode_failed", "DecodeError", str(exc), job)
+                    continue
             held[entry_id] = (keys, now)
             delivery = Delivery(keys, entry_id, payload, job, handler, deliveries,
-                                budget(job, handler, self.policy))
-            if handler.is_async:
+                                budget(job, handler, self.policy), marker)
+            if marker is not None:
+                if keyed is None:
+                    keyed = []
+                keyed.append(delivery)
+            elif handler.is_async:
                 self._inbox.append(delivery)
                 accepted += 1
             else:
                 if self._lane is None:
                     self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self._running_jobs)
                 self._lane.submit(delivery)
+        if accepted:
+            self._inbox_ready.set()
+        return keyed
+
+    async def _accept_screened(self, keys: QueueKeys, entries: list[Any], deliveries: int) -> None:
+        """``_accept``, then ``_screen`` what it returned (for entries reclaimed from dead workers)."""
+        keyed = self._accept(keys, entries, deliveries)
+        if keyed:
+            await self._screen(keys, keyed)
+
+    async def _screen(self, keys: QueueKeys, keyed: list[Delivery]) -> None:
+        """Run the keyed jobs whose key has not completed; acknowledge the others without running them.
+
+        One MGET for the batch's markers. If Redis cannot answer, the jobs go
+        back on the stream as they were (nothing runs unchecked, nothing is lost).
+        """
+        try:
+            done = await completed_by(self.client, [keys.done + (d.idempotency_key or "") for d in keyed])
+        except asyncio.CancelledError:
+            for d in keyed:
+                self._requeue(d)
+            raise
+        except Exception as exc:
+            logger.warning("checking the idempotency keys of %d job(s) on %s failed (%s: %s); they go back on "
+                           "the stream", len(keyed), keys.queue, type(exc).__name__, exc)
+            for d in keyed:
+                self._requeue(d)
+            return
+        accepted = False
+        for d, by in zip(keyed, done, strict=True):
+            if by is not None:
+                self._held.pop(d.entry_id, None)
+                try:
+                    self.outcomes.skipped(d, by)
+                except Exception as exc:  # whatever goes wrong touches this job only
+                    self.outcomes.internal(d, "acknowledging a job whose idempotency key had completed", exc)
+            elif self._stop.is_set():  # stopping while the markers were read: it must not start now
+                self._requeue(d)
+            elif d.handler.is_async:
+                self._inbox.append(d)
+                accepted = True
+            else:
+                if self._lane is None:
+                    self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self._running_jobs)
+                self._lane.submit(d)
         if accepted:
             self._inbox_ready.set()
 
@@ -580,7 +672,7 @@ class Worker:
         for keys in self.keys:
             if not self._paused[keys.queue]:
                 await reclaim_abandoned(self.scripts, keys, self.id, min_idle_ms=self.visibility_timeout_ms,
-                                        room=lambda: self.prefetch - self.buffered, accept=self._accept)
+                                        room=lambda: self.prefetch - self.buffered, accept=self._accept_screened)
 
     async def _forget_dead_workers(self) -> None:
         for keys in self.keys:

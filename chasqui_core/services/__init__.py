@@ -1,7 +1,7 @@
 """Everything an operator can see and do, for the API, the CLI and the console alike.
 
 One module per area, matching the API's routers: ``queues``, ``workers``,
-``jobs``, ``delayed``, ``dlq``, ``operations`` and ``audit``, plus
+``jobs``, ``delayed``, ``dlq``, ``schedules``, ``operations`` and ``audit``, plus
 ``api_keys`` (issued from the CLI, checked by the API's authentication).
 ``common`` holds what all of them use: the errors, the permission check, the
 source and paging checks and the engine-errors adapter. ``background`` runs

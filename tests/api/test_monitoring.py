@@ -146,6 +146,50 @@ def test_metrics_after_a_known_workload(redis, redis_url, view_api):
     assert after[("chasqui_jobs_replayed_total", (("queue", "mq"),))] == 1
 
 
+def test_metrics_of_schedules_after_their_fires(redis, redis_url, view_api, settings):
+    """Fires, misses, pause and the next fire of each schedule, as the scheduler recorded them."""
+    import asyncio
+
+    from chasqui_core import schedules
+    from chasqui_core.engine.connection import aconnect
+    from chasqui_core.engine.keys import schedule_state
+    from chasqui_core.engine.scheduler import Scheduler, queue_fire, set_paused
+    from chasqui_core.engine.scripts import Scripts
+
+    settings.CHASQUI = {"SCHEDULES": {
+        "hourly": {"task": "tests.django.sample_tasks.add", "every": 3600, "args": [1, 2], "grace": 0,
+                   "misfire": "run_all", "catch_up": 2},
+        "nightly": {"task": "tests.django.sample_tasks.add", "cron": "0 3 * * *", "args": [1, 2]},
+    }}
+    found = list(schedules.configured().values())
+
+    async def tick():
+        client = aconnect(redis_url)
+        runner = Scheduler(client, Scripts(client), found, queue_fire(redis_url), "leader")
+        await runner._acquire_or_renew()
+        await runner.tick()
+        await runner.release()
+        await client.aclose()
+
+    asyncio.run(tick())  # the first look computes each next due time
+    seconds, _ = redis.time()
+    this_hour = seconds // 3600 * 3600 * 1000
+    redis.hset(schedule_state("hourly"), "next", this_hour - 4 * 3600 * 1000)  # five due times passed
+    asyncio.run(tick())
+    set_paused(redis, "nightly", "vera")
+
+    samples = scrape(view_api.get("/metrics"))
+    hourly = (("queue", "default"), ("schedule", "hourly"))
+    nightly = (("queue", "default"), ("schedule", "nightly"))
+    assert samples[("chasqui_schedule_fires_total", hourly)] == 2
+    assert samples[("chasqui_schedule_missed_total", hourly)] == 3
+    assert samples[("chasqui_schedule_next_fire_timestamp_seconds", hourly)] == this_hour / 1000 + 3600
+    assert samples[("chasqui_schedule_paused", hourly)] == 0
+    assert samples[("chasqui_schedule_paused", nightly)] == 1
+    assert ("chasqui_schedule_next_fire_timestamp_seconds", nightly) not in samples
+    assert samples[("chasqui_schedule_last_fire_timestamp_seconds", hourly)] >= this_hour / 1000
+
+
 def test_metrics_with_no_queue_is_empty_but_valid(view_api):
     assert scrape(view_api.get("/metrics")) == {}
 

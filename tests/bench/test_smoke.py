@@ -118,3 +118,27 @@ def test_bench_smoke_measures_runworker_processes_beside_the_single_process_row(
     assert row["fraction_of_twin"] == row["median"] / rows["runworker-async"]["median"]
     assert "runworker bench-django --processes 2" in row["note"], row["note"]
     assert "2 of 2 processes ran jobs in every drain" in row["note"], row["note"]
+
+
+def test_bench_smoke_measures_signed_runworker_beside_the_plain_one(tmp_path):
+    """``runworker-signed`` drains the same backlog as ``runworker-async``, signed, and is reported against it.
+
+    The scenario fails if the backlog is not signed, or if any job ends in the dead-letter queue (a signature
+    the worker refused), so a passing row measured signed jobs that the worker checked and ran.
+    """
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "runworker-async", "runworker-signed", "--smoke", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"bench failed:\n{proc.stdout}\n{proc.stderr}"
+    data = json.loads(out.read_text())
+    assert data["failures"] == {}
+    rows = {m["label"]: m for m in data["measurements"] if m["system"] == "chasqui"}
+    row = rows["runworker-signed"]
+    assert row["median"] > 0 and row["cpu_us_per_job"] > 0, row
+    assert row["jobs"] == rows["runworker-async"]["jobs"]
+    assert row["engine_twin"] == "runworker-async"
+    assert row["fraction_of_twin"] == row["median"] / rows["runworker-async"]["median"]
+    assert "CHASQUI['SIGNING_KEYS'] set" in row["note"], row["note"]

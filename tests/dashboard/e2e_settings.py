@@ -10,3 +10,9 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.dashboard.e2e_app.apps.ConsoleE2EConfi
 TASKS = {"default": {**TASKS["default"], "QUEUES": [*TASKS["default"]["QUEUES"], "payments"]}}
 
 CHASQUI_SAMPLER_INTERVAL = 0.4
+
+CHASQUI = {"SCHEDULES": {
+    # Due at 03:00 on the first of the month: never during a test, so only "Run now" fires it.
+    "monthly-statements": {"task": "tests.dashboard.e2e_app.tasks.charge", "cron": "0 3 1 * *", "args": [7],
+                           "timezone": "America/Lima"},
+}}

@@ -200,6 +200,52 @@ def test_the_operator_scenario_and_a_read_only_colleague(stack, redis):
             browser.close()
 
 
+def test_schedules_page_runs_pauses_and_resumes_a_schedule(stack, redis):
+    """The operator runs a schedule's job by hand, sees it succeed, pauses and resumes it; a viewer only looks."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base = stack
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+            page = ctx.new_page()
+            page.on("dialog", lambda dialog: dialog.accept())
+            log_in(page, base, "olga", "olga-password", next_path="/schedules/")
+            row = page.locator("tr[data-schedule=monthly-statements]")
+            expect(row).to_contain_text("cron 0 3 1 * * (America/Lima)")
+            expect(row.locator("[data-recent]")).to_contain_text("not fired yet")
+
+            row.locator("button[data-action=run]").click()
+            expect(page.locator(".messages")).to_contain_text("Schedule monthly-statements: job schedule:")
+            # the worker runs it; the table refreshes itself until the outcome shows
+            expect(row.locator("[data-outcome=SUCCESSFUL]")).to_have_count(1, timeout=20_000)
+            expect(row.locator("[data-recent]")).to_contain_text("manual by olga")
+
+            row.locator("button[data-action=pause]").click()
+            expect(page.locator(".messages")).to_contain_text("Schedule monthly-statements is paused")
+            expect(row.locator(".badge-paused")).to_have_text("paused")
+            expect(row.locator("[data-next]")).to_have_text("—")
+            row.locator("button[data-action=resume]").click()
+            expect(page.locator(".messages")).to_contain_text("fires again")
+            expect(row.locator(".badge-paused")).to_have_count(0)
+            ctx.close()
+
+            ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+            page = ctx.new_page()
+            log_in(page, base, "vera", "vera-password", next_path="/schedules/")
+            expect(page.locator("tr[data-schedule=monthly-statements]")).to_contain_text("successful")
+            expect(page.locator("main form[method=post]")).to_have_count(0)
+            ctx.close()
+        finally:
+            browser.close()
+    from chasqui_core.models import AuditEntry
+
+    audited = list(AuditEntry.objects.order_by("id").values_list("action", "actor_repr", "source"))
+    assert audited == [("schedule_run", "olga", "console"), ("schedule_pause", "olga", "console"),
+                       ("schedule_resume", "olga", "console")]
+
+
 def _wait_for(condition, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

@@ -54,3 +54,12 @@ def fails_then_waits(key: str) -> None:
 def gives_up() -> None:
     RUNS.append(("gives_up",))
     raise UnrecoverableError("no point retrying")
+
+
+@task(queue_name="default", takes_context=True)
+def note_run(context, path: str) -> None:
+    """Append this run's job id and process id to ``path`` (one line per run, from any worker process)."""
+    import os
+
+    with open(path, "a") as log:
+        log.write(f"{context.task_result.id} {os.getpid()}\n")

@@ -76,6 +76,10 @@ def _build_registry(client):
     def noop(ctx, *_args, log: str = RUNS_KEY, **_):
         record(ctx, log)
 
+    def echo(ctx, value, log: str = RUNS_KEY, **_):
+        record(ctx, log)
+        return value
+
     async def slow(ctx, seconds: float, log: str = RUNS_KEY, **_):
         record(ctx, log)
         await asyncio.sleep(seconds)
@@ -111,7 +115,7 @@ def _build_registry(client):
             raise RetryAfter(seconds, "the remote side asked us to come back later")
 
     registry = HandlerRegistry()
-    for name, fn in [("noop", noop), ("slow", slow), ("block", block), ("fail_n_times", fail_n_times),
+    for name, fn in [("noop", noop), ("echo", echo), ("slow", slow), ("block", block), ("fail_n_times", fail_n_times),
                      ("unrecoverable", unrecoverable), ("foreign_unrecoverable", foreign_unrecoverable),
                      ("die", die)]:
         registry.register(name, fn, takes_context=True)
@@ -136,6 +140,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-attempts", type=int, default=None, help="worker-wide retry budget")
     p.add_argument("--backoff-ms", type=float, default=None, help="worker-wide fixed backoff")
     p.add_argument("--shutdown-timeout", type=float, default=25.0)
+    p.add_argument("--signing-key", action="append", default=[],
+                   help="a key signed jobs may be signed with; may be given more than once (none: no check)")
     return p.parse_args(argv)
 
 
@@ -163,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         args.queue, _build_registry(client), url=args.url, concurrency=args.concurrency,
         batch_size=args.batch_size, block_ms=args.block_ms, policy=RetryPolicy(**policy_options),
         visibility_timeout_ms=args.visibility_ms, promoter_poll_interval=args.poll,
-        promoter_lock_ttl_ms=args.lock_ttl_ms, shutdown_timeout=args.shutdown_timeout, **options,
+        promoter_lock_ttl_ms=args.lock_ttl_ms, shutdown_timeout=args.shutdown_timeout,
+        signing_keys=args.signing_key, **options,
     )
     worker.run_sync()
     client.close()
@@ -234,10 +241,11 @@ class Workers:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, queue: str, **options: object) -> subprocess.Popen:
-        """Start one worker; ``options`` are the CLI flags (``visibility_ms=2000``)."""
+        """Start one worker; ``options`` are the CLI flags (``visibility_ms=2000``; a list repeats its flag)."""
         argv = [sys.executable, str(SCRIPT), "--url", self.url, "--queue", queue]
         for name, value in options.items():
-            argv += [f"--{name.replace('_', '-')}", str(value)]
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                argv += [f"--{name.replace('_', '-')}", str(item)]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115 - closed in stop()

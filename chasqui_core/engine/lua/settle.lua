@@ -1,6 +1,8 @@
 -- Settle a batch of finished deliveries in one atomic call: acknowledge
--- successes, re-publish failures through the delayed set, route dead jobs to
--- the dead-letter queue, and put unstarted jobs back on the stream.
+-- successes (marking their idempotency keys completed), re-publish failures
+-- through the delayed set, route dead jobs to the dead-letter queue, put
+-- unstarted jobs back on the stream, and acknowledge jobs not run because
+-- their idempotency key had completed.
 --
 -- Every item is gated on its XACK: an entry that is no longer pending (the
 -- call was repeated, or it was settled already) is left alone, so a retried
@@ -26,9 +28,19 @@
 -- then    number of histogram fields H and, when H > 0, one msgpack array of
 --         H pairs laid flat: field of <prefix>durations, amount to add (the
 --         worker counts a batch's runs per task and bucket, see engine/totals.py)
+-- then    number of idempotency markers M, then M triples: marker key
+--         ({chasqui:<q>}:done:<key>), id of the job that succeeded, ttl ms. Set
+--         whether or not this call acknowledged the entry: the run did succeed
+--         (a worker whose lease lapsed may settle after the one that took over)
+-- then    number of skipped jobs K and, when K > 0, one msgpack array of 5 items
+--         per job laid flat: stream id, job id, task, idempotency key, id of the
+--         job that completed the key
 -- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1,
 --          problems: a list of "stream id or result key: what went wrong" for items
---          that could not be applied as asked}
+--          that could not be applied as asked, skipped}
+--
+-- Dead jobs whose reason is bad_signature are also counted as `bad_signature`,
+-- skipped ones as `skipped`, beside the usual counters.
 --
 -- One bad item never fails the batch: a result that cannot be stored is
 -- skipped and reported, and a retry whose delay is not a number goes to the
@@ -121,7 +133,7 @@ if n > 0 then
 end
 
 -- dead jobs
-local dead, failed_dead = internal, internal
+local dead, failed_dead, bad_signature = internal, internal, 0
 local d = tonumber(ARGV[i]); i = i + 1
 if d > 0 then
   local r = cmsgpack.unpack(ARGV[i]); i = i + 1
@@ -132,6 +144,7 @@ if d > 0 then
         'job_id', r[j + 4], 'source_id', id, 'error_class', r[j + 5], 'error', r[j + 6])
       dead = dead + 1
       failed_dead = failed_dead + (tonumber(r[j + 7]) or 0)
+      if r[j + 2] == 'bad_signature' then bad_signature = bad_signature + 1 end
       redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', r[j + 4], 'task', r[j + 3],
         'reason', r[j + 2], 'error_class', r[j + 5], 'error', r[j + 6], 'duration_ms', r[j + 8])
     end
@@ -152,14 +165,48 @@ end
 -- the batch's run durations, counted per task and bucket by the worker; added
 -- only when this call settled something, so a repeated call counts nothing twice
 local h = tonumber(ARGV[i]); i = i + 1
-if h > 0 and completed + retried + dead > 0 then
-  local histogram = cmsgpack.unpack(ARGV[i])
-  local durations = durations_key(mprefix)
-  for k = 1, #histogram, 2 do
-    redis.call('HINCRBY', durations, histogram[k], histogram[k + 1])
+if h > 0 then
+  if completed + retried + dead > 0 then
+    local histogram = cmsgpack.unpack(ARGV[i])
+    local durations = durations_key(mprefix)
+    for k = 1, #histogram, 2 do
+      redis.call('HINCRBY', durations, histogram[k], histogram[k + 1])
+    end
+  end
+  i = i + 1
+end
+
+-- idempotency markers of keyed jobs that succeeded
+local m = tonumber(ARGV[i]); i = i + 1
+for k = 1, m do
+  local ttl = tonumber(ARGV[i + 2])
+  if ttl and ttl > 0 then
+    redis.call('SET', ARGV[i], ARGV[i + 1], 'PX', ttl)
+  else
+    problems[#problems + 1] = ARGV[i] .. ': marker ttl is not a positive number (' .. tostring(ARGV[i + 2]) .. ')'
+  end
+  i = i + 3
+end
+
+-- jobs acknowledged without running: their idempotency key had completed
+local skipped = 0
+local s = tonumber(ARGV[i]); i = i + 1
+if s > 0 then
+  local r = cmsgpack.unpack(ARGV[i]); i = i + 1
+  local jobs = {}
+  for j = 1, #r, 5 do
+    if settle(r[j]) then
+      skipped = skipped + 1
+      jobs[#jobs + 1] = {r[j + 1], r[j + 2], r[j + 3], r[j + 4]}
+    end
+  end
+  if skipped > 0 then  -- one events entry for the batch: [job id, task, key, completed by]
+    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'skipped', 'count', skipped,
+      'jobs', cmsgpack.pack(jobs))
   end
 end
 
 local failed = retried + failed_dead
-bump_counters(mprefix, now, {'completed', completed, 'failed', failed, 'retried', retried, 'dlq', dead})
-return {now, completed, retried, dead, requeued, earliest, problems}
+bump_counters(mprefix, now, {'completed', completed, 'failed', failed, 'retried', retried, 'dlq', dead,
+  'skipped', skipped, 'bad_signature', bad_signature})
+return {now, completed, retried, dead, requeued, earliest, problems, skipped}

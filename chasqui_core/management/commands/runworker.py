@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.tasks import task_backends
 
@@ -28,6 +29,8 @@ from chasqui_core.engine.keys import validate_queue_name
 from chasqui_core.engine.retry import RetryPolicy
 from chasqui_core.engine.worker import Worker
 from chasqui_core.outbox import OutboxRelay
+from chasqui_core.schedules import configured as configured_schedules
+from chasqui_core.schedules import afire as fire_schedule
 from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, SupervisedChild, Supervisor, SupervisorConfig, child_command,
                                      cpu_count)
 from chasqui_core.task_runner import build_registry
@@ -83,6 +86,9 @@ class Command(BaseCommand):
                             help="Milliseconds before a silent worker's jobs are reclaimed")
         parser.add_argument("--poll-interval", type=float, help="Promoter poll interval in seconds (default 0.1)")
         parser.add_argument("--shutdown-timeout", type=float, help="Seconds to let running jobs finish on SIGTERM")
+        parser.add_argument("--no-schedules", action="store_true",
+                            help="Do not fire settings.CHASQUI['SCHEDULES'] from this worker (by default every "
+                                 "worker may, and one at a time does)")
         parser.add_argument("--processes", default="1",
                             help="Worker processes to run, or 'auto' for one per CPU. Above 1, this process "
                                  "supervises them: it restarts those that die, reloads them one by one on SIGHUP "
@@ -119,6 +125,10 @@ class Command(BaseCommand):
                 raise CommandError(f"--backoff: {exc}") from None
         if options["shutdown_timeout"] is not None and options["shutdown_timeout"] <= 0:
             raise CommandError(f"--shutdown-timeout must be above 0, got {options['shutdown_timeout']}")
+        try:
+            schedules = [] if options["no_schedules"] else list(configured_schedules().values())
+        except ImproperlyConfigured as exc:
+            raise CommandError(str(exc)) from None
         child = SupervisedChild.from_environment()
         if child is None and (processes > 1 or options["max_jobs"] or options["max_memory"]):
             self._supervise(processes, options, conf.SHUTDOWN_TIMEOUT)
@@ -146,6 +156,9 @@ class Command(BaseCommand):
             max_jobs=options["max_jobs"],
             max_memory_mb=options["max_memory"],
             supervisor_pid=child.supervisor_pid if child is not None else None,
+            schedules=schedules,
+            fire=fire_schedule,
+            signing_keys=conf.SIGNING_KEYS,
         )
         _configure_logging()
         tasks_logger = logging.getLogger("django.tasks")
@@ -154,8 +167,10 @@ class Command(BaseCommand):
             # cost a busy worker most of its throughput. A project that wants
             # them sets the "django.tasks" logger's level itself.
             tasks_logger.setLevel(logging.WARNING)
+        signed = f", signed jobs only ({len(conf.SIGNING_KEYS)} key(s))" if conf.SIGNING_KEYS else ""
         self.stdout.write(f"Chasqui worker {worker.id}: queues {', '.join(options['queues'])}, "
-                          f"{len(registry)} task(s), concurrency {worker.concurrency}")
+                          f"{len(registry)} task(s), concurrency {worker.concurrency}{signed}"
+                          + (f", {len(schedules)} schedule(s)" if schedules else ""))
         self.stdout.flush()
         relay = _outbox_relay()
         if child is not None:
@@ -177,6 +192,8 @@ class Command(BaseCommand):
     def _supervise(self, processes: int, options: dict, default_shutdown_timeout: float) -> None:
         """Run as the supervisor of ``processes`` children, each this command with ``--processes 1``."""
         arguments = ["runworker", *options["queues"], "--processes", "1"]
+        if options["no_schedules"]:
+            arguments.append("--no-schedules")
         for key in WORKER_OPTIONS:
             if options[key] is not None:
                 arguments += [f"--{key.replace('_', '-')}", str(options[key])]
