@@ -28,13 +28,12 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
-from redis.exceptions import RedisError
 
 from chasqui_core import outbox
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine import idempotency
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.connection import connect, undetected
 from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
 from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.keys import QueueKeys
@@ -238,11 +237,12 @@ class ChasquiBackend(BaseTaskBackend):
         if self._client is None:
             conf = chasqui_settings()
             try:
-                self._client = connect(conf.redis_url)
+                client = connect(conf.redis_url)
             except RedisConfigError as exc:  # credentials refused, a database on a cluster...
                 raise ImproperlyConfigured(f"{conf.redis_url_setting}: {exc}") from None
-            except RedisError:
-                return connect(conf.redis_url, cluster=False)
+            if undetected(client):
+                return client
+            self._client = client
         return self._client
 
     def reset_connections(self) -> None:

@@ -31,7 +31,7 @@ from redis.retry import Retry
 
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine import stats
-from chasqui_core.engine.connection import connect, masked, server_of
+from chasqui_core.engine.connection import connect, masked, server_of, undetected
 from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 
@@ -85,8 +85,11 @@ class HealthCheck:
     def client(self) -> Any:
         """Made on the first check that reaches the server: whether it is a cluster is asked then."""
         if self._client is None:
-            self._client = connect(self.url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
-                                   retry=Retry(NoBackoff(), 0))
+            client = connect(self.url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
+                             retry=Retry(NoBackoff(), 0))
+            if undetected(client):  # the server did not answer: this check fails, the next one asks again
+                return client
+            self._client = client
         return self._client
 
     def run(self) -> Health:

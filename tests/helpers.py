@@ -37,6 +37,14 @@ def info_per_server(client, section: str) -> list[dict]:
     return [client.info(section)]
 
 
+def reset_stats(client) -> None:
+    """CONFIG RESETSTAT on the one server, or on every master of a cluster."""
+    if is_cluster_client(client):
+        client.config_resetstat(target_nodes=client.PRIMARIES)
+    else:
+        client.config_resetstat()
+
+
 # --- dead-letter entries, written the way settle.lua writes them ------------------------------------------
 
 TASK = "tests.django.sample_tasks.add"

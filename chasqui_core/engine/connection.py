@@ -334,17 +334,39 @@ def forget(url: str | None = None) -> None:
 # --- clients ----------------------------------------------------------------------------------------
 
 
+def _kind(url: str, kwargs: dict[str, Any]) -> bool | None:
+    """Whether ``url`` is a cluster's; None when the server does not answer (so nobody knows yet)."""
+    try:
+        return is_cluster(url, **kwargs)
+    except (redis.ConnectionError, redis.TimeoutError):
+        return None
+
+
+def undetected(client: Any) -> bool:
+    """True for a client made while its server did not answer: plain, though the server may be a cluster.
+
+    It works as a plain client (its calls fail, or ride out the outage,
+    as they would have); whoever keeps clients for long makes a new one
+    once the server answers (``connect`` asks again).
+    """
+    return bool(getattr(client, "chasqui_undetected", False))
+
+
 def connect(url: str | None = None, *, cluster: bool | None = None, **kwargs: Any) -> Any:
     """A sync client for ``url``: ``redis.Redis``, ``redis.cluster.RedisCluster``, or a Sentinel master's.
 
     ``cluster`` says what the URL is when the caller knows (from a client it
-    already has); None asks the server. ``retry`` (a ``redis.retry.Retry``)
+    already has); None asks the server, and a server that does not answer
+    gets a plain client marked ``undetected``. ``retry`` (a ``redis.retry.Retry``)
     sets redis-py's own retries; on a cluster it is the cluster client's.
     """
     url = url or DEFAULT_URL
+    known = cluster
+    if known is None and not is_sentinel_url(url):
+        known = _kind(url, kwargs)
     if is_sentinel_url(url):
         client: Any = _sentinel_master(url, kwargs, sentinel.Sentinel)
-    elif cluster if cluster is not None else is_cluster(url, **kwargs):
+    elif known:
         kwargs.pop("single_connection_client", None)
         try:
             client = rcluster.RedisCluster.from_url(url, decode_responses=False, **kwargs)
@@ -353,6 +375,7 @@ def connect(url: str | None = None, *, cluster: bool | None = None, **kwargs: An
     else:
         check_tls_files(url, kwargs)
         client = redis.Redis.from_url(url, decode_responses=False, **kwargs)
+        client.chasqui_undetected = known is None
     client.chasqui_url = url
     return client
 
@@ -365,14 +388,18 @@ def aconnect(url: str | None = None, *, cluster: bool | None = None, **kwargs: A
     ``await ais_cluster(url)`` first (or passes ``cluster``) so it never blocks.
     """
     url = url or DEFAULT_URL
+    known = cluster
+    if known is None and not is_sentinel_url(url):
+        known = _kind(url, kwargs)
     if is_sentinel_url(url):
         client: Any = _sentinel_master(url, kwargs, asentinel.Sentinel)
-    elif cluster if cluster is not None else is_cluster(url, **kwargs):
+    elif known:
         kwargs.pop("single_connection_client", None)
         client = acluster.RedisCluster.from_url(url, decode_responses=False, **kwargs)
     else:
         check_tls_files(url, kwargs)
         client = aredis.Redis.from_url(url, decode_responses=False, **kwargs)
+        client.chasqui_undetected = known is None
     client.chasqui_url = url
     return client
 

@@ -11,6 +11,7 @@ seconds, then ``EnqueueUnavailable`` is raised; a retry never adds a job twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -28,7 +29,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
 from .backoff import BackoffSpec, coerce_backoff
-from .connection import aconnect, connect, is_cluster_client, server_of, url_of
+from .connection import aconnect, ais_cluster, connect, is_cluster_client, server_of, undetected, url_of
 from .envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
 from .errors import EnqueueUnavailable
 from .idempotency import DEFAULT_TTL, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, check_key, check_ttl
@@ -149,29 +150,34 @@ class Queue:
     ) -> None:
         if isinstance(retry_for, bool) or not isinstance(retry_for, (int, float)) or not 0 <= retry_for <= 3600:
             raise ValueError(f"retry_for must be a number of seconds from 0 to 3600, got {retry_for!r}")
+        if signing_key is not None and (not isinstance(signing_key, (str, bytes)) or not signing_key):
+            raise ValueError(f"signing_key must be a non-empty string or bytes (or None: jobs are not signed), "
+                             f"got {type(signing_key).__name__}")
         self.keys = QueueKeys.for_queue(name)
         self.name = name
-        self.redis = redis_client if redis_client is not None else connect(url)
         self._url = url
         self._aredis: aredis.Redis | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
-        self._scripts = Scripts(self.redis)
         self._ascripts: Scripts | None = None
         self.max_payload_bytes = max_payload_bytes
         self.unique_ttl_ms = unique_ttl_ms
         self.chunk_size = chunk_size
         self.retry_for = float(retry_for)
-        if signing_key is not None and (not isinstance(signing_key, (str, bytes)) or not signing_key):
-            raise ValueError(f"signing_key must be a non-empty string or bytes (or None: jobs are not signed), "
-                             f"got {type(signing_key).__name__}")
         self._signer = Signer([signing_key]) if signing_key is not None else None
         self.idempotency_ttl = check_ttl(idempotency_ttl)
         self._registered = False
         self._links: list[Link] = []
         self._alanes: list[Lane] = []
-        self._cluster = is_cluster_client(self.redis)
+        self._use(redis_client if redis_client is not None else connect(url))
+
+    def _use(self, client: Any) -> None:
+        """Send through ``client`` from now on (made anew once a server that did not answer at first does)."""
+        self.redis = client
+        self._scripts = Scripts(client)
+        self._cluster = is_cluster_client(client)
         # on a cluster the registry lives in a slot of its own, likely on another node than the queue
-        self._register_cmd = b"" if self._cluster else _pack_command(("SADD", QUEUES_REGISTRY, name))
+        self._register_cmd = b"" if self._cluster else _pack_command(("SADD", QUEUES_REGISTRY, self.name))
+        self._owned_undetected = self._url is not None and undetected(client)
 
     # --- building jobs ------------------------------------------------------
 
@@ -267,11 +273,17 @@ class Queue:
 
     def _take_link(self) -> Link:
         """A link no other write is using (one per thread that adds at the same time)."""
+        if self._owned_undetected:  # the server did not answer when this queue was made: is it a cluster?
+            client = connect(self._url)
+            if not undetected(client):
+                self.close()
+                self._use(client)
         try:
             link = self._links.pop()
         except IndexError:
             link = None
-        if link is None or link.pid != os.getpid():  # a forked child never shares its parent's sockets
+        # a forked child never shares its parent's sockets; a link made for an earlier client is dropped
+        if link is None or link.pid != os.getpid() or link.client is not self.redis:
             if link is not None:
                 self._links = []
             k = self.keys
@@ -493,6 +505,12 @@ class Queue:
         return await self._asend(list(built[start:start + size]) for start in range(0, len(built), size))
 
     async def _asend(self, chunks: Iterable[list[Any]]) -> list[Enqueued]:
+        if self._owned_undetected:  # the server did not answer when this queue was made: is it a cluster?
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                cluster = await ais_cluster(self._url or "")
+                self.close()
+                self._use(connect(self._url, cluster=cluster))
+                self._aredis = None
         client, scripts = self._async()
         out: list[Enqueued] = []
         lane = self._alanes.pop() if self._alanes else Lane()  # one lane per concurrent caller
