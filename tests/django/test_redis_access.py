@@ -23,7 +23,7 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 
-from chasqui_core.engine import delayed, metrics, stats, totals
+from chasqui_core.engine import delayed, metrics, scheduler, stats, totals
 from chasqui_core.engine.connection import connect, forget, masked
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.embedded import EmbeddedCluster
@@ -31,6 +31,8 @@ from chasqui_core.engine.errors import RedisConfigError, UnrecoverableError
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.schedules import Schedule
+from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.worker import Worker
 from tests.clusters import TLSServer, make_certificates, server_binary, tls_support
 from tests.engine.worker_app import wait_for
@@ -216,18 +218,22 @@ def test_the_documented_acl_users_can_do_their_work_and_nothing_is_refused(acl_c
         queue.add("ok", [f"{name}:later"], delay=300)
         queue.add("slow", [f"{name}:slow"])
         queue.add("broken", [f"{name}:broken"])
+        queue.add("ok", [f"{name}:idempotent"], idempotency_key=f"{name}-once")  # its batch's markers are read
         asyncio.run(_add_async(queue, "ok", [f"{name}:async"]))
     # a consumer that left without a heartbeat: the worker removes it (XGROUP DELCONSUMER)
     ghost_stream = QueueKeys.for_queue(names[0]).stream
     admin.xgroup_create(ghost_stream, GROUP, id="0")
     admin.xgroup_createconsumer(ghost_stream, GROUP, "ghost")
 
-    # worker: reads every master, settles, retries, dead-letters, renews leases, reclaims, forgets the dead
+    # worker: reads every master, settles, retries, dead-letters, renews leases, reclaims, forgets the dead,
+    # checks execution idempotency, and fires a schedule while it leads the scheduler
     runs: Counter[str] = Counter()
+    every_second = Schedule("acl-tick", "ok", names[1], every_ms=1000, args=["tick"])
     worker = WorkerThread(names, registry_recording(runs), urls["worker"], visibility_timeout_ms=1500,
-                          dead_worker_grace_ms=500, promoter_poll_interval=0.05)
+                          dead_worker_grace_ms=500, promoter_poll_interval=0.05, schedules=[every_second])
     try:
-        expected = {f"{n}:{tag}" for n in names for tag in ("one", "keyed", "later", "slow", "broken", "async")}
+        expected = {f"{n}:{tag}" for n in names
+                    for tag in ("one", "keyed", "later", "slow", "broken", "async", "idempotent")} | {"tick"}
         wait_for(lambda: expected <= set(runs), 60, "every job to run as the worker user")
         wait_for(lambda: "ghost" not in {c["name"].decode() for c in admin.xinfo_consumers(
             QueueKeys.for_queue(names[0]).stream, GROUP)}, 30, "the worker to forget the silent consumer")
@@ -253,6 +259,12 @@ def test_the_documented_acl_users_can_do_their_work_and_nothing_is_refused(acl_c
             assert delayed.run_now(console, name, f"{name}-now")
         wait_for(lambda: all(runs[f"{n}:run-now"] == 1 for n in names), 30, "the jobs run now")
         stats.prune_stale_workers(console)
+        # the schedules page: states and recent fires, pause and resume, a fire by hand recorded
+        [state] = scheduler.read_states(console, ["acl-tick"])
+        assert state.fired >= 1 and state.recent
+        assert scheduler.set_paused(console, "acl-tick", "olga") and scheduler.set_paused(console, "acl-tick", None)
+        scheduler.record_fire(console, Scripts(console), "acl-tick",
+                              scheduler.FireRecord(1, 1, "schedule:acl-tick:manual:1", names[1], "manual", "olga"))
         from chasqui_core import prometheus
         from chasqui_core.health import HealthCheck
         from dashboard.readings import Reader
