@@ -168,8 +168,11 @@ _kinds_lock = threading.Lock()
 
 
 def _cluster_reply(reply: Any) -> bool:
+    """Whether a CLUSTER INFO reply (text), or an INFO cluster reply (parsed by redis-py), is a cluster node's."""
+    if isinstance(reply, dict):
+        return str(reply.get("cluster_enabled")) == "1"
     text = reply.decode() if isinstance(reply, bytes) else str(reply)
-    return "cluster_enabled:1" in text or "cluster_state:" in text
+    return "cluster_state:" in text
 
 
 def _refusal(url: str, exc: BaseException) -> RedisConfigError | None:
@@ -197,14 +200,14 @@ def _probe_url(url: str) -> str:
 
 def _ask_cluster_sync(url: str, kwargs: dict[str, Any]) -> bool:
     probe: Any = redis.Redis.from_url(_probe_url(url), single_connection_client=True,
-                                      **{**kwargs, **_detection_kwargs(url)})
+                                      **{**_detection_kwargs(url), **kwargs})
     try:
         try:
             return _cluster_reply(probe.execute_command("CLUSTER", "INFO"))
         except redis.ResponseError as exc:
             if "cluster support disabled" in str(exc) or "unknown command" in str(exc).lower():
                 return False
-            if str(exc).startswith("NOPERM"):  # a user without CLUSTER INFO: INFO says it too
+            if isinstance(exc, redis.exceptions.NoPermissionError):  # a user without CLUSTER INFO: INFO says it too
                 return _cluster_reply(probe.info("cluster"))
             raise
     finally:
@@ -213,14 +216,14 @@ def _ask_cluster_sync(url: str, kwargs: dict[str, Any]) -> bool:
 
 async def _ask_cluster_async(url: str, kwargs: dict[str, Any]) -> bool:
     probe: Any = aredis.Redis.from_url(_probe_url(url), single_connection_client=True,
-                                       **{**kwargs, **_detection_kwargs(url)})
+                                       **{**_detection_kwargs(url), **kwargs})
     try:
         try:
             return _cluster_reply(await probe.execute_command("CLUSTER", "INFO"))
         except redis.ResponseError as exc:
             if "cluster support disabled" in str(exc) or "unknown command" in str(exc).lower():
                 return False
-            if str(exc).startswith("NOPERM"):
+            if isinstance(exc, redis.exceptions.NoPermissionError):
                 return _cluster_reply(await probe.info("cluster"))
             raise
     finally:

@@ -24,7 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 
 from chasqui_core.engine import delayed, metrics, scheduler, stats, totals
-from chasqui_core.engine.connection import connect, forget, masked
+from chasqui_core.engine.connection import connect, forget, is_cluster_client, masked
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.embedded import EmbeddedCluster
 from chasqui_core.engine.errors import RedisConfigError, UnrecoverableError
@@ -325,6 +325,17 @@ def test_a_wrong_password_is_one_clear_error_naming_the_setting(acl_cluster, set
     settings.CHASQUI = {"REDIS_URL": url}
     with pytest.raises(CommandError, match=r"settings.CHASQUI\['REDIS_URL'\]: .*chasqui-worker:\*\*\*@.*credentials"):
         call_command("runworker", "default")
+
+
+def test_a_user_without_cluster_info_is_still_recognised_as_on_a_cluster_through_info(acl_cluster):
+    cluster, _ = acl_cluster
+    for port in cluster.ports:
+        node = cluster.client(port)
+        node.execute_command("ACL", "SETUSER", "chasqui-info-only", "on", ">info-pw", "~*", "+@all", "-cluster|info")
+        node.close()
+    url = f"redis://chasqui-info-only:info-pw@127.0.0.1:{cluster.ports[0]}/0"
+    forget(url)
+    assert is_cluster_client(connect(url))
 
 
 def test_a_user_missing_a_permission_gets_noperm_naming_the_command(acl_cluster):
