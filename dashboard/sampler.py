@@ -61,8 +61,11 @@ class Sampler:
     @property
     def reader(self) -> Reader:
         with self._reader_lock:
-            if self._reader is None:
-                self._reader = Reader(redis_client())
+            client = redis_client()
+            # a new client (settings changed, or the backend's first one after Redis answered at last) gets a new
+            # reader: a reader must not keep a client the backend has let go
+            if self._reader is None or self._reader.client is not client:
+                self._reader = Reader(client)
             return self._reader
 
     def read(self, topics: list[Topic] | tuple[Topic, ...] = ()) -> Reading:

@@ -4,26 +4,47 @@ Builders of queue contents (dead-letter entries...) are in tests/helpers.py.
 """
 
 import os
+from urllib.parse import urlsplit
 
 import pytest
 import redis as redis_lib
+
+from chasqui_core.engine.connection import connect, is_cluster_client
 
 OWNED_MARK = "chasqui-tests:owned"
 """Written after every flush: the database is the tests' own, so a later run may flush it again."""
 
 
+def connect_tests(url: str):
+    """A client of the tests' server: plain, or redis-py's cluster client when the URL names a cluster node."""
+    return connect(url, socket_connect_timeout=2)
+
+
+def flush(client) -> None:
+    """Empty the tests' database: FLUSHDB, on every master of a cluster."""
+    if is_cluster_client(client):
+        client.flushdb(target_nodes=client.PRIMARIES)
+    else:
+        client.flushdb()
+
+
+def _key_count(client) -> int:
+    if is_cluster_client(client):
+        return int(client.dbsize(target_nodes=client.PRIMARIES))
+    return int(client.dbsize())
+
+
 def pytest_configure(config):
     """Refuse a ``REDIS_URL`` database holding data the tests did not write: they flush it before each test."""
     url = os.environ["REDIS_URL"]
-    client = redis_lib.Redis.from_url(url, socket_connect_timeout=2)
     try:
-        foreign = client.dbsize() and not client.exists(OWNED_MARK)
+        client = connect_tests(url)
+        foreign = _key_count(client) and not client.exists(OWNED_MARK)
     except redis_lib.RedisError:
         return  # unreachable: the tests that need it say so
-    finally:
-        client.close()
+    client.close()
     if foreign:
-        db = client.connection_pool.connection_kwargs.get("db", 0)
+        db = urlsplit(url).path.strip("/") or "0"
         raise pytest.UsageError(
             f"REDIS_URL points at database {db}, which holds data the tests did not write. The tests empty "
             "their database (FLUSHDB) before each test, so they only run on a server or database of their own: "
@@ -38,9 +59,9 @@ def redis_url() -> str:
 
 @pytest.fixture
 def redis(redis_url):
-    """A client on a clean keyspace (the database is flushed before the test)."""
-    client = redis_lib.Redis.from_url(redis_url)
-    client.flushdb()
+    """A client on a clean keyspace (the database is flushed before the test; every master of a cluster)."""
+    client = connect_tests(redis_url)
+    flush(client)
     client.set(OWNED_MARK, "flushed by the Chasqui test suite")
     yield client
     client.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from chasqui_core.engine.connection import is_cluster_client
 from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 
@@ -19,6 +20,29 @@ def subprocess_database_url() -> str:
     if s["ENGINE"].endswith("sqlite3"):
         return f"sqlite:///{s['NAME']}"
     return f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def keys_matching(client, pattern: str) -> list[bytes]:
+    """KEYS ``pattern`` on the one server, or on every master of a cluster (redis-py asks one node otherwise)."""
+    if is_cluster_client(client):
+        return list(client.keys(pattern, target_nodes=client.PRIMARIES))
+    return list(client.keys(pattern))
+
+
+def info_per_server(client, section: str) -> list[dict]:
+    """INFO ``section`` of the one server, or of every master of a cluster, in a stable order."""
+    if is_cluster_client(client):
+        replies = client.info(section, target_nodes=client.PRIMARIES)
+        return [replies[name] for name in sorted(replies)]
+    return [client.info(section)]
+
+
+def reset_stats(client) -> None:
+    """CONFIG RESETSTAT on the one server, or on every master of a cluster."""
+    if is_cluster_client(client):
+        client.config_resetstat(target_nodes=client.PRIMARIES)
+    else:
+        client.config_resetstat()
 
 
 # --- dead-letter entries, written the way settle.lua writes them ------------------------------------------

@@ -42,6 +42,16 @@ class InvalidQueueName(ChasquiError, ValueError):
     """A queue name that cannot be used as part of a Redis key."""
 
 
+class RedisConfigError(ChasquiError, ValueError):
+    """A Redis URL or connection option that cannot work, named in the message (its password masked).
+
+    A cluster URL with a database other than 0, TLS files that are not there,
+    credentials the server refuses: raised when the first connection is made,
+    so a process fails at start with this message rather than later with a
+    lower-level one.
+    """
+
+
 class EnqueueUnavailable(ChasquiError):
     """Redis could not take an add within the producer's retry window.
 

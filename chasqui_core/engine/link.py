@@ -25,6 +25,14 @@ the link owns its connection (no pool checkout per add), sends commands packed
 once, parses replies with hiredis directly, and polls the socket briefly
 before it sleeps. Connections other than plain TCP or Unix sockets (TLS...)
 go through redis-py's own send and read.
+
+On a Redis Cluster a link talks to the master that serves its queue's slot
+(every key of a queue shares one). A failover or a resharding moves the
+slot: the write is then refused with ``MOVED``, certainly not run, or meets a
+dead node. Either way the link re-reads the cluster's layout and sends the
+same bytes to the slot's master now, within the same retry window. Behind
+Sentinel the link's connection asks the Sentinels for the master each time it
+connects, and a master turned replica answers ``READONLY``: retried the same way.
 """
 
 from __future__ import annotations
@@ -43,8 +51,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .connection import server_of
 import contextlib
+from redis.sentinel import SentinelManagedConnection
+
+from .connection import is_cluster_client, server_of
 
 SPINS = 100
 """Non-blocking reads tried before the link sleeps in ``recv`` (about 1 µs each)."""
@@ -52,14 +62,31 @@ SPINS = 100
 UNAVAILABLE_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 """Error replies of a server that refused the command without running it, during a restart or failover."""
 
-_RAW_CONNECTIONS = (redis.Connection, redis.UnixDomainSocketConnection)
+REDIRECT_REPLIES = ("MOVED", "ASK")
+"""Error replies of a cluster node that does not serve the slot (now): the command did not run."""
+
+_UNAVAILABLE_ERRORS = (redis.exceptions.ReadOnlyError, redis.exceptions.TryAgainError,
+                       redis.exceptions.ClusterDownError, redis.exceptions.AskError)
+"""The same replies as redis-py's own parser raises them (their prefix cut off the message): MasterDownError is a
+ClusterDownError, MovedError an AskError. Replies read with hiredis directly arrive as plain ResponseErrors."""
+
+_RAW_CONNECTIONS = (redis.Connection, redis.UnixDomainSocketConnection, SentinelManagedConnection)
 
 
 def unavailable(exc: BaseException) -> bool:
     """True for the errors of a server that is restarting, failing over or unreachable."""
-    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError, *_UNAVAILABLE_ERRORS)):
         return True
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith(UNAVAILABLE_REPLIES)
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(UNAVAILABLE_REPLIES + REDIRECT_REPLIES)
+
+
+def moved(exc: BaseException) -> redis.exceptions.MovedError | None:
+    """A cluster node's ``MOVED <slot> <host>:<port>`` (the slot has another master now) as redis-py's MovedError."""
+    if isinstance(exc, redis.exceptions.MovedError):
+        return exc
+    if isinstance(exc, redis.ResponseError) and str(exc).startswith("MOVED "):
+        return redis.exceptions.MovedError(str(exc).split(" ", 1)[1])
+    return None
 
 
 def not_run(exc: BaseException) -> bool:
@@ -109,21 +136,61 @@ class Lane:
 
 
 class Link(Lane):
-    """One connection and one lane; used by one write at a time."""
+    """One connection and one lane; used by one write at a time.
 
-    def __init__(self, client: redis.Redis, connect_timeout: float) -> None:
+    ``key`` is a key of the queue the link writes to: on a cluster, the link
+    connects to the master serving its slot.
+    """
+
+    def __init__(self, client: Any, connect_timeout: float, key: str = "") -> None:
         super().__init__()
-        pool = client.connection_pool
+        self.client = client
+        self.key = key
+        self.connect_timeout = connect_timeout
+        self.cluster = is_cluster_client(client)
+        self.cache: dict[str, Any] = {}
+        """Commands packed once for this link's lane (the owner's to fill)."""
+        self.conn = self._open(self._pool())
+        self._reader = hiredis.Reader(replyError=redis.ResponseError)
+        self._poller = select.poll()
+
+    def _pool(self) -> Any:
+        if not self.cluster:
+            return self.client.connection_pool
+        node = self.client.get_node_from_key(self.key)
+        return self.client.get_redis_connection(node).connection_pool
+
+    def _open(self, pool: Any) -> Any:
         # not from the pool: the link keeps its connection for good, and retries are ours
         kwargs = dict(pool.connection_kwargs, retry=Retry(NoBackoff(), 0))
         if kwargs.get("socket_connect_timeout") is None:
-            kwargs["socket_connect_timeout"] = connect_timeout
-        self.conn = pool.connection_class(**kwargs)
-        self.raw = type(self.conn) in _RAW_CONNECTIONS
-        self.cache: dict[str, Any] = {}
-        """Commands packed once for this link's lane (the owner's to fill)."""
-        self._reader = hiredis.Reader(replyError=redis.ResponseError)
-        self._poller = select.poll()
+            kwargs["socket_connect_timeout"] = self.connect_timeout
+        conn = pool.connection_class(**kwargs)
+        self.raw = type(conn) in _RAW_CONNECTIONS
+        return conn
+
+    def follow(self, error: BaseException) -> None:
+        """Before a retry on a cluster: point the link at the master serving its slot now.
+
+        A ``MOVED`` reply names the new master; a connection error may mean its
+        master died and a replica took over, so the layout is read again.
+        """
+        if not self.cluster:
+            return
+        nodes = self.client.nodes_manager
+        redirect = moved(error)
+        try:
+            if redirect is not None:
+                nodes.move_slot(redirect)
+            else:
+                nodes.initialize()
+        except redis.RedisError:
+            return  # nothing answers yet: the next try asks again
+        node = self.client.get_node_from_key(self.key)
+        if (self.conn.host, self.conn.port) == (node.host, node.port):
+            return
+        self.reset()
+        self.conn = self._open(self.client.get_redis_connection(node).connection_pool)
 
     @property
     def server(self) -> str:
@@ -159,7 +226,7 @@ class Link(Lane):
     def _send(self, packed: bytes) -> None:
         conn = self.conn
         if not self.raw:
-            conn.send_packed_command(packed, check_health=False)
+            conn.send_packed_command([packed], check_health=False)
             return
         if conn._sock is not None and self._poller.poll(0):
             # something to read before anything was asked: the server closed the

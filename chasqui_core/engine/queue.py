@@ -11,6 +11,7 @@ seconds, then ``EnqueueUnavailable`` is raised; a retry never adds a job twice.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -28,7 +29,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
 from .backoff import BackoffSpec, coerce_backoff
-from .connection import aconnect, connect, server_of, url_of
+from .connection import aconnect, ais_cluster, connect, is_cluster_client, server_of, undetected, url_of
 from .envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
 from .errors import EnqueueUnavailable
 from .idempotency import DEFAULT_TTL, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, check_key, check_ttl
@@ -149,27 +150,34 @@ class Queue:
     ) -> None:
         if isinstance(retry_for, bool) or not isinstance(retry_for, (int, float)) or not 0 <= retry_for <= 3600:
             raise ValueError(f"retry_for must be a number of seconds from 0 to 3600, got {retry_for!r}")
+        if signing_key is not None and (not isinstance(signing_key, (str, bytes)) or not signing_key):
+            raise ValueError(f"signing_key must be a non-empty string or bytes (or None: jobs are not signed), "
+                             f"got {type(signing_key).__name__}")
         self.keys = QueueKeys.for_queue(name)
         self.name = name
-        self.redis = redis_client if redis_client is not None else connect(url)
         self._url = url
         self._aredis: aredis.Redis | None = None
         self._aloop: asyncio.AbstractEventLoop | None = None
-        self._scripts = Scripts(self.redis)
         self._ascripts: Scripts | None = None
         self.max_payload_bytes = max_payload_bytes
         self.unique_ttl_ms = unique_ttl_ms
         self.chunk_size = chunk_size
         self.retry_for = float(retry_for)
-        if signing_key is not None and (not isinstance(signing_key, (str, bytes)) or not signing_key):
-            raise ValueError(f"signing_key must be a non-empty string or bytes (or None: jobs are not signed), "
-                             f"got {type(signing_key).__name__}")
         self._signer = Signer([signing_key]) if signing_key is not None else None
         self.idempotency_ttl = check_ttl(idempotency_ttl)
         self._registered = False
         self._links: list[Link] = []
         self._alanes: list[Lane] = []
-        self._register_cmd = _pack_command(("SADD", QUEUES_REGISTRY, name))
+        self._use(redis_client if redis_client is not None else connect(url))
+
+    def _use(self, client: Any) -> None:
+        """Send through ``client`` from now on (made anew once a server that did not answer at first does)."""
+        self.redis = client
+        self._scripts = Scripts(client)
+        self._cluster = is_cluster_client(client)
+        # on a cluster the registry lives in a slot of its own, likely on another node than the queue
+        self._register_cmd = b"" if self._cluster else _pack_command(("SADD", QUEUES_REGISTRY, self.name))
+        self._owned_undetected = self._url is not None and undetected(client)
 
     # --- building jobs ------------------------------------------------------
 
@@ -265,15 +273,21 @@ class Queue:
 
     def _take_link(self) -> Link:
         """A link no other write is using (one per thread that adds at the same time)."""
+        if self._owned_undetected:  # the server did not answer when this queue was made: is it a cluster?
+            client = connect(self._url)
+            if not undetected(client):
+                self.close()
+                self._use(client)
         try:
             link = self._links.pop()
         except IndexError:
             link = None
-        if link is None or link.pid != os.getpid():  # a forked child never shares its parent's sockets
+        # a forked child never shares its parent's sockets; a link made for an earlier client is dropped
+        if link is None or link.pid != os.getpid() or link.client is not self.redis:
             if link is not None:
                 self._links = []
-            link = Link(self.redis, connect_timeout=min(5.0, max(1.0, self.retry_for)))
             k = self.keys
+            link = Link(self.redis, connect_timeout=min(5.0, max(1.0, self.retry_for)), key=k.stream)
             # packed once per link; the last two arguments (sequence number, jobs) are added per write
             link.cache["enqueue"] = _pack_command(
                 ("EVALSHA", _ENQUEUE_SHA, 3, k.stream, k.delayed, k.lane + link.lane, k.unique,
@@ -285,7 +299,7 @@ class Queue:
         seq = link.next_seq().encode()
         items = self._items(chunk)
         packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (link.cache["enqueue"], len(seq), seq, len(items), items)
-        if self._registered:
+        if self._registered or self._cluster:
             return packed, 1
         return self._register_cmd + packed, 2
 
@@ -308,7 +322,8 @@ class Queue:
             if error is None:
                 try:
                     replies = self._receive(link, packed, count)
-                    self._registered = True
+                    if not self._registered:
+                        self._register()
                     return self._results(chunk, replies[-1])
                 except Exception as exc:
                     if not unavailable(exc):
@@ -319,6 +334,7 @@ class Queue:
             if wait is None:
                 raise self._unavailable(error, retrier, chunk, link.server) from error
             time.sleep(wait)
+            link.follow(error)  # on a cluster: to the slot's master now
             try:
                 link.send(packed)  # the same bytes: same lane, same sequence number
                 error = None
@@ -327,12 +343,23 @@ class Queue:
                     raise
                 error = exc
 
+    def _register(self) -> None:
+        """Note the queue in the registry; on a cluster with a command of its own (another slot)."""
+        if self._cluster:
+            try:
+                self.redis.sadd(QUEUES_REGISTRY, self.name)
+            except Exception as exc:  # the jobs are in: the next add registers the queue
+                if not unavailable(exc):
+                    raise
+                return
+        self._registered = True
+
     @staticmethod
     def _receive(link: Link, packed: bytes, count: int) -> list[Any]:
         try:
             return link.receive(count)
         except redis.ResponseError as exc:
-            if not str(exc).startswith("NOSCRIPT"):
+            if not isinstance(exc, redis.exceptions.NoScriptError) and not str(exc).startswith("NOSCRIPT"):
                 raise
         # a restarted server has forgotten the script: load it and send again, one round trip
         link.send(_LOAD_ENQUEUE + packed)
@@ -434,7 +461,8 @@ class Queue:
         loop = asyncio.get_running_loop()
         if self._aredis is None or self._aloop is not loop:
             # retries are ours (guarded by the lane), not redis-py's
-            self._aredis = aconnect(self._url or url_of(self.redis), retry=AsyncRetry(NoBackoff(), 0))
+            self._aredis = aconnect(self._url or url_of(self.redis), cluster=self._cluster,
+                                    retry=AsyncRetry(NoBackoff(), 0))
             self._ascripts = Scripts(self._aredis)
             self._aloop = loop
         return self._aredis, self._ascripts  # type: ignore[return-value]
@@ -477,6 +505,12 @@ class Queue:
         return await self._asend(list(built[start:start + size]) for start in range(0, len(built), size))
 
     async def _asend(self, chunks: Iterable[list[Any]]) -> list[Enqueued]:
+        if self._owned_undetected:  # the server did not answer when this queue was made: is it a cluster?
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                cluster = await ais_cluster(self._url or "")
+                self.close()
+                self._use(connect(self._url, cluster=cluster))
+                self._aredis = None
         client, scripts = self._async()
         out: list[Enqueued] = []
         lane = self._alanes.pop() if self._alanes else Lane()  # one lane per concurrent caller

@@ -22,6 +22,7 @@ from .connection import Client
 from .events import EVENTS_MAXLEN
 from .keys import GROUP, QueueKeys
 from .scripts import Scripts
+from .stats import add_clock_read
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -130,7 +131,7 @@ async def forget_dead_workers(client: Client, keys: QueueKeys, own_id: str, *, g
     (one that stopped cleanly) by its idle time. Returns the names removed.
     """
     pipe = client.pipeline(transaction=False)
-    pipe.time()
+    add_clock_read(pipe, keys.workers)
     pipe.hgetall(keys.workers)
     pipe.xinfo_consumers(keys.stream, GROUP)
     try:

@@ -35,6 +35,7 @@ from .queue import Queue
 from .keys import SCHEDULER_LOCK, schedule_fires, schedule_state
 from .schedules import Schedule, plan_fires
 from .scripts import Scripts
+from .stats import add_clock_read
 
 logger = logging.getLogger("chasqui.scheduler")
 
@@ -113,7 +114,7 @@ class Scheduler:
     async def tick(self) -> float:
         """Fire whatever is due; return the seconds until the next due time (capped by ``max_sleep``)."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.time()
+        add_clock_read(pipe, SCHEDULER_LOCK)  # the clock of the node the schedules live on
         for schedule in self.schedules:
             pipe.hgetall(schedule_state(schedule.name))
         replies = await pipe.execute()

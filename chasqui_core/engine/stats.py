@@ -18,7 +18,7 @@ from typing import Any
 import msgpack
 from redis.exceptions import ResponseError
 
-from .connection import Client
+from .connection import Client, is_cluster_client
 from .errors import InvalidQueueName
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys, validate_queue_name
 from .scripts import source
@@ -152,14 +152,26 @@ def add_stats_reads(pipe: Client, keys: QueueKeys) -> None:
     """
     pipe.xlen(keys.stream)
     pipe.xinfo_groups(keys.stream)
-    pipe.eval(source("delayed_stats"), 1, keys.delayed)
+    pipe.execute_command("EVAL", source("delayed_stats"), 1, keys.delayed)
     pipe.xlen(keys.dlq)
     pipe.exists(keys.paused)
     pipe.hgetall(keys.workers)
 
 
+def add_clock_read(pipe: Client, key: str) -> None:
+    """Queue a read of the server's clock on ``pipe``; ``server_ms`` turns its reply into epoch ms.
+
+    TIME on a plain pipeline; on a cluster's, where a command needs a key to
+    find its node, ``clock.lua`` on the node that serves ``key``.
+    """
+    if is_cluster_client(pipe):
+        pipe.execute_command("EVAL", source("clock"), 1, key)
+    else:
+        pipe.time()
+
+
 def server_ms(time_reply: Any) -> int:
-    """Epoch ms from a TIME reply."""
+    """Epoch ms from a TIME reply (or clock.lua's)."""
     seconds, micros = time_reply
     return int(seconds) * 1000 + int(micros) // 1000
 
@@ -200,7 +212,7 @@ def all_queue_stats(
     if not all_keys:
         return []
     pipe = client.pipeline(transaction=False)
-    pipe.time()
+    add_clock_read(pipe, QUEUES_REGISTRY)
     for k in all_keys:
         add_stats_reads(pipe, k)
     replies = pipe.execute(raise_on_error=False)
@@ -279,7 +291,7 @@ def _heartbeats(client: Client, queue: str | None) -> tuple[int, list[tuple[Queu
     names = [queue] if queue is not None else list_queues(client)
     all_keys = [QueueKeys.for_queue(n) for n in names]
     pipe = client.pipeline(transaction=False)
-    pipe.time()
+    add_clock_read(pipe, QUEUES_REGISTRY)
     for k in all_keys:
         pipe.hgetall(k.workers)
     replies = pipe.execute()

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from redis.exceptions import ResponseError
+from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgainError
 
-from .connection import aconnect
+from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, node_url
 from .envelope import DecodeError, check_json_types, decode, now_ms
 from .idempotency import IDEMPOTENCY_KEY, completed_by, key_of
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
@@ -189,7 +189,10 @@ class Worker:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
+        await ais_cluster(self.url or DEFAULT_URL)  # asked once, without blocking the loop
         self.client = aconnect(self.url, health_check_interval=30)
+        self.cluster = is_cluster_client(self.client)
+        """A Redis Cluster client: each queue is read on a connection to the master serving its slot."""
         self.scripts = Scripts(self.client)
         self.settler = Settler(self.client, self.scripts, flush_size=max(100, self.batch_size),
                                flush_interval=self.flush_interval, on_retry_scheduled=self._on_retry_scheduled)
@@ -209,7 +212,8 @@ class Worker:
         self._running_jobs: dict[bytes, tuple[str, str, int]] = {}
         """Entry id -> (task, job id, started at ms) of each job running now, for the heartbeat."""
         self._lane: SyncLane | None = None  # started on the first sync job
-        self._reader_ids: dict[str, int] = {}
+        self._reader_ids: dict[str, tuple[int, Any]] = {}
+        """Queue -> (client id of its reader's connection, the cluster node it is on or None)."""
 
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -292,9 +296,13 @@ class Worker:
         The connection is the reader's alone, so shutdown can cut its BLOCK
         short with CLIENT UNBLOCK, and the XREADGROUP command is packed once
         per batch size and its raw reply read without redis-py's reply
-        reshaping: this runs once per batch on the hot path.
+        reshaping: this runs once per batch on the hot path. On a cluster the
+        connection goes to the master serving the queue's slot; after a
+        failover or a resharding (``MOVED``, or a node that stopped
+        answering) the reader reads the cluster's layout again and follows.
         """
-        reader = aconnect(self.url, single_connection_client=True)
+        reader: Any = None
+        node: Any = None
         packed: dict[int, Any] = {}
         try:
             while not self._stop.is_set():
@@ -308,9 +316,11 @@ class Worker:
                     continue
                 count = min(self.batch_size, room)
                 try:
+                    if reader is None:
+                        reader, node = await self._open_reader(keys)
                     conn = reader.connection
                     if conn is None or keys.queue not in self._reader_ids:
-                        self._reader_ids[keys.queue] = await reader.client_id()
+                        self._reader_ids[keys.queue] = (await reader.client_id(), node)
                         conn = reader.connection
                         packed.clear()
                     assert conn is not None  # client_id() above connected it
@@ -325,13 +335,19 @@ class Worker:
                     if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate it
                         await self._setup()
                         continue
+                    if self.cluster and isinstance(exc, (AskError, ClusterDownError, TryAgainError)):  # MOVED is an ASK
+                        logger.info("reading %s: %s; following the cluster's new layout", keys.queue, exc)
+                        await self._drop_reader(keys, reader, refresh=True)
+                        reader = None
+                        await self._sleep_unless_stopped(0.1)
+                        continue
                     raise
                 except Exception as exc:
                     if isinstance(exc, (ConnectionError, OSError)) or "Connection" in type(exc).__name__ \
                             or "Timeout" in type(exc).__name__:
                         logger.warning("reading %s failed (%s); retrying", keys.queue, exc)
-                        self._reader_ids.pop(keys.queue, None)
-                        await reader.connection.disconnect() if reader.connection else None
+                        await self._drop_reader(keys, reader, refresh=self.cluster)
+                        reader = None
                         await self._sleep_unless_stopped(1.0)
                         continue
                     raise
@@ -343,14 +359,37 @@ class Worker:
                             await self._screen(keys, keyed)
         finally:
             self._reader_ids.pop(keys.queue, None)
-            await reader.aclose()
+            if reader is not None:
+                await reader.aclose()
+
+    async def _open_reader(self, keys: QueueKeys) -> tuple[Any, Any]:
+        """A single-connection client for one queue's reader, and the cluster node it talks to (None off a cluster)."""
+        if not self.cluster:
+            return aconnect(self.url, cluster=False, single_connection_client=True), None
+        await self.client.initialize()
+        node = self.client.get_node_from_key(keys.stream)
+        return aconnect(node_url(self.client.chasqui_url, node.host, node.port), cluster=False,
+                        single_connection_client=True), node
+
+    async def _drop_reader(self, keys: QueueKeys, reader: Any, *, refresh: bool) -> None:
+        """Close a reader that failed; on a cluster, read the layout again so the next one finds the slot's master."""
+        self._reader_ids.pop(keys.queue, None)
+        if reader is not None:
+            with contextlib.suppress(Exception):
+                await reader.aclose()
+        if refresh:
+            with contextlib.suppress(Exception):
+                await self.client.nodes_manager.initialize()
 
     async def _unblock_readers(self, readers: list[asyncio.Task[None]]) -> None:
         """Wake readers blocked in XREADGROUP so shutdown does not wait out BLOCK."""
         while not all(r.done() for r in readers):
-            for client_id in list(self._reader_ids.values()):
+            for client_id, node in list(self._reader_ids.values()):
                 with contextlib.suppress(Exception):
-                    await self.client.client_unblock(client_id)
+                    if node is None:
+                        await self.client.client_unblock(client_id)
+                    else:
+                        await self.client.client_unblock(client_id, target_nodes=node)
             await asyncio.wait(readers, timeout=0.05)
 
     async def _wait_room(self) -> None:

@@ -24,7 +24,7 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.engine.worker import Worker
 
-from tests.helpers import subprocess_database_url
+from tests.helpers import keys_matching, subprocess_database_url
 
 from . import sample_tasks
 
@@ -221,25 +221,31 @@ def test_get_result_is_refused_when_storage_is_off():
 @pytest.mark.timeout(90)
 def test_runworker_command_runs_the_demo_task_from_the_view(redis, redis_url, client, django_user_model, tmp_path,
                                                             settings):
-    """The example view enqueues on commit; `manage.py runworker emails` runs it."""
+    """The example view enqueues on commit; `manage.py runworker emails default` runs it, and a job on the
+    other queue (on a cluster, the two queues' keys are on different masters)."""
     settings.CHASQUI_DEMO = True
     from emails.models import Signup
+    from emails.tasks import send_welcome_email
 
     response = client.post("/signup/", {"email": "ana@example.com"})
     assert response.status_code in (200, 302)
     signup = Signup.objects.get(email="ana@example.com")
     [job] = _stream_jobs(redis, EMAILS)
     assert job.task == "emails.tasks.send_welcome_email" and job.args == [signup.id]
+    send_welcome_email.using(queue_name="default").enqueue(signup.id)
 
     db = subprocess_database_url()
     env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": db, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "manage.py", "runworker", "emails", "--concurrency", "2"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "manage.py", "runworker", "emails", "default", "--concurrency", "2"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def completed(keys) -> bool:
+        return any(redis.hget(k, "completed") for k in keys_matching(redis, keys.second_counters + "*"))
+
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            counters = [redis.hget(k, "completed") for k in redis.keys(EMAILS.second_counters + "*")]
-            if any(counters):
+            if completed(EMAILS) and completed(DEFAULT):
                 break
             assert proc.poll() is None, proc.stdout.read()
             time.sleep(0.1)
@@ -250,6 +256,8 @@ def test_runworker_command_runs_the_demo_task_from_the_view(redis, redis_url, cl
             proc.kill()
     assert proc.returncode == 0, out
     assert "Chasqui worker" in out
-    assert redis.xlen(EMAILS.stream) == 0 and redis.xlen(EMAILS.dlq) == 0
-    assert redis.xpending(EMAILS.stream, "chasqui")["pending"] == 0
+    for keys in (EMAILS, DEFAULT):
+        assert completed(keys), f"no job completed on {keys.queue}"
+        assert redis.xlen(keys.stream) == 0 and redis.xlen(keys.dlq) == 0
+        assert redis.xpending(keys.stream, "chasqui")["pending"] == 0
 

@@ -19,6 +19,7 @@ from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.settler import Settler
 from chasqui_core.engine.worker import Worker
+from tests.helpers import keys_matching
 
 Q = "contain"
 KEYS = QueueKeys.for_queue(Q)
@@ -187,7 +188,7 @@ def test_an_entry_with_a_bad_field_is_dead_lettered_alone(redis, redis_url, fiel
     [dead] = dlq_entries(redis)
     assert dead[b"reason"] == b"decode_failed" and words.encode() in dead[b"error"]
     assert redis.xpending(KEYS.stream, GROUP)["pending"] == 0
-    assert len(redis.keys(KEYS.result + "*")) == 44
+    assert len(keys_matching(redis, KEYS.result + "*")) == 44
 
 
 def test_a_settle_batch_with_a_bad_retry_settles_every_other_item_once(redis):
@@ -197,9 +198,9 @@ def test_a_settle_batch_with_a_bad_retry_settles_every_other_item_once(redis):
     redis.xreadgroup(GROUP, "me", {KEYS.stream: ">"}, count=10)
 
     async def settle():
-        from chasqui_core.engine.connection import aconnect
+        from chasqui_core.engine.connection import aconnect, url_of
 
-        client = aconnect(redis_url_of(redis))
+        client = aconnect(url_of(redis))
         settler = Settler(client, Scripts(client))
         settler.complete(KEYS, ids[0], "a", "t", 1, (KEYS.result + "a", 60_000, b"ok"))
         settler.complete(KEYS, ids[1], "b", "t", 1, (KEYS.result + "b", -5, b"bad ttl"))
@@ -219,11 +220,6 @@ def test_a_settle_batch_with_a_bad_retry_settles_every_other_item_once(redis):
     assert set(dead) == {b"c", b"e"}
     assert dead[b"c"][b"reason"] == b"internal" and b"retry delay" in dead[b"c"][b"error"]
     assert dead[b"c"][b"j"] == b"payload-c"
-
-
-def redis_url_of(client) -> str:
-    kw = client.connection_pool.connection_kwargs
-    return f"redis://{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
 def test_dead_workers_leave_the_group_and_the_list_once_their_jobs_are_reclaimed(redis, redis_url):

@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from chasqui_core.engine.backoff import BackoffSpec
+from chasqui_core.engine.connection import connect
 from chasqui_core.engine.dlq.entries import REASONS
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.fingerprint import fingerprint
@@ -409,9 +410,7 @@ def test_concurrent_replays_publish_each_job_once(redis, redis_url, dl):
     moved = []
 
     def replay():
-        import redis as redis_lib
-
-        client = redis_lib.Redis.from_url(redis_url)
+        client = connect(redis_url)
         barrier.wait()
         moved.append(DeadLetters(client, Q).replay(entry_ids))
         client.close()

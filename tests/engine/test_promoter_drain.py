@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import redis.asyncio as aredis
-
+from chasqui_core.engine.connection import aconnect
 from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.promoter import Promoter
@@ -26,7 +25,7 @@ def test_a_backlog_of_many_batches_moves_every_job_once(redis, redis_url):
     redis.zadd(KEYS.delayed, {b"later": time.time() * 1000 + 3_600_000})  # not due: must stay
 
     async def run() -> Promoter:
-        client = aredis.Redis.from_url(redis_url)
+        client = aconnect(redis_url)
         promoter = Promoter(client, Scripts(client), KEYS, "drain-test", batch_size=100)
         stop = asyncio.Event()
 

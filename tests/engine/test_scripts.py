@@ -9,6 +9,7 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 from chasqui_core.engine.queue import Queue
 from chasqui_core.engine.scripts import source
+from tests.helpers import keys_matching
 
 LUA_DIR = Path(__file__).parents[2] / "chasqui_core" / "engine" / "lua"
 
@@ -16,8 +17,8 @@ LUA_DIR = Path(__file__).parents[2] / "chasqui_core" / "engine" / "lua"
 def test_counter_buckets_live_as_long_as_metrics_says(redis):
     Queue("ttl", redis_client=redis).add("t")
     keys = QueueKeys.for_queue("ttl")
-    [second] = redis.keys(f"{keys.second_counters}*")
-    [minute] = redis.keys(f"{keys.minute_counters}*")
+    [second] = keys_matching(redis, f"{keys.second_counters}*")
+    [minute] = keys_matching(redis, f"{keys.minute_counters}*")
     assert redis.hget(second, "enqueued") == b"1" and redis.hget(minute, "enqueued") == b"1"
     assert SECOND_BUCKET_TTL_S - 60 < redis.ttl(second) <= SECOND_BUCKET_TTL_S
     assert MINUTE_BUCKET_TTL_S - 60 < redis.ttl(minute) <= MINUTE_BUCKET_TTL_S

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..connection import Client
+from ..connection import Client, decodes_responses
 from ..errors import JobNotFound
 from ..keys import QueueKeys
 from .entries import (
@@ -72,7 +72,7 @@ class DLQReader:
     """The read side of one queue's DLQ, on a sync redis-py client; ``DeadLetters`` adds replay and discard."""
 
     def __init__(self, client: Client, queue: str) -> None:
-        if client.connection_pool.connection_kwargs.get("decode_responses"):
+        if decodes_responses(client):
             raise ValueError(
                 f"{type(self).__name__} needs a Redis client that returns bytes (decode_responses=False): "
                 "job payloads are binary; use chasqui_core.engine.connection.connect()"

@@ -23,7 +23,8 @@ from django.tasks import task_backends
 from chasqui_core.backend import ChasquiBackend
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import coerce_backoff
-from chasqui_core.engine.errors import InvalidQueueName
+from chasqui_core.engine.connection import check as check_redis
+from chasqui_core.engine.errors import InvalidQueueName, RedisConfigError
 from chasqui_core.engine.keys import validate_queue_name
 from chasqui_core.engine.retry import RetryPolicy
 from chasqui_core.engine.worker import Worker
@@ -107,6 +108,10 @@ class Command(BaseCommand):
         except InvalidQueueName as exc:
             raise CommandError(str(exc)) from None
         conf = chasqui_settings()
+        try:  # a URL that cannot work stops the command here, in one line, not in every child
+            check_redis(conf.redis_url)
+        except RedisConfigError as exc:
+            raise CommandError(f"{conf.redis_url_setting}: {exc}") from None
         processes = _processes(options["processes"])
         for key in ("concurrency", "batch_size", "max_attempts", "visibility_timeout", "max_jobs", "max_memory"):
             if options[key] is not None and options[key] < 1:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 
-import redis
 from django.tasks import task
 
+from chasqui_core.engine.connection import connect
 from tests.supervisor.app import DONE, QUEUE, STARTED
 
 _client = None
@@ -16,7 +16,7 @@ _client = None
 def _redis():
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(os.environ["REDIS_URL"])
+        _client = connect(os.environ["REDIS_URL"])  # a cluster's client too
     return _client
 
 
