@@ -49,6 +49,7 @@ from chasqui_core.engine.signing import SIGNATURE
 
 from . import consumer
 from .child import ROOT, start_profiler, stop_profiler
+from .machine import proc_cpu_seconds
 from .results import RATE, BenchError, Measurement
 from .stats import median
 
@@ -294,19 +295,12 @@ def _wait_settled(ctx, queue: str, *, poll: float = SETTLE_POLL, worker: Runwork
         time.sleep(poll)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) process ``pid`` has used so far, as the kernel counts it."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _children_cpu(ctx, queue: str, supervisor_pid: int) -> dict[int, float]:
     """CPU time so far of each worker process of ``supervisor_pid``, found by their heartbeats."""
     pids = [w.pid for w in stats.workers(ctx.client, queue) if w.supervisor_pid == supervisor_pid]
     if not pids:
         raise BenchError(f"no worker process of supervisor {supervisor_pid} has a heartbeat on {queue}")
-    return {pid: _cpu_seconds(pid) for pid in pids}
+    return {pid: proc_cpu_seconds(pid) for pid in pids}
 
 
 def _drain(ctx, name: str, setup: RunworkerSetup, task, n: int) -> dict:

@@ -53,3 +53,10 @@ def describe(info: dict) -> str:
     return (f"{info['cpu']}, {info['cores']} cores ({info['usable_cores']} usable), {info['python']}, "
             f"redis-py {info['redis_py']}, hiredis {info['hiredis']}, {info['os']}; "
             f"load average at start {info['load_at_start']}")
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) process ``pid`` has used so far, as the kernel counts it (in clock ticks)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
