@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from pathlib import Path
 
 from chasqui_core.engine.connection import is_cluster_client
 from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 """The project's folder: where ``manage.py`` is, and the working directory of the processes tests start."""
@@ -43,6 +48,38 @@ def reset_stats(client) -> None:
         client.config_resetstat(target_nodes=client.PRIMARIES)
     else:
         client.config_resetstat()
+
+
+# --- workers in the test process ------------------------------------------------------------------------
+
+
+def run_until(worker: Worker, until, timeout: float = 30.0) -> None:
+    """Run ``worker`` in an event loop of this thread until ``until()`` holds or ``timeout`` passes, then stop it."""
+
+    async def main() -> None:
+        runner = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + timeout
+        while not until() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        worker.request_stop()
+        await runner
+
+    asyncio.run(main())
+
+
+class WorkerThread:
+    """A Worker running in a thread of the test process, stopped on ``stop()``."""
+
+    def __init__(self, queues: list[str], registry: HandlerRegistry, url: str, **options) -> None:
+        self.worker = Worker(queues, registry, url=url, install_signal_handlers=False, block_ms=200,
+                             heartbeat_interval=0.2, **options)
+        self.thread = threading.Thread(target=self.worker.run_sync, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.worker.request_stop()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the worker did not stop"
 
 
 # --- dead-letter entries, written the way settle.lua writes them ------------------------------------------

@@ -363,24 +363,7 @@ def connect(url: str | None = None, *, cluster: bool | None = None, **kwargs: An
     gets a plain client marked ``undetected``. ``retry`` (a ``redis.retry.Retry``)
     sets redis-py's own retries; on a cluster it is the cluster client's.
     """
-    url = url or DEFAULT_URL
-    known = cluster
-    if known is None and not is_sentinel_url(url):
-        known = _kind(url, kwargs)
-    if is_sentinel_url(url):
-        client: Any = _sentinel_master(url, kwargs, sentinel.Sentinel)
-    elif known:
-        kwargs.pop("single_connection_client", None)
-        try:
-            client = rcluster.RedisCluster.from_url(url, decode_responses=False, **kwargs)
-        except redis.RedisError as exc:
-            raise _refusal(url, exc) or exc from None
-    else:
-        check_tls_files(url, kwargs)
-        client = redis.Redis.from_url(url, decode_responses=False, **kwargs)
-        client.chasqui_undetected = known is None
-    client.chasqui_url = url
-    return client
+    return _client(url, cluster, kwargs, sentinel.Sentinel, rcluster.RedisCluster, redis.Redis)
 
 
 def aconnect(url: str | None = None, *, cluster: bool | None = None, **kwargs: Any) -> Any:
@@ -390,19 +373,27 @@ def aconnect(url: str | None = None, *, cluster: bool | None = None, **kwargs: A
     blocking the first time a process meets the URL; async code calls
     ``await ais_cluster(url)`` first (or passes ``cluster``) so it never blocks.
     """
+    return _client(url, cluster, kwargs, asentinel.Sentinel, acluster.RedisCluster, aredis.Redis)
+
+
+def _client(url: str | None, cluster: bool | None, kwargs: dict[str, Any], sentinel_manager: Any,
+            cluster_class: Any, plain_class: Any) -> Any:
+    """``connect`` and ``aconnect``, given the sync or asyncio classes of each kind of client."""
     url = url or DEFAULT_URL
-    known = cluster
-    if known is None and not is_sentinel_url(url):
-        known = _kind(url, kwargs)
     if is_sentinel_url(url):
-        client: Any = _sentinel_master(url, kwargs, asentinel.Sentinel)
-    elif known:
-        kwargs.pop("single_connection_client", None)
-        client = acluster.RedisCluster.from_url(url, decode_responses=False, **kwargs)
+        client: Any = _sentinel_master(url, kwargs, sentinel_manager)
     else:
-        check_tls_files(url, kwargs)
-        client = aredis.Redis.from_url(url, decode_responses=False, **kwargs)
-        client.chasqui_undetected = known is None
+        known = _kind(url, kwargs) if cluster is None else cluster
+        if known:
+            kwargs.pop("single_connection_client", None)
+            try:
+                client = cluster_class.from_url(url, decode_responses=False, **kwargs)
+            except redis.RedisError as exc:  # a sync client meets the cluster as it is made
+                raise _refusal(url, exc) or exc from None
+        else:
+            check_tls_files(url, kwargs)
+            client = plain_class.from_url(url, decode_responses=False, **kwargs)
+            client.chasqui_undetected = known is None
     client.chasqui_url = url
     return client
 

@@ -21,6 +21,7 @@ import time
 from .connection import Client
 from .events import EVENTS_MAXLEN
 from .keys import QueueKeys
+from .leader import LeaderLock
 from .scripts import Scripts
 import contextlib
 
@@ -45,10 +46,10 @@ class Promoter:
         self.holder = holder
         self.poll_interval = poll_interval
         self.lock_ttl_ms = lock_ttl_ms
+        self.lock = LeaderLock(client, scripts, keys.promoter_lock, holder, lock_ttl_ms, logger=logger,
+                               label=f"promoter for {keys.queue}", won_level=logging.DEBUG)
         self.batch_size = batch_size
-        self.is_leader = False
         self.moved_total = 0
-        self._renewed_at = 0.0
         self._wake = asyncio.Event()
         self._wake_at: float | None = None
         self._one_shots: set[asyncio.Task[None]] = set()
@@ -99,7 +100,7 @@ class Promoter:
                 if result[0] < self.batch_size or not result[3]:
                     await asyncio.gather(*calls, return_exceptions=True)
                     return result
-                await self._acquire_or_renew()  # a long drain must not outlive the lock
+                await self.lock.acquire_or_renew()  # a long drain must not outlive the lock
                 if not self.is_leader:
                     return result[0], result[1], result[2], False
                 calls.append(loop.create_task(self.promote()))
@@ -107,27 +108,19 @@ class Promoter:
             for call in calls:
                 call.cancel()
 
-    async def _acquire_or_renew(self) -> None:
-        if self.is_leader:
-            if time.monotonic() - self._renewed_at >= self.lock_ttl_ms / 3000:
-                renewed = await self.scripts.lock(keys=[self.keys.promoter_lock],
-                                                  args=["renew", self.holder, self.lock_ttl_ms])
-                self.is_leader = bool(renewed)
-                self._renewed_at = time.monotonic()
-                if not self.is_leader:
-                    logger.info("promoter for %s lost its lock", self.keys.queue)
-        else:
-            got = await self.client.set(self.keys.promoter_lock, self.holder, nx=True, px=self.lock_ttl_ms)
-            if got:
-                self.is_leader = True
-                self._renewed_at = time.monotonic()
-                logger.debug("promoter for %s is now the leader", self.keys.queue)
+    @property
+    def is_leader(self) -> bool:
+        return self.lock.held
+
+    @is_leader.setter
+    def is_leader(self, value: bool) -> None:
+        self.lock.held = value  # promote.lua found the lock gone: stop leading at once
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             sleep = min(self.lock_ttl_ms / 5000, 1.0)
             try:
-                await self._acquire_or_renew()
+                await self.lock.acquire_or_renew()
                 if self.is_leader:
                     moved, next_due, now, ok = await self.promote()
                     if not ok:
@@ -170,7 +163,4 @@ class Promoter:
             self._wake_at = None
 
     async def release(self) -> None:
-        if self.is_leader:
-            with contextlib.suppress(Exception):
-                await self.scripts.lock(keys=[self.keys.promoter_lock], args=["release", self.holder, 0])
-            self.is_leader = False
+        await self.lock.release()

@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .connection import Client
-from .queue import Queue
 from .keys import SCHEDULER_LOCK, schedule_fires, schedule_state
+from .leader import LeaderLock
+from .queue import Queue
 from .schedules import Schedule, plan_fires
 from .scripts import Scripts
-from .stats import add_clock_read
+from .stats import add_clock_read, server_ms
 
 logger = logging.getLogger("chasqui.scheduler")
 
@@ -74,11 +75,6 @@ class FireRecord:
             return None
 
 
-async def server_ms(client: Client) -> int:
-    seconds, micros = await client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -91,25 +87,22 @@ class Scheduler:
         self.schedules = list(schedules)
         self.fire = fire
         self.holder = holder
-        self.lock_ttl_ms = lock_ttl_ms
+        self.lock = LeaderLock(client, scripts, SCHEDULER_LOCK, holder, lock_ttl_ms, logger=logger,
+                               label=f"scheduler {holder}")
         self.max_sleep = max_sleep
         """Longest nap between looks: a pause, a resume or a lost lock is noticed within it."""
-        self.is_leader = False
         self.fired_total = 0
-        self._renewed_at = 0.0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.lock.held
+
+    @is_leader.setter
+    def is_leader(self, value: bool) -> None:
+        self.lock.held = value  # schedule_advance.lua found the lock gone: stop leading at once
 
     async def _acquire_or_renew(self) -> None:
-        if self.is_leader:
-            if time.monotonic() - self._renewed_at >= self.lock_ttl_ms / 3000:
-                self.is_leader = bool(await self.scripts.lock(keys=[SCHEDULER_LOCK],
-                                                              args=["renew", self.holder, self.lock_ttl_ms]))
-                self._renewed_at = time.monotonic()
-                if not self.is_leader:
-                    logger.info("scheduler %s lost its lock", self.holder)
-        elif await self.client.set(SCHEDULER_LOCK, self.holder, nx=True, px=self.lock_ttl_ms):
-            self.is_leader = True
-            self._renewed_at = time.monotonic()
-            logger.info("scheduler %s is now the leader (%d schedule(s))", self.holder, len(self.schedules))
+        await self.lock.acquire_or_renew()
 
     async def tick(self) -> float:
         """Fire whatever is due; return the seconds until the next due time (capped by ``max_sleep``)."""
@@ -118,8 +111,7 @@ class Scheduler:
         for schedule in self.schedules:
             pipe.hgetall(schedule_state(schedule.name))
         replies = await pipe.execute()
-        seconds, micros = replies[0]
-        now = int(seconds) * 1000 + int(micros) // 1000
+        now = server_ms(replies[0])
         soonest = now + int(self.max_sleep * 1000)
         for schedule, raw in zip(self.schedules, replies[1:], strict=True):
             state = {_text(k): _text(v) for k, v in raw.items()}
@@ -176,7 +168,7 @@ class Scheduler:
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``: take or keep the lock, fire what is due, sleep until the next due time."""
         while not stop.is_set():
-            sleep = min(self.max_sleep, self.lock_ttl_ms / 3000)
+            sleep = min(self.max_sleep, self.lock.ttl_ms / 3000)
             try:
                 await self._acquire_or_renew()
                 if self.is_leader:
@@ -191,10 +183,7 @@ class Scheduler:
         await self.release()
 
     async def release(self) -> None:
-        if self.is_leader:
-            with contextlib.suppress(Exception):
-                await self.scripts.lock(keys=[SCHEDULER_LOCK], args=["release", self.holder, 0])
-            self.is_leader = False
+        await self.lock.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,8 +228,7 @@ def set_paused(client: Client, name: str, by: str | None) -> bool:
     key = schedule_state(name)
     if by is None:
         return bool(client.hdel(key, "paused"))
-    seconds, micros = client.time()
-    at = int(seconds) * 1000 + int(micros) // 1000
+    at = server_ms(client.time())
     return bool(client.hsetnx(key, "paused", json.dumps({"by": by, "at": at})))
 
 

@@ -22,6 +22,7 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.results import decode_result
 from chasqui_core.engine.schedules import Schedule
 from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.stats import server_ms
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import InvalidInput, NotFound, Source, check_source, redis_client, require
@@ -159,8 +160,7 @@ def run_now(actor, name: str, *, source: Source) -> FireInfo:
     require(actor, access.ENQUEUE, source)
     schedule = _schedule(name)
     client = redis_client()
-    seconds, micros = client.time()
-    at = int(seconds) * 1000 + int(micros) // 1000
+    at = server_ms(client.time())
     job_id = f"schedule:{schedule.name}:manual:{at}"
     configured_schedules.fire(schedule, job_id)
     who = getattr(actor, "username", "") or source

@@ -24,7 +24,7 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.engine.worker import Worker
 
-from tests.helpers import keys_matching, subprocess_database_url
+from tests.helpers import keys_matching, run_until, subprocess_database_url
 
 from . import sample_tasks
 
@@ -47,15 +47,7 @@ def _drain(redis_url, queues=("default",), until=lambda: True, timeout=20.0, **k
     worker = Worker(list(queues), build_registry(), url=redis_url, install_signal_handlers=False,
                     promoter_poll_interval=0.02, **kwargs)
 
-    async def main():
-        runner = asyncio.create_task(worker.run())
-        deadline = time.monotonic() + timeout
-        while not until() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        worker.request_stop()
-        await runner
-
-    asyncio.run(main())
+    run_until(worker, until, timeout)
     return worker
 
 

@@ -14,7 +14,6 @@ import asyncio
 import re
 import secrets
 import shutil
-import threading
 import time
 from collections import Counter
 
@@ -33,10 +32,9 @@ from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.schedules import Schedule
 from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.worker import Worker
 from tests.clusters import TLSServer, make_certificates, server_binary, tls_support
 from tests.engine.worker_app import wait_for
-from tests.helpers import ROOT
+from tests.helpers import ROOT, WorkerThread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,19 +47,6 @@ def documented_acl_rules() -> dict[str, str]:
     rules = dict(re.findall(r"^ACL SETUSER chasqui-(\w+) (.+)$", text, flags=re.MULTILINE))
     assert set(rules) == set(ROLES), f"docs/cluster.md should give one ACL SETUSER line per role, found {set(rules)}"
     return rules
-
-
-class WorkerThread:
-    def __init__(self, queues: list[str], registry: HandlerRegistry, url: str, **options) -> None:
-        self.worker = Worker(queues, registry, url=url, install_signal_handlers=False, block_ms=200,
-                             heartbeat_interval=0.2, **options)
-        self.thread = threading.Thread(target=self.worker.run_sync, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.worker.request_stop()
-        self.thread.join(30)
-        assert not self.thread.is_alive()
 
 
 def queues_on_each_master(client) -> list[str]:

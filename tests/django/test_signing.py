@@ -6,7 +6,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import pytest
@@ -30,7 +29,7 @@ from chasqui_core.models import OutboxEntry
 from chasqui_core.outbox import relay
 from chasqui_core.task_runner import build_registry
 from tests.engine.worker_app import wait_for
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_until
 from tests.supervisor.app import NAP, QUEUE, STARTED
 
 from . import sample_tasks
@@ -175,15 +174,7 @@ def _drain(redis_url, until, timeout=20.0):
     worker = Worker(["default"], build_registry(), url=redis_url, install_signal_handlers=False,
                     promoter_poll_interval=0.02, signing_keys=chasqui_settings().SIGNING_KEYS)
 
-    async def main():
-        runner = asyncio.create_task(worker.run())
-        deadline = time.monotonic() + timeout
-        while not until() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        worker.request_stop()
-        await runner
-
-    asyncio.run(main())
+    run_until(worker, until, timeout)
     assert until()
 
 

@@ -10,7 +10,6 @@ on several nodes, the settings a cluster refuses, a master that dies.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import Counter
 
@@ -27,9 +26,9 @@ from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy
-from chasqui_core.engine.worker import Worker
 from tests.clusters import server_binary
 from tests.engine.worker_app import wait_for
+from tests.helpers import WorkerThread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,21 +58,6 @@ def queues_on_each_master(client, count: int = 1) -> list[str]:
             names.append(name)
         i += 1
     return [name for names in by_node.values() for name in names]
-
-
-class WorkerThread:
-    """A Worker running in a thread of the test process, stopped on ``stop()``."""
-
-    def __init__(self, queues: list[str], registry: HandlerRegistry, url: str, **options) -> None:
-        self.worker = Worker(queues, registry, url=url, install_signal_handlers=False, block_ms=200,
-                             heartbeat_interval=0.2, **options)
-        self.thread = threading.Thread(target=self.worker.run_sync, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.worker.request_stop()
-        self.thread.join(30)
-        assert not self.thread.is_alive(), "the worker did not stop"
 
 
 def test_a_cluster_node_url_gets_the_cluster_client_and_queues_spread_over_the_masters(cluster, client):

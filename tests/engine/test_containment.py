@@ -19,7 +19,7 @@ from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.settler import Settler
 from chasqui_core.engine.worker import Worker
-from tests.helpers import keys_matching
+from tests.helpers import keys_matching, run_until
 
 Q = "contain"
 KEYS = QueueKeys.for_queue(Q)
@@ -47,15 +47,7 @@ def run_worker(redis_url, registry, until, *, timeout=30.0, **options):
     worker = Worker([Q], registry, url=redis_url, install_signal_handlers=False, promoter_poll_interval=0.01,
                     **options)
 
-    async def main():
-        runner = asyncio.create_task(worker.run())
-        deadline = time.monotonic() + timeout
-        while not until() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        worker.request_stop()
-        await runner
-
-    asyncio.run(main())
+    run_until(worker, until, timeout)
     return worker
 
 

@@ -16,6 +16,7 @@ from chasqui_core.engine.scheduler import Scheduler, queue_fire
 from chasqui_core.engine.schedules import parse_schedule
 from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.worker import Worker
+from tests.helpers import run_until
 
 Q = "timed"
 KEYS = QueueKeys.for_queue(Q)
@@ -172,15 +173,7 @@ def test_per_fire_attempts_and_backoff_hold_for_every_retry_of_a_fire(redis, red
     worker = Worker([Q], registry, url=redis_url, install_signal_handlers=False, promoter_poll_interval=0.01,
                     policy=RetryPolicy(max_attempts=5, backoff=1), schedules=[s])
 
-    async def main():
-        runner = asyncio.create_task(worker.run())
-        deadline = time.monotonic() + 30
-        while redis.xlen(KEYS.dlq) < 1 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        worker.request_stop()
-        await runner
-
-    asyncio.run(main())
+    run_until(worker, lambda: redis.xlen(KEYS.dlq) >= 1)
     entry_id, fields = redis.xrange(KEYS.dlq, count=1)[0]
     dead = decode_entry(Q, entry_id, fields)
     assert dead.job_id.startswith("schedule:flaky:")
@@ -201,14 +194,6 @@ def test_a_signing_worker_signs_the_jobs_its_schedules_fire(redis, redis_url):
     worker = Worker([Q], registry, url=redis_url, install_signal_handlers=False, schedules=[s],
                     signing_keys=["current-key-of-at-least-32-bytes!!", "older-key-of-at-least-32-bytes!!!"])
 
-    async def main():
-        runner = asyncio.create_task(worker.run())
-        deadline = time.monotonic() + 30
-        while not ran and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        worker.request_stop()
-        await runner
-
-    asyncio.run(main())
+    run_until(worker, lambda: bool(ran))
     assert ran, "the fired job ran"
     assert redis.xlen(KEYS.dlq) == 0
