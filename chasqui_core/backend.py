@@ -194,6 +194,16 @@ def ms_to_datetime(ms: int | None) -> datetime | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A task's share of every enqueue: its queue, its module path and its job options."""
+
+    task: Task
+    queue: Queue
+    task_path: str
+    options: dict[str, Any]
+
+
 class ChasquiBackend(BaseTaskBackend):
     task_class = ChasquiTask
     supports_defer = True
@@ -220,7 +230,7 @@ class ChasquiBackend(BaseTaskBackend):
         self.supports_get_result = self.result_ttl > 0
         self._client = None
         self._queues: dict[str, Queue] = {}
-        self._validated: dict[int, Task] = {}
+        self._plans: dict[int, _Plan] = {}
 
     # --- plumbing -----------------------------------------------------------------
 
@@ -251,6 +261,7 @@ class ChasquiBackend(BaseTaskBackend):
             queue.close()
         self._client = None
         self._queues = {}
+        self._plans = {}
 
     def queue(self, name: str) -> Queue:
         queue = self._queues.get(name)
@@ -274,6 +285,24 @@ class ChasquiBackend(BaseTaskBackend):
                 options["result_ttl"] = task.job_result_ttl
         return options
 
+    def _plan(self, task: Task) -> _Plan:
+        """What every enqueue of ``task`` shares: validated once, its queue and its job options.
+
+        A task is immutable, so all of it holds for the backend's life (until
+        ``reset_connections``); an enqueue then pays only for its own job.
+        """
+        plan = self._plans.get(id(task))
+        if plan is not None and plan.task is task:
+            return plan
+        self.validate_task(task)
+        queue = self.queue(task.queue_name)
+        plan = _Plan(task, queue, task.module_path, self._options(task))
+        if queue is self._queues.get(task.queue_name):  # else a stand-in while Redis is down: not kept
+            if len(self._plans) >= 1024:
+                self._plans.clear()
+            self._plans[id(task)] = plan
+        return plan
+
     def _result(self, task: Task, job_id: str, args, kwargs) -> TaskResult:
         return ready_result(task, job_id, args, kwargs, self.alias)
 
@@ -290,7 +319,17 @@ class ChasquiBackend(BaseTaskBackend):
     # --- enqueue ---------------------------------------------------------------------
 
     def enqueue(self, task: Task, args, kwargs) -> TaskResult:
-        return self.enqueue_many(task, [(args, kwargs)], _one=True)[0]
+        """One job: ``enqueue_many``'s checks and semantics without a batch's bookkeeping."""
+        plan = self._plan(task)
+        queue = plan.queue
+        job = queue.build(JobSpec(plan.task_path, args, kwargs, **plan.options))
+        result = self._result(task, job.job_id, args, kwargs)
+        if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
+            self._defer(queue, task, [job], [result])
+        else:
+            queue.add_built(job)
+            self._sent(queue, task, [result])
+        return result
 
     def enqueue_many(self, task: Task, calls: Iterable[tuple[Any, Any]], *, _one: bool = False) -> list[TaskResult]:
         """Enqueue one job per ``(args, kwargs)`` call: one round trip per chunk, results in order.
@@ -304,31 +343,30 @@ class ChasquiBackend(BaseTaskBackend):
         queue, built, results = self._build(task, calls, _one)
         if not built:
             return results
+        if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
+            self._defer(queue, task, built, results)
+        else:
+            queue.add_built_many(built)
+            self._sent(queue, task, results)
+        return results
+
+    def _defer(self, queue: Queue, task: Task, built: list, results: list[TaskResult]) -> None:
+        """Inside ``transaction.atomic()``: stage the jobs in the outbox, or send them on commit."""
+        if self.outbox:
+            outbox.stage(queue.name, built, queue_for=self.queue, after_commit=lambda: self._sent(queue, task, results))
+            return
 
         def send() -> None:
             queue.add_built_many(built)
             self._sent(queue, task, results)
 
-        if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
-            if self.outbox:
-                outbox.stage(queue.name, built, queue_for=self.queue,
-                             after_commit=lambda: self._sent(queue, task, results))
-            else:
-                transaction.on_commit(send)
-        else:
-            send()
-        return results
+        transaction.on_commit(send)
 
     def _build(self, task: Task, calls: Iterable[tuple[Any, Any]], one: bool) -> tuple[Queue, list, list[TaskResult]]:
         """Validate and encode every call (validated now, even when sent later: bad input fails in the caller)."""
-        if self._validated.get(id(task)) is not task:
-            self.validate_task(task)
-            if len(self._validated) >= 1024:
-                self._validated.clear()
-            self._validated[id(task)] = task  # a task is immutable: valid once, valid for this backend's life
-        queue = self.queue(task.queue_name)
-        options = self._options(task)
-        spec = JobSpec(task.module_path, (), {}, **options)
+        plan = self._plan(task)
+        queue, options = plan.queue, plan.options
+        spec = JobSpec(plan.task_path, (), {}, **options)
         built: list = []
         results: list[TaskResult] = []
         with nullcontext() if one else _gc_paused():

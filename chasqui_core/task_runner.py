@@ -59,14 +59,24 @@ def task_handler(task: ChasquiTask):
 
     if iscoroutinefunction(func):
         def run_async(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
-            """The task's own coroutine when nothing listens (the worker awaits it), else the observed run."""
-            if not takes_context and _quiet():
-                return func(*args, **kwargs)
-            return observed(ctx, *args, **kwargs)
+            """The coroutine the worker awaits: watched for failures only, unless a receiver wants more."""
+            started = _started.wanted(RUNNING)
+            if takes_context or started or _finished.wanted(SUCCESSFUL):
+                return observed(ctx, started, args, kwargs)
+            return guarded(ctx, args, kwargs)
 
-        async def observed(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
+        async def guarded(ctx: JobContext, args: Any, kwargs: Any) -> Any:
+            """The common case: nothing to send unless the run fails for good."""
+            try:
+                return await func(*args, **kwargs)
+            except Exception as exc:
+                if not ctx.will_retry(exc) and _finished.wanted(FAILED):
+                    await _finished.asend(finished_result(task, ctx, None, exc))
+                raise
+
+        async def observed(ctx: JobContext, started: bool, args: Any, kwargs: Any) -> Any:
             result = None
-            if takes_context or _started.wanted(RUNNING):
+            if takes_context or started:
                 result = running_result(task, ctx)
                 await _started.asend(result)
             try:
@@ -107,11 +117,6 @@ def task_handler(task: ChasquiTask):
             check_connections()
 
     return run_sync
-
-
-def _quiet() -> bool:
-    """No receiver would act on this run's signals, whatever its outcome."""
-    return not (_started.wanted(RUNNING) or _finished.wanted(SUCCESSFUL) or _finished.wanted(FAILED))
 
 
 # --- the TaskResult a run shows ------------------------------------------------------

@@ -26,25 +26,14 @@ from django.tasks import signals as django_signals
 
 _logger = logging.getLogger("django.tasks")
 
-
-def _info(status: TaskResultStatus) -> int:
-    return logging.INFO
-
-
-def _error_when_failed(status: TaskResultStatus) -> int:
-    return logging.ERROR if status == TaskResultStatus.FAILED else logging.INFO
-
-
-def _debug(status: TaskResultStatus) -> int:
-    return logging.DEBUG
-
-
-_LOGGING_RECEIVERS: dict[Callable[..., Any], Callable[[TaskResultStatus], int]] = {
-    django_signals.log_task_started: _info,
-    django_signals.log_task_finished: _error_when_failed,
-    django_signals.log_task_enqueued: _debug,
+_ANY_STATUS = tuple(TaskResultStatus)
+_LOGGING_RECEIVERS: dict[Callable[..., Any], dict[TaskResultStatus, int]] = {
+    django_signals.log_task_started: dict.fromkeys(_ANY_STATUS, logging.INFO),
+    django_signals.log_task_finished: {**dict.fromkeys(_ANY_STATUS, logging.INFO),
+                                       TaskResultStatus.FAILED: logging.ERROR},
+    django_signals.log_task_enqueued: dict.fromkeys(_ANY_STATUS, logging.DEBUG),
 }
-"""Django's own receivers, with the level each logs a result of a given status at."""
+"""Django's own receivers, with the level each logs a result of each status at."""
 
 
 class TaskSignal:
@@ -58,7 +47,9 @@ class TaskSignal:
         self.signal = signal
         self.sender = sender
         self._seen: list[Any] | None = None
-        self._logging: list[tuple[Callable[..., Any], Callable[[TaskResultStatus], int]]] = []
+        self._logging: list[tuple[Callable[..., Any], dict[TaskResultStatus, int]]] = []
+        self._lowest: dict[TaskResultStatus, int] = {}
+        """Per status, the lowest level a logging receiver logs it at (no entry: none is connected)."""
         self._plain = True
 
     def _refresh(self) -> None:
@@ -73,20 +64,23 @@ class TaskSignal:
         sync_receivers, async_receivers = signal._live_receivers(self.sender)
         self._plain = not async_receivers and all(r in _LOGGING_RECEIVERS for r in sync_receivers)
         self._logging = [(r, _LOGGING_RECEIVERS[r]) for r in sync_receivers] if self._plain else []
+        self._lowest = {status: min(levels[status] for _, levels in self._logging)
+                        for status in _ANY_STATUS} if self._logging else {}
         self._seen = list(signal.receivers)
 
     def wanted(self, status: TaskResultStatus) -> bool:
         """Would a result with this status reach a receiver that acts on it?
 
-        Runs twice per job, so it is written out plainly rather than with any().
+        Runs for every job, so the unchanged-receivers check is written out
+        here and the answer is one lookup and one ``isEnabledFor``.
         """
-        self._refresh()
+        signal = self.signal
+        if self._seen is None or signal._dead_receivers or signal.receivers != self._seen:
+            self._refresh()
         if not self._plain:
             return True
-        for _, level_of in self._logging:  # noqa: SIM110 - a generator for any() costs a frame per job
-            if _logger.isEnabledFor(level_of(status)):
-                return True
-        return False
+        level = self._lowest.get(status)
+        return level is not None and _logger.isEnabledFor(level)
 
     def send(self, task_result: TaskResult) -> None:
         """From synchronous code (a worker thread, a view)."""
@@ -105,6 +99,6 @@ class TaskSignal:
             await self.signal.asend(self.sender, task_result=task_result)
 
     def _log(self, task_result: TaskResult) -> None:
-        for receiver, level_of in self._logging:
-            if _logger.isEnabledFor(level_of(task_result.status)):
+        for receiver, levels in self._logging:
+            if _logger.isEnabledFor(levels[task_result.status]):
                 receiver(signal=self.signal, sender=self.sender, task_result=task_result)
