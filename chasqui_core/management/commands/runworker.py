@@ -12,7 +12,6 @@ first in INSTALLED_APPS.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import sys
@@ -176,7 +175,6 @@ class Command(BaseCommand):
         relay = _outbox_relay()
         if child is not None:
             child.ready()
-        gc.freeze()
         try:
             asyncio.run(worker.run())
         finally:
