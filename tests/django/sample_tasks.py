@@ -44,6 +44,12 @@ async def async_fails_once(key: str) -> str:
     return key
 
 
+@task(queue_name="default", max_attempts=2, backoff=5)
+async def async_always_fails(key: str) -> None:
+    RUNS.append(("async_always_fails", key))
+    raise LookupError(f"async_always_fails {key}")
+
+
 @task(queue_name="default", max_attempts=5, backoff=60_000)
 def fails_then_waits(key: str) -> None:
     RUNS.append(("fails_then_waits", key))

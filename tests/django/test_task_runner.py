@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from django.contrib.auth.models import User
 from django.tasks import TaskResultStatus
@@ -127,3 +129,31 @@ def test_an_async_task_nobody_listens_to_still_fails_retries_and_succeeds(redis,
     _drain(redis_url, until=lambda: len(sample_tasks.RUNS) >= 2 and redis.xlen(DEFAULT.stream) == 0)
     assert sample_tasks.RUNS == [("async_fails_once", "quiet")] * 2
     assert redis.xlen(DEFAULT.dlq) == 0 and redis.zcard(DEFAULT.delayed) == 0
+
+
+def _task_lines(caplog, job_id: str) -> list[tuple[str, str]]:
+    return [(r.levelname, r.getMessage().rsplit("state=", 1)[-1]) for r in caplog.records
+            if r.name == "django.tasks" and f"id={job_id} " in r.getMessage()]
+
+
+def test_djangos_own_logging_sees_an_async_tasks_last_failure_and_no_success_at_warning(redis, redis_url, caplog):
+    """At WARNING nothing logs a run, but the job that failed for good is logged at ERROR, once, with its traceback."""
+    caplog.set_level(logging.WARNING, logger="django.tasks")
+    ok = sample_tasks.async_double.enqueue(4)
+    bad = sample_tasks.async_always_fails.enqueue("logged")
+    _drain(redis_url, until=lambda: redis.xlen(DEFAULT.dlq) == 1 and redis.xlen(DEFAULT.stream) == 0)
+    assert sample_tasks.RUNS.count(("async_always_fails", "logged")) == 2
+    assert _task_lines(caplog, ok.id) == []
+    assert _task_lines(caplog, bad.id) == [("ERROR", "FAILED")]
+    (record,) = [r for r in caplog.records if f"id={bad.id} " in r.getMessage()]
+    assert record.exc_info and record.exc_info[0] is LookupError
+
+
+def test_djangos_own_logging_sees_every_run_of_an_async_task_at_info(redis, redis_url, caplog):
+    """A project that turns django.tasks up to INFO gets Django's start and finish lines for every job."""
+    caplog.set_level(logging.INFO, logger="django.tasks")
+    ok = sample_tasks.async_double.enqueue(5)
+    bad = sample_tasks.async_always_fails.enqueue("info")
+    _drain(redis_url, until=lambda: redis.xlen(DEFAULT.dlq) == 1 and redis.xlen(DEFAULT.stream) == 0)
+    assert _task_lines(caplog, ok.id) == [("INFO", "RUNNING"), ("INFO", "SUCCESSFUL")]
+    assert _task_lines(caplog, bad.id) == [("INFO", "RUNNING"), ("INFO", "RUNNING"), ("ERROR", "FAILED")]
