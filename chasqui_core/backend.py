@@ -20,7 +20,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
-from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -111,6 +111,10 @@ class ChasquiTask(Task):
         if idempotency_ttl is not None:
             changes["idempotency_ttl"] = idempotency_ttl
         return replace(task, **changes) if changes else task
+
+    def get_backend(self) -> BaseTaskBackend:
+        """Django's lookup, without the import statement Django runs inside it on every enqueue."""
+        return task_backends[self.backend]
 
     def enqueue_many(self, calls: Iterable[tuple[Any, Any]]) -> list[TaskResult]:
         """Enqueue one job per ``(args, kwargs)`` pair: one round trip per chunk of jobs.
