@@ -17,7 +17,6 @@ None, a return value msgpack refuses): such a job goes to the DLQ as
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -124,8 +123,7 @@ class Outcomes:
         if decision.retry:
             record["backoff_ms"] = decision.delay_ms
         # Deliveries past the first were crashes of the worker running it: they count as deaths.
-        updated = dataclasses.replace(job, attempt=runs_made, errors=[*job.errors, record],
-                                      deaths=job.deaths + d.deliveries - 1)
+        updated = job.after_failure(runs_made, record, job.deaths + d.deliveries - 1)
         payload = updated.encode()
         text = text or type(exc).__name__
         stored = None

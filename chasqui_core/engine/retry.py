@@ -30,8 +30,10 @@ class RetryPolicy:
             raise ValueError(f"max_attempts must be a whole number of 1 or more, got {self.max_attempts!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
+    """Made once per failed run: not frozen, since a frozen dataclass's constructor costs several times more."""
+
     retry: bool
     delay_ms: int = 0
     reason: str = ""

@@ -18,6 +18,8 @@ MAX_FRAMES = 100
 
 
 def format_exception(exc: BaseException) -> str:
+    if exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__):
+        return _frames(exc) + _exception_only(exc)  # no chain to walk: most failures
     chain: list[tuple[BaseException, str]] = []
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -57,7 +59,13 @@ def _exception_only(err: BaseException) -> str:
     return text
 
 
-_FRAMES_CACHE: dict[tuple[object, ...], str] = {}
+_FRAMES_CACHE: dict[tuple[int, ...], tuple[tuple[CodeType, ...], str]] = {}
+"""Text of a path through the code, keyed by the ids of its code objects, their line numbers and
+whether the path was cut at MAX_FRAMES.
+
+Each entry also holds the code objects themselves, so none of them can be
+freed, and its id reused by other code, while the entry exists.
+"""
 _FRAMES_CACHE_SIZE = 512
 
 
@@ -66,30 +74,37 @@ def _frames(err: BaseException) -> str:
 
     A failing job fails the same way many times (the same handler, the same
     line), so the text of a path through the code is built once: walking the
-    frames for the key is cheap, reading source lines is not.
+    frames for the key is cheap, reading source lines is not. The key holds
+    ids rather than the code objects: hashing and comparing a code object
+    goes through its bytecode and constants, microseconds per frame.
     """
     tb = err.__traceback__
     if tb is None:
         return ""
-    path: list[tuple[CodeType, int]] = []
-    while tb is not None and len(path) < MAX_FRAMES:
-        path.append((tb.tb_frame.f_code, tb.tb_lineno))
+    codes: list[CodeType] = []
+    key: list[int] = []  # id of a code object, its line number, the next frame's...
+    while tb is not None and len(codes) < MAX_FRAMES:
+        code = tb.tb_frame.f_code
+        codes.append(code)
+        key += (id(code), tb.tb_lineno)
         tb = tb.tb_next
-    key = (*path, tb is not None)
-    text = _FRAMES_CACHE.get(key)
-    if text is None:
-        lines = ["Traceback (most recent call last):\n"]
-        for code, lineno in path:
-            lines.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
-            source = linecache.getline(code.co_filename, lineno).strip()
-            if source:
-                lines.append(f"    {source}\n")
-        if tb is not None:
-            lines.append("  ...\n")
-        text = "".join(lines)
-        if len(_FRAMES_CACHE) >= _FRAMES_CACHE_SIZE:
-            _FRAMES_CACHE.clear()
-        _FRAMES_CACHE[key] = text
+    key.append(tb is not None)
+    cache_key = tuple(key)
+    cached = _FRAMES_CACHE.get(cache_key)
+    if cached is not None:
+        return cached[1]
+    lines = ["Traceback (most recent call last):\n"]
+    for code, lineno in zip(codes, key[1::2], strict=False):
+        lines.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
+        source = linecache.getline(code.co_filename, lineno).strip()
+        if source:
+            lines.append(f"    {source}\n")
+    if tb is not None:
+        lines.append("  ...\n")
+    text = "".join(lines)
+    if len(_FRAMES_CACHE) >= _FRAMES_CACHE_SIZE:
+        _FRAMES_CACHE.clear()
+    _FRAMES_CACHE[cache_key] = (tuple(codes), text)
     return text
 
 

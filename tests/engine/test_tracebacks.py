@@ -40,3 +40,20 @@ def test_context_chain_and_exceptions_without_traceback():
     assert "During handling of the above exception" in text
     assert text.index("ValueError: first") < text.index("TypeError: second")
     assert format_exception(OSError("bare")) == "OSError: bare\n"
+
+
+def test_remembered_paths_tell_code_objects_and_lines_apart():
+    def made(name):
+        namespace = {}
+        exec(f"def {name}(x):\n    if x:\n        raise ValueError(x)\n    raise KeyError(x)\n", namespace)
+        return namespace[name]
+
+    texts = []
+    for fn, arg in ((made("first"), 1), (made("second"), 1), (made("second"), 0), (made("first"), 1)):
+        try:
+            fn(arg)
+        except (ValueError, KeyError) as exc:
+            texts.append(format_exception(exc))
+    assert "in first\n" in texts[0] and "in second\n" in texts[1]
+    assert "line 3," in texts[1] and "line 4," in texts[2]
+    assert texts[3] == texts[0]  # the same path again: the same text, from the cache
