@@ -60,8 +60,8 @@ def _exception_only(err: BaseException) -> str:
 
 
 _FRAMES_CACHE: dict[tuple[int, ...], tuple[tuple[CodeType, ...], str]] = {}
-"""Text of a path through the code, keyed by the ids of its code objects, their line numbers and
-whether the path was cut at MAX_FRAMES.
+"""Text of a path through the code, keyed by the ids of its code objects, the offset of the
+instruction each frame was at, and whether the path was cut at MAX_FRAMES.
 
 Each entry also holds the code objects themselves, so none of them can be
 freed, and its id reused by other code, while the entry exists.
@@ -73,32 +73,38 @@ def _frames(err: BaseException) -> str:
     """The frames of a traceback, remembered by their code locations.
 
     A failing job fails the same way many times (the same handler, the same
-    line), so the text of a path through the code is built once: walking the
-    frames for the key is cheap, reading source lines is not. The key holds
-    ids rather than the code objects: hashing and comparing a code object
-    goes through its bytecode and constants, microseconds per frame.
+    line), so the text of a path through the code is built once, and the key
+    that finds it again is made of what is cheap to read: the id of each
+    frame's code object, rather than the object (hashing and comparing one
+    goes through its bytecode and constants), and the offset of its
+    instruction, rather than ``tb_lineno`` (worked out from the code's line
+    table on every read, microseconds in a long function).
     """
     tb = err.__traceback__
     if tb is None:
         return ""
-    codes: list[CodeType] = []
-    key: list[int] = []  # id of a code object, its line number, the next frame's...
-    while tb is not None and len(codes) < MAX_FRAMES:
-        code = tb.tb_frame.f_code
-        codes.append(code)
-        key += (id(code), tb.tb_lineno)
+    key: list[int] = []
+    depth = 0
+    while tb is not None and depth < MAX_FRAMES:
+        key += (id(tb.tb_frame.f_code), tb.tb_lasti)
         tb = tb.tb_next
+        depth += 1
     key.append(tb is not None)
     cache_key = tuple(key)
     cached = _FRAMES_CACHE.get(cache_key)
     if cached is not None:
         return cached[1]
+    codes: list[CodeType] = []
     lines = ["Traceback (most recent call last):\n"]
-    for code, lineno in zip(codes, key[1::2], strict=False):
+    tb = err.__traceback__
+    while tb is not None and len(codes) < MAX_FRAMES:
+        code, lineno = tb.tb_frame.f_code, tb.tb_lineno
+        codes.append(code)
         lines.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
         source = linecache.getline(code.co_filename, lineno).strip()
         if source:
             lines.append(f"    {source}\n")
+        tb = tb.tb_next
     if tb is not None:
         lines.append("  ...\n")
     text = "".join(lines)
