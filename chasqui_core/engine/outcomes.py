@@ -31,7 +31,7 @@ from .registry import Handler, JobContext
 from .results import encode_result
 from .retry import RetryPolicy, decide
 from .settler import Settler
-from .tracebacks import class_path, format_exception, message, printable
+from .tracebacks import class_path, describe, message
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -113,11 +113,10 @@ class Outcomes:
         job = d.job
         finished = now_ms()
         runs_made = job.attempt + d.deliveries
-        text = message(exc)
+        error_class, text, traceback = describe(exc)
         record = error_record(
-            attempt=runs_made, exc_class=class_path(exc), message=text,
-            traceback=printable(format_exception(exc)), worker=self.worker_id, started_at=started,
-            finished_at=finished,
+            attempt=runs_made, exc_class=error_class, message=text, traceback=traceback, worker=self.worker_id,
+            started_at=started, finished_at=finished,
         )
         decision = decide(job, exc, runs_made, d.handler, self.policy)
         if decision.retry:

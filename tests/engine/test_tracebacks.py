@@ -57,3 +57,29 @@ def test_remembered_paths_tell_code_objects_and_lines_apart():
     assert "in first\n" in texts[0] and "in second\n" in texts[1]
     assert "line 3," in texts[1] and "line 4," in texts[2]
     assert texts[3] == texts[0]  # the same path again: the same text, from the cache
+
+
+def test_describe_gives_what_the_long_way_gives_for_every_kind_of_failure():
+    from chasqui_core.engine.tracebacks import class_path, describe, message, printable
+
+    def fail(text, note=None):
+        err = ValueError(text)
+        if note:
+            err.add_note(note)
+        raise err
+
+    made = []
+    for text, note in (("a", None), ("a", None), ("b", None), ("a", "first note"), ("a", "second note"),
+                       ("bad \udcff byte", None)):
+        try:
+            fail(text, note)
+        except ValueError as exc:
+            made.append(exc)
+    try:
+        _outer()
+    except RuntimeError as exc:
+        made.append(exc)
+    for exc in made:
+        assert describe(exc) == (class_path(exc), message(exc), printable(format_exception(exc)))
+    assert describe(made[0]) == describe(made[1]) and describe(made[0]) != describe(made[2])
+    assert "second note" in describe(made[4]).traceback and "first note" not in describe(made[4]).traceback
