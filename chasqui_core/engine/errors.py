@@ -73,6 +73,18 @@ class EnqueueUnavailable(ChasquiError):
         self.added = added if added is not None else []
 
 
+_UNRECOVERABLE_BY_CLASS: dict[type[BaseException], bool] = {}
+"""The answer per exception class: asked on every failed run, and a job fails the same way many times."""
+_UNRECOVERABLE_BY_CLASS_SIZE = 1024
+
+
 def is_unrecoverable(exc: BaseException) -> bool:
     """True when the exception's class or any base class is named UnrecoverableError."""
-    return any(cls.__name__ == "UnrecoverableError" for cls in type(exc).__mro__)
+    cls = type(exc)
+    known = _UNRECOVERABLE_BY_CLASS.get(cls)
+    if known is None:
+        known = any(base.__name__ == "UnrecoverableError" for base in cls.__mro__)
+        if len(_UNRECOVERABLE_BY_CLASS) >= _UNRECOVERABLE_BY_CLASS_SIZE:  # classes made on the fly: stay bounded
+            _UNRECOVERABLE_BY_CLASS.clear()
+        _UNRECOVERABLE_BY_CLASS[cls] = known
+    return known

@@ -17,7 +17,6 @@ None, a return value msgpack refuses): such a job goes to the DLQ as
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,7 @@ from .registry import Handler, JobContext
 from .results import encode_result
 from .retry import RetryPolicy, decide
 from .settler import Settler
-from .tracebacks import class_path, format_exception, message, printable
+from .tracebacks import class_path, describe, message
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -114,18 +113,16 @@ class Outcomes:
         job = d.job
         finished = now_ms()
         runs_made = job.attempt + d.deliveries
-        text = message(exc)
+        error_class, text, traceback = describe(exc)
         record = error_record(
-            attempt=runs_made, exc_class=class_path(exc), message=text,
-            traceback=printable(format_exception(exc)), worker=self.worker_id, started_at=started,
-            finished_at=finished,
+            attempt=runs_made, exc_class=error_class, message=text, traceback=traceback, worker=self.worker_id,
+            started_at=started, finished_at=finished,
         )
         decision = decide(job, exc, runs_made, d.handler, self.policy)
         if decision.retry:
             record["backoff_ms"] = decision.delay_ms
         # Deliveries past the first were crashes of the worker running it: they count as deaths.
-        updated = dataclasses.replace(job, attempt=runs_made, errors=[*job.errors, record],
-                                      deaths=job.deaths + d.deliveries - 1)
+        updated = job.after_failure(runs_made, record, job.deaths + d.deliveries - 1)
         payload = updated.encode()
         text = text or type(exc).__name__
         stored = None

@@ -30,8 +30,10 @@ class RetryPolicy:
             raise ValueError(f"max_attempts must be a whole number of 1 or more, got {self.max_attempts!r}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Decision:
+    """Made once per failed run: not frozen, since a frozen dataclass's constructor costs twice as much."""
+
     retry: bool
     delay_ms: int = 0
     reason: str = ""
@@ -67,4 +69,4 @@ def decide(job: Job, exc: BaseException, runs_made: int, handler: Handler | None
         return Decision(False, reason="retries_exhausted")
     previous = job.errors[-1].get("backoff_ms") if job.errors else None
     spec = backoff_for(job, handler, policy)
-    return Decision(True, delay_ms=spec.delay_ms(runs_made, error=exc, previous_ms=previous))
+    return Decision(True, spec.delay_ms(runs_made, error=exc, previous_ms=previous))

@@ -42,6 +42,9 @@ class _Batch:
     completed: list[list[Any]] = field(default_factory=list)
     results: list[Any] = field(default_factory=list)
     retries: list[Any] = field(default_factory=list)
+    """Retries laid flat: entry id, delay ms, envelope."""
+    retry_events: list[list[Any]] = field(default_factory=list)
+    """The retries' entries of the events stream, in the same order: settle.lua writes them as packed here."""
     dead: list[Any] = field(default_factory=list)
     requeues: list[Any] = field(default_factory=list)
     markers: list[Any] = field(default_factory=list)
@@ -127,7 +130,8 @@ class Settler:
               task: str, attempt: int, error_class: str, error: str, duration_ms: int,
               result: tuple[str, int, bytes] | None = None) -> None:
         batch = self._batch(keys)
-        batch.retries += (entry_id, delay_ms, payload, job_id, task, attempt, duration_ms, error_class, error[:500])
+        batch.retries += (entry_id, delay_ms, payload)
+        batch.retry_events.append([job_id, task, attempt, delay_ms, duration_ms, error_class, error[:500]])
         batch.n_retries += 1
         batch.failed_tasks.append(task)
         batch.failed_ms.append(duration_ms)
@@ -214,7 +218,7 @@ class Settler:
         argv += b.results
         argv.append(b.n_retries)
         if b.n_retries:
-            argv.append(_pack_items(b.retries))
+            argv += (_pack_items(b.retries), _pack_items(b.retry_events))
         argv.append(b.n_dead)
         if b.n_dead:
             argv.append(_pack_items(b.dead))

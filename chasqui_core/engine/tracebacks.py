@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import linecache
 import traceback
-from types import CodeType
+from types import CodeType, TracebackType
+from typing import NamedTuple
 
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
@@ -18,6 +19,8 @@ MAX_FRAMES = 100
 
 
 def format_exception(exc: BaseException) -> str:
+    if exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__):
+        return _frames(exc) + _exception_only(exc)  # no chain to walk: most failures
     chain: list[tuple[BaseException, str]] = []
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -57,7 +60,12 @@ def _exception_only(err: BaseException) -> str:
     return text
 
 
-_FRAMES_CACHE: dict[tuple[object, ...], str] = {}
+_FRAMES_CACHE: dict[tuple[int, ...], tuple[tuple[CodeType, ...], str]] = {}
+"""Text of a path through the code, by the path's key (see ``_path``).
+
+Each entry also holds the path's code objects, so none of them can be
+freed, and its id reused by other code, while the entry exists.
+"""
 _FRAMES_CACHE_SIZE = 512
 
 
@@ -65,32 +73,103 @@ def _frames(err: BaseException) -> str:
     """The frames of a traceback, remembered by their code locations.
 
     A failing job fails the same way many times (the same handler, the same
-    line), so the text of a path through the code is built once: walking the
-    frames for the key is cheap, reading source lines is not.
+    line), so the text of a path through the code is built once.
     """
     tb = err.__traceback__
     if tb is None:
         return ""
-    path: list[tuple[CodeType, int]] = []
-    while tb is not None and len(path) < MAX_FRAMES:
-        path.append((tb.tb_frame.f_code, tb.tb_lineno))
-        tb = tb.tb_next
-    key = (*path, tb is not None)
-    text = _FRAMES_CACHE.get(key)
-    if text is None:
-        lines = ["Traceback (most recent call last):\n"]
-        for code, lineno in path:
-            lines.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
-            source = linecache.getline(code.co_filename, lineno).strip()
-            if source:
-                lines.append(f"    {source}\n")
-        if tb is not None:
-            lines.append("  ...\n")
-        text = "".join(lines)
-        if len(_FRAMES_CACHE) >= _FRAMES_CACHE_SIZE:
-            _FRAMES_CACHE.clear()
-        _FRAMES_CACHE[key] = text
+    key = _path(tb)
+    cached = _FRAMES_CACHE.get(key)
+    if cached is not None:
+        return cached[1]
+    lines = ["Traceback (most recent call last):\n"]
+    for code, lineno in _code_lines(tb):
+        lines.append(f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
+        source = linecache.getline(code.co_filename, lineno).strip()
+        if source:
+            lines.append(f"    {source}\n")
+    if key[-1]:
+        lines.append("  ...\n")
+    text = "".join(lines)
+    if len(_FRAMES_CACHE) >= _FRAMES_CACHE_SIZE:
+        _FRAMES_CACHE.clear()
+    _FRAMES_CACHE[key] = (_codes(tb), text)
     return text
+
+
+def _path(tb: TracebackType | None) -> tuple[int, ...]:
+    """The key of a traceback's path through the code: each frame's code and instruction, then whether it was cut.
+
+    Made of what is cheap to read: the id of each frame's code object, rather
+    than the object (hashing and comparing one goes through its bytecode and
+    constants), and the offset of its instruction, rather than ``tb_lineno``
+    (worked out from the code's line table on every read, microseconds in a
+    long function). A cache keyed by it holds the code objects too (``_codes``).
+    """
+    key: list[int] = []
+    depth = 0
+    while tb is not None and depth < MAX_FRAMES:
+        key += (id(tb.tb_frame.f_code), tb.tb_lasti)
+        tb = tb.tb_next
+        depth += 1
+    key.append(tb is not None)
+    return tuple(key)
+
+
+def _code_lines(tb: TracebackType | None) -> list[tuple[CodeType, int]]:
+    """(code object, line number) of each frame, up to MAX_FRAMES."""
+    found: list[tuple[CodeType, int]] = []
+    while tb is not None and len(found) < MAX_FRAMES:
+        found.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    return found
+
+
+def _codes(tb: TracebackType | None) -> tuple[CodeType, ...]:
+    return tuple(code for code, _ in _code_lines(tb))
+
+
+class Failure(NamedTuple):
+    """An exception as the error history keeps it."""
+
+    error_class: str
+    """See ``class_path``."""
+    message: str
+    """See ``message``."""
+    traceback: str
+    """``format_exception``, made printable."""
+
+
+_DESCRIBED: dict[tuple[object, ...], tuple[tuple[CodeType, ...], Failure]] = {}
+"""Failures by their path through the code (see ``_path``), class and message, with the path's code objects."""
+_DESCRIBED_SIZE = 512
+
+
+def describe(exc: BaseException) -> Failure:
+    """The class, message and traceback of ``exc`` for its job's error history.
+
+    A job that fails usually fails as it did before: the same path through
+    the code, the same class, often the same message. A lone exception (no
+    cause or context to print, no notes) is remembered by those, so the next
+    one costs a walk over its frames and a lookup.
+    """
+    lone = (exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
+            and not getattr(exc, "__notes__", None) and not isinstance(exc, SyntaxError))
+    try:
+        text = str(exc) if lone else None
+    except Exception:  # described the long way, which copes with it
+        text = None
+    if text is None:
+        return Failure(class_path(exc), message(exc), printable(format_exception(exc)))
+    key = (_path(exc.__traceback__), type(exc), text)
+    found = _DESCRIBED.get(key)
+    if found is not None:
+        return found[1]
+    failure = Failure(class_path(exc), message(exc), printable(format_exception(exc)))
+    if len(_DESCRIBED) >= _DESCRIBED_SIZE:
+        _DESCRIBED.clear()
+    _DESCRIBED[key] = (_codes(exc.__traceback__), failure)
+    return failure
 
 
 def class_path(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ import time
 import msgpack
 import pytest
 
+from chasqui_core.engine import events
 from chasqui_core.engine.backoff import BackoffSpec, register_strategy
 from chasqui_core.engine.envelope import Job, decode, new_job_id, now_ms
 from chasqui_core.engine.keys import GROUP, QueueKeys
@@ -212,6 +213,40 @@ def test_a_settle_batch_with_a_bad_retry_settles_every_other_item_once(redis):
     assert set(dead) == {b"c", b"e"}
     assert dead[b"c"][b"reason"] == b"internal" and b"retry delay" in dead[b"c"][b"error"]
     assert dead[b"c"][b"j"] == b"payload-c"
+    _, seen = events.read_events(redis, Q)
+    [scheduled] = [e for e in seen if e.type == events.RETRY_SCHEDULED]  # only d's retry was scheduled
+    assert (scheduled.job_id, scheduled.task, scheduled.backoff_ms, scheduled.error_class) == ("d", "t", 10, "E")
+    [internal] = [e for e in seen if e.type == events.DLQ and e.reason == "internal"]
+    assert (internal.job_id, internal.task, internal.duration_ms) == ("c", "t", 1)
+
+
+def test_a_repeated_settle_call_schedules_each_retry_once(redis):
+    """A retry whose entry another call settled already is left alone, and left out of the events."""
+    redis.xgroup_create(KEYS.stream, GROUP, id="0", mkstream=True)
+    ids = [redis.xadd(KEYS.stream, {"j": _raw_envelope("t", [i])}) for i in range(3)]
+    redis.xreadgroup(GROUP, "me", {KEYS.stream: ">"}, count=10)
+
+    async def settle(retries):
+        from chasqui_core.engine.connection import aconnect, url_of
+
+        client = aconnect(url_of(redis))
+        settler = Settler(client, Scripts(client))
+        for n in retries:
+            settler.retry(KEYS, ids[n], 60_000, f"payload-{n}".encode(), job_id=f"job-{n}", task="t", attempt=1,
+                          error_class="E", error=f"error {n}", duration_ms=n)
+        await settler.flush()
+        await client.aclose()
+
+    asyncio.run(settle([1]))
+    asyncio.run(settle([0, 1, 2]))  # 1 again, as a call repeated after a lost reply would
+    assert redis.xpending(KEYS.stream, GROUP)["pending"] == 0 and redis.xlen(KEYS.stream) == 0
+    assert sorted(redis.zrange(KEYS.delayed, 0, -1)) == [b"payload-0", b"payload-1", b"payload-2"]
+    _, seen = events.read_events(redis, Q)
+    scheduled = [(e.job_id, e.error_message, e.duration_ms) for e in seen if e.type == events.RETRY_SCHEDULED]
+    assert scheduled == [("job-1", "error 1", 1), ("job-0", "error 0", 0), ("job-2", "error 2", 2)]
+    entries = [fields for _, fields in redis.xrange(KEYS.events) if fields[b"type"] == b"retry_scheduled"]
+    assert [e[b"count"] for e in entries] == [b"1", b"2"]
+    assert redis.hget(KEYS.totals, "retried") == b"3"
 
 
 def test_dead_workers_leave_the_group_and_the_list_once_their_jobs_are_reclaimed(redis, redis_url):

@@ -40,3 +40,46 @@ def test_context_chain_and_exceptions_without_traceback():
     assert "During handling of the above exception" in text
     assert text.index("ValueError: first") < text.index("TypeError: second")
     assert format_exception(OSError("bare")) == "OSError: bare\n"
+
+
+def test_remembered_paths_tell_code_objects_and_lines_apart():
+    def made(name):
+        namespace = {}
+        exec(f"def {name}(x):\n    if x:\n        raise ValueError(x)\n    raise KeyError(x)\n", namespace)
+        return namespace[name]
+
+    texts = []
+    for fn, arg in ((made("first"), 1), (made("second"), 1), (made("second"), 0), (made("first"), 1)):
+        try:
+            fn(arg)
+        except (ValueError, KeyError) as exc:
+            texts.append(format_exception(exc))
+    assert "in first\n" in texts[0] and "in second\n" in texts[1]
+    assert "line 3," in texts[1] and "line 4," in texts[2]
+    assert texts[3] == texts[0]  # the same path again: the same text, from the cache
+
+
+def test_describe_gives_what_the_long_way_gives_for_every_kind_of_failure():
+    from chasqui_core.engine.tracebacks import class_path, describe, message, printable
+
+    def fail(text, note=None):
+        err = ValueError(text)
+        if note:
+            err.add_note(note)
+        raise err
+
+    made = []
+    for text, note in (("a", None), ("a", None), ("b", None), ("a", "first note"), ("a", "second note"),
+                       ("bad \udcff byte", None)):
+        try:
+            fail(text, note)
+        except ValueError as exc:
+            made.append(exc)
+    try:
+        _outer()
+    except RuntimeError as exc:
+        made.append(exc)
+    for exc in made:
+        assert describe(exc) == (class_path(exc), message(exc), printable(format_exception(exc)))
+    assert describe(made[0]) == describe(made[1]) and describe(made[0]) != describe(made[2])
+    assert "second note" in describe(made[4]).traceback and "first note" not in describe(made[4]).traceback

@@ -6,7 +6,9 @@
 --
 -- Every item is gated on its XACK: an entry that is no longer pending (the
 -- call was repeated, or it was settled already) is left alone, so a retried
--- call is harmless and no job is ever both re-published and dead.
+-- call is harmless and no job is ever both re-published and dead. The
+-- entries acknowledged one by one are deleted from the stream together, with
+-- one XDEL at the end: a command per entry costs more than the deletion.
 --
 -- KEYS[1] stream   KEYS[2] delayed   KEYS[3] dlq   KEYS[4] events
 -- ARGV[1] consumer group
@@ -17,9 +19,13 @@
 -- ARGV[5] number of completed entries C, then their stream ids joined by spaces
 --         in one argument (one argument instead of C keeps the call cheap to send)
 -- then    number of stored results R, then R triples: key, ttl ms, value
--- then    number of retries N and, when N > 0, one msgpack array of 9 items per
---         retry laid flat: stream id, delay ms, payload, job id, task, attempt,
---         duration ms, error class, error message
+-- then    number of retries N and, when N > 0, two arguments: one msgpack array
+--         of 3 items per retry laid flat: stream id, delay ms, payload; then the
+--         retries' events record, a msgpack array of N entries in the same
+--         order: [job id, task, attempt, delay ms, duration ms, error class,
+--         error message]. It goes to the events stream as it is when every
+--         retry was scheduled (the usual case), so the script only unpacks it
+--         when some were not
 -- then    number of dead jobs D and, when D > 0, one msgpack array of 9 items per
 --         job laid flat: stream id, payload, reason, task, job id, error class,
 --         error message, counts-as-failure (0/1), duration ms
@@ -55,12 +61,22 @@ local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
 local now = server_ms()
 local i = 5
 
+local acked = {}
+
+-- acknowledge one entry; true when it was pending. It is deleted with the others at the end.
 local function settle(id)
   if redis.call('XACK', stream, group, id) == 1 then
-    redis.call('XDEL', stream, id)
+    acked[#acked + 1] = id
     return true
   end
   return false
+end
+
+-- XDEL the ids, in chunks to stay clear of Lua's unpack limit
+local function delete(ids)
+  for s = 1, #ids, 4000 do
+    redis.call('XDEL', stream, unpack(ids, s, math.min(s + 3999, #ids)))
+  end
 end
 
 
@@ -100,35 +116,47 @@ for k = 1, r do
 end
 
 -- retries
-local retried, earliest, internal, scheduled = 0, -1, 0, {}
+local retried, earliest, internal = 0, -1, 0
 local n = tonumber(ARGV[i]); i = i + 1
 if n > 0 then
-  local r = cmsgpack.unpack(ARGV[i]); i = i + 1
-  for j = 1, #r, 9 do
+  local r, record = cmsgpack.unpack(ARGV[i]), ARGV[i + 1]; i = i + 2
+  local jobs, scheduled, due = nil, {}, {}
+  for j = 1, #r, 3 do
+    local k = (j + 2) / 3  -- this retry's entry in the events record
     local id, delay, payload = r[j], tonumber(r[j + 1]), r[j + 2]
     if not delay or delay ~= delay or delay < 0 or delay > 3153600000000 then
       -- not a wait anyone meant: keep the job, in the dead-letter queue, with what went wrong
       local why = 'the retry delay is not a usable number of milliseconds (' .. tostring(r[j + 1]) .. ')'
       problems[#problems + 1] = tostring(id) .. ': ' .. why
       if settle(id) then
-        redis.call('XADD', dlq, '*', 'j', payload, 'reason', 'internal', 'task', r[j + 4], 'job_id', r[j + 3],
+        jobs = jobs or cmsgpack.unpack(record)
+        local job_id, task, duration = jobs[k][1], jobs[k][2], jobs[k][5]
+        redis.call('XADD', dlq, '*', 'j', payload, 'reason', 'internal', 'task', task, 'job_id', job_id,
           'source_id', id, 'error_class', 'InvalidRetry', 'error', why)
-        redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', r[j + 3], 'task', r[j + 4],
-          'reason', 'internal', 'error_class', 'InvalidRetry', 'error', why, 'duration_ms', r[j + 6])
+        redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', job_id, 'task', task,
+          'reason', 'internal', 'error_class', 'InvalidRetry', 'error', why, 'duration_ms', duration)
         internal = internal + 1
       end
     elseif settle(id) then
       local at = now + delay
-      redis.call('ZADD', delayed, at, payload)
+      due[#due + 1] = at
+      due[#due + 1] = payload
       retried = retried + 1
       if earliest < 0 or at < earliest then earliest = at end
-      scheduled[#scheduled + 1] = {r[j + 3], r[j + 4], tonumber(r[j + 5]) or 0, delay, tonumber(r[j + 6]) or 0,
-        r[j + 7], r[j + 8]}
+      scheduled[#scheduled + 1] = k
     end
   end
-  if #scheduled > 0 then  -- one events entry for the batch, as for completions
-    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'retry_scheduled', 'count', #scheduled,
-      'jobs', cmsgpack.pack(scheduled))
+  for s = 1, #due, 4000 do  -- one ZADD for the batch (in chunks, for Lua's unpack limit)
+    redis.call('ZADD', delayed, unpack(due, s, math.min(s + 3999, #due)))
+  end
+  if retried > 0 then  -- one events entry for the batch, as for completions
+    if retried < n then  -- keep the entries of the retries scheduled
+      jobs = jobs or cmsgpack.unpack(record)
+      for s = 1, retried do scheduled[s] = jobs[scheduled[s]] end
+      record = cmsgpack.pack(scheduled)
+    end
+    redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'retry_scheduled', 'count', retried,
+      'jobs', record)
   end
 end
 
@@ -205,6 +233,8 @@ if s > 0 then
       'jobs', cmsgpack.pack(jobs))
   end
 end
+
+delete(acked)
 
 local failed = retried + failed_dead
 bump_counters(mprefix, now, {'completed', completed, 'failed', failed, 'retried', retried, 'dlq', dead,
