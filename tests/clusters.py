@@ -20,6 +20,7 @@ from pathlib import Path
 import redis
 
 from chasqui_core.engine.embedded import EmbeddedCluster, free_port, valkey_binary
+from chasqui_core.engine.keys import QueueKeys
 
 
 def server_binary() -> str:
@@ -212,3 +213,16 @@ class SentinelGroup:
         for process in self.processes:
             process.wait(10)
         self.processes = []
+
+
+def queues_on_each_master(client, count: int = 1) -> list[str]:
+    """Queue names whose keys fall on different masters, ``count`` per master, sorted (as the registry lists them)."""
+    by_node: dict[str, list[str]] = {node.name: [] for node in client.get_primaries()}
+    i = 0
+    while any(len(names) < count for names in by_node.values()):
+        name = f"spread-{i}"
+        names = by_node[client.get_node_from_key(QueueKeys.for_queue(name).stream).name]
+        if len(names) < count:
+            names.append(name)
+        i += 1
+    return sorted(name for names in by_node.values() for name in names)

@@ -235,18 +235,26 @@ def _plain_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in ("retry", "health_check_interval", "single_connection_client")}
 
 
-def is_cluster(url: str, **kwargs: Any) -> bool:
-    """Whether ``url`` names a node of a Redis Cluster; asked once per process and URL.
-
-    An unreachable server is not remembered: redis-py's connection error is
-    raised, and the next call asks again.
-    """
+def _known_kind(url: str, kwargs: dict[str, Any]) -> bool | None:
+    """Whether ``url`` is a cluster's when that is known without asking the server; else None (settings checked)."""
     known = _kinds.get(url)
     if known is not None:
         return known
     if is_sentinel_url(url) or urlsplit(url).scheme == "unix":  # no cluster behind a Unix socket
         return False
     _check(url, kwargs)
+    return None
+
+
+def is_cluster(url: str, **kwargs: Any) -> bool:
+    """Whether ``url`` names a node of a Redis Cluster; asked once per process and URL.
+
+    An unreachable server is not remembered: redis-py's connection error is
+    raised, and the next call asks again.
+    """
+    known = _known_kind(url, kwargs)
+    if known is not None:
+        return known
     try:
         answer = _ask_cluster_sync(url, _plain_kwargs(kwargs))
     except redis.RedisError as exc:
@@ -259,12 +267,9 @@ def is_cluster(url: str, **kwargs: Any) -> bool:
 
 async def ais_cluster(url: str, **kwargs: Any) -> bool:
     """``is_cluster`` without blocking the event loop."""
-    known = _kinds.get(url)
+    known = _known_kind(url, kwargs)
     if known is not None:
         return known
-    if is_sentinel_url(url) or urlsplit(url).scheme == "unix":  # no cluster behind a Unix socket
-        return False
-    _check(url, kwargs)
     try:
         answer = await _ask_cluster_async(url, _plain_kwargs(kwargs))
     except redis.RedisError as exc:

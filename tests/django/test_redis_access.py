@@ -32,7 +32,7 @@ from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.schedules import Schedule
 from chasqui_core.engine.scripts import Scripts
-from tests.clusters import TLSServer, make_certificates, server_binary, tls_support
+from tests.clusters import TLSServer, make_certificates, queues_on_each_master, server_binary, tls_support
 from tests.engine.worker_app import wait_for
 from tests.helpers import ROOT, WorkerThread
 
@@ -47,16 +47,6 @@ def documented_acl_rules() -> dict[str, str]:
     rules = dict(re.findall(r"^ACL SETUSER chasqui-(\w+) (.+)$", text, flags=re.MULTILINE))
     assert set(rules) == set(ROLES), f"docs/cluster.md should give one ACL SETUSER line per role, found {set(rules)}"
     return rules
-
-
-def queues_on_each_master(client) -> list[str]:
-    seen: dict[str, str] = {}
-    i = 0
-    while len(seen) < len(client.get_primaries()):
-        name = f"acl-{i}"
-        seen.setdefault(client.get_node_from_key(QueueKeys.for_queue(name).stream).name, name)
-        i += 1
-    return sorted(seen.values())
 
 
 async def _add_async(queue: Queue, task: str, args: list) -> None:

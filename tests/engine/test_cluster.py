@@ -26,7 +26,7 @@ from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy
-from tests.clusters import server_binary
+from tests.clusters import queues_on_each_master, server_binary
 from tests.engine.worker_app import wait_for
 from tests.helpers import WorkerThread
 
@@ -45,19 +45,6 @@ def client(cluster):
     client.flushdb(target_nodes=client.PRIMARIES)
     yield client
     client.close()
-
-
-def queues_on_each_master(client, count: int = 1) -> list[str]:
-    """Queue names whose keys fall on different masters: ``count`` per master."""
-    by_node: dict[str, list[str]] = {node.name: [] for node in client.get_primaries()}
-    i = 0
-    while any(len(names) < count for names in by_node.values()):
-        name = f"spread-{i}"
-        names = by_node[client.get_node_from_key(QueueKeys.for_queue(name).stream).name]
-        if len(names) < count:
-            names.append(name)
-        i += 1
-    return [name for names in by_node.values() for name in names]
 
 
 def test_a_cluster_node_url_gets_the_cluster_client_and_queues_spread_over_the_masters(cluster, client):
