@@ -1,9 +1,9 @@
 """The worker: reads jobs from queues and runs their handlers.
 
 One asyncio loop per process. Per queue, a reader pulls batches with
-XREADGROUP (COUNT, BLOCK) into an in-memory inbox; ``concurrency`` slots take
-jobs from the inbox and run them (async handlers on the loop, sync handlers in
-a thread pool); outcomes go to the settler, which tells Redis in batches.
+XREADGROUP (COUNT, BLOCK) into an in-memory inbox; up to ``concurrency``
+runners take jobs from the inbox and run them (async handlers on the loop,
+sync handlers in a thread pool); outcomes go to the settler, which tells Redis in batches.
 Beside them run the promoter of each queue and a housekeeping loop
 (heartbeat, pause flag, lease renewal, crash recovery).
 
@@ -203,7 +203,8 @@ class Worker:
             for k in self.keys
         }
         self._inbox: deque[Delivery] = deque()
-        self._inbox_ready = asyncio.Event()
+        self._runners: set[asyncio.Task[None]] = set()
+        """Runners waiting inside a job (see ``_dispatch``); the ones that never wait are never kept."""
         self._room = asyncio.Event()
         self._room.set()
         self._leases = Leases(self.scripts, self.id, self.visibility_timeout_ms)
@@ -224,8 +225,6 @@ class Worker:
                     ", ".join(k.queue for k in self.keys), self.concurrency)
         settler_task = asyncio.create_task(self.settler.run(self._stop), name="settler")
         readers = [asyncio.create_task(self._read_loop(k), name=f"reader:{k.queue}") for k in self.keys]
-        slots = [self._start_slot(i) for i in range(self.concurrency)]
-        self._slots = slots
         promoters = [asyncio.create_task(p.run(self._stop), name=f"promoter:{q}") for q, p in self.promoters.items()]
         self.scheduler = None
         if self.schedules:
@@ -248,18 +247,16 @@ class Worker:
                 unstarted += self._lane.take_unstarted()
             for d in unstarted:
                 self._requeue(d)
-            for _ in self._slots:
-                self._inbox.append(None)  # type: ignore[arg-type]
-            self._inbox_ready.set()
             deadline = time.monotonic() + self.shutdown_timeout
             while self.in_flight and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             if self.in_flight:
                 logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
                                "reclaimed by another worker", self.id, self.in_flight, self.shutdown_timeout)
-            for task in self._slots:
+            runners = list(self._runners)
+            for task in runners:
                 task.cancel()
-            await asyncio.gather(*self._slots, return_exceptions=True)
+            await asyncio.gather(*runners, return_exceptions=True)
             if self._lane is not None:
                 self.unfinished_sync_jobs = self._lane.outstanding
                 self._lane.close()
@@ -476,7 +473,7 @@ class Worker:
                     self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self._running_jobs)
                 self._lane.submit(delivery)
         if accepted:
-            self._inbox_ready.set()
+            self._dispatch()
         return keyed
 
     async def _accept_screened(self, keys: QueueKeys, entries: list[Any], deliveries: int) -> None:
@@ -503,7 +500,7 @@ class Worker:
             for d in keyed:
                 self._requeue(d)
             return
-        accepted = False
+        accepted = 0
         for d, by in zip(keyed, done, strict=True):
             if by is not None:
                 self._held.pop(d.entry_id, None)
@@ -515,58 +512,66 @@ class Worker:
                 self._requeue(d)
             elif d.handler.is_async:
                 self._inbox.append(d)
-                accepted = True
+                accepted += 1
             else:
                 if self._lane is None:
                     self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self._running_jobs)
                 self._lane.submit(d)
         if accepted:
-            self._inbox_ready.set()
+            self._dispatch()
 
     # --- running ------------------------------------------------------------------
 
-    def _start_slot(self, number: int) -> asyncio.Task[None]:
-        task = asyncio.create_task(self._slot(), name=f"slot:{number}")
-        task.add_done_callback(lambda t: self._slot_ended(t, number))
-        return task
+    def _dispatch(self) -> None:
+        """Start a runner for each waiting job, up to ``concurrency`` running at once.
 
-    def _slot_ended(self, task: asyncio.Task[None], number: int) -> None:
-        """A slot that died is logged, reported in the heartbeat, and started again."""
-        if task.cancelled() or self._stop.is_set():
-            return
-        exc = task.exception()
-        if exc is None:
-            return
-        self.problem = f"slot {number} died ({class_path(exc)}: {message(exc)}) and was restarted"
-        logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
-        self._slots[number] = self._start_slot(number)
-
-    async def _slot(self) -> None:
+        A runner starts eagerly: it runs in this call until its job first
+        waits on something, so a handler that never waits (or a run of them)
+        finishes here, without a trip through the event loop. A runner that
+        does wait becomes an ordinary task; when its job ends it takes the
+        next one from the inbox, and it ends when the inbox is empty. Parked
+        slot coroutines woken per batch cost far more per job when batches
+        are small (retries trickling back, a quiet queue).
+        """
         inbox = self._inbox
-        while True:
-            if not inbox:
-                self._inbox_ready.clear()
-                await self._inbox_ready.wait()
-                continue
-            delivery = inbox.popleft()
-            if delivery is None:
-                return
-            if self._stop.is_set():
-                # Stopping: the reader may still be blocked in XREADGROUP, and
-                # a job not started by now must not start; it goes back as it was.
-                self._requeue(delivery)
-                continue
-            if self.buffered <= self.prefetch // 2:
-                self._room.set()
+        while inbox and self._running < self.concurrency and not self._stop.is_set():
             self._running += 1
-            try:
-                await self._execute(delivery)
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # _execute is total; this is the last line of defence for the slot
-                self._internal(delivery, "running the job", exc)
-            finally:
-                self._running -= 1
+            runner = asyncio.Task(self._runner(), loop=self._loop, eager_start=True)
+            if runner.done():  # it ran its jobs to the end here; the loop above takes up what is left
+                self._runner_ended(runner, dispatch=False)
+            else:
+                self._runners.add(runner)
+                runner.add_done_callback(self._runner_ended)
+
+    async def _runner(self) -> None:
+        """Run jobs from the inbox, one at a time, until it is empty or the worker stops."""
+        inbox = self._inbox
+        stop = self._stop
+        try:
+            while inbox and not stop.is_set():
+                delivery = inbox.popleft()
+                if self.buffered <= self.prefetch // 2:
+                    self._room.set()
+                try:
+                    await self._execute(delivery)
+                except asyncio.CancelledError:
+                    raise
+                except BaseException as exc:  # _execute is total; this is the last line of defence
+                    self._internal(delivery, "running the job", exc)
+        finally:
+            self._running -= 1
+
+    def _runner_ended(self, runner: asyncio.Task[None], dispatch: bool = True) -> None:
+        """A runner that died is logged and reported in the heartbeat; the jobs it left are taken up by others."""
+        self._runners.discard(runner)
+        if runner.cancelled():
+            return
+        exc = runner.exception()
+        if exc is not None:
+            self.problem = f"a job runner died ({class_path(exc)}: {message(exc)}); another took its place"
+            logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
+        if dispatch:
+            self._dispatch()
 
     async def _execute(self, d: Delivery) -> None:
         job, handler = d.job, d.handler
