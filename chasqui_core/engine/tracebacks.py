@@ -48,16 +48,20 @@ def _exception_only(err: BaseException) -> str:
     """The last line(s) of a traceback: ``module.Class: message``, then any notes."""
     if isinstance(err, SyntaxError):  # has its own layout (the offending line and a caret)
         return "".join(traceback.format_exception_only(type(err), err))
-    cls = type(err)
-    name = cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
     try:
         message = str(err)
     except Exception:
         message = "<exception str() failed>"
-    text = f"{name}: {message}\n" if message else f"{name}\n"
+    text = _last_line(type(err), message)
     for note in getattr(err, "__notes__", None) or ():
         text += f"{note}\n"
     return text
+
+
+def _last_line(cls: type[BaseException], message: str) -> str:
+    """``module.Class: message`` as Python prints it (no module for builtins and ``__main__``)."""
+    name = cls.__qualname__ if cls.__module__ in ("builtins", "__main__") else f"{cls.__module__}.{cls.__qualname__}"
+    return f"{name}: {message}\n" if message else f"{name}\n"
 
 
 _FRAMES_CACHE: dict[tuple[int, ...], tuple[tuple[CodeType, ...], str]] = {}
@@ -78,7 +82,11 @@ def _frames(err: BaseException) -> str:
     tb = err.__traceback__
     if tb is None:
         return ""
-    key = _path(tb)
+    return _frames_on(_path(tb), tb)
+
+
+def _frames_on(key: tuple[int, ...], tb: TracebackType) -> str:
+    """The text of the frames of ``tb``, whose path is ``key``: built once per path."""
     cached = _FRAMES_CACHE.get(key)
     if cached is not None:
         return cached[1]
@@ -140,18 +148,14 @@ class Failure(NamedTuple):
     """``format_exception``, made printable."""
 
 
-_DESCRIBED: dict[tuple[object, ...], tuple[tuple[CodeType, ...], Failure]] = {}
-"""Failures by their path through the code (see ``_path``), class and message, with the path's code objects."""
-_DESCRIBED_SIZE = 512
-
-
 def describe(exc: BaseException) -> Failure:
     """The class, message and traceback of ``exc`` for its job's error history.
 
-    A job that fails usually fails as it did before: the same path through
-    the code, the same class, often the same message. A lone exception (no
-    cause or context to print, no notes) is remembered by those, so the next
-    one costs a walk over its frames and a lookup.
+    A job that fails usually fails where it failed before, though often with
+    a message of its own ("order 1234 not found"). A lone exception (no cause
+    or context to print, no notes) is described from the remembered text of
+    its path through the code plus its own last line, so it costs a walk over
+    its frames, a lookup and a few string joins, whatever its message.
     """
     lone = (exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
             and not getattr(exc, "__notes__", None) and not isinstance(exc, SyntaxError))
@@ -161,15 +165,23 @@ def describe(exc: BaseException) -> Failure:
         text = None
     if text is None:
         return Failure(class_path(exc), message(exc), printable(format_exception(exc)))
-    key = (_path(exc.__traceback__), type(exc), text)
-    found = _DESCRIBED.get(key)
-    if found is not None:
-        return found[1]
-    failure = Failure(class_path(exc), message(exc), printable(format_exception(exc)))
-    if len(_DESCRIBED) >= _DESCRIBED_SIZE:
-        _DESCRIBED.clear()
-    _DESCRIBED[key] = (_codes(exc.__traceback__), failure)
-    return failure
+    tb = exc.__traceback__
+    frames = "" if tb is None else _frames_on(_path(tb), tb)
+    cls = type(exc)
+    names = _NAMES.get(cls)
+    if names is None:
+        if len(_NAMES) >= _NAMES_SIZE:  # classes made on the fly: stay bounded
+            _NAMES.clear()
+        names = _NAMES[cls] = (class_path(exc), _last_line(cls, ""))
+    if text:
+        text = printable(text)
+        return Failure(names[0], text, printable(frames) + names[1][:-1] + ": " + text + "\n")
+    return Failure(names[0], text, printable(frames) + names[1])
+
+
+_NAMES: dict[type[BaseException], tuple[str, str]] = {}
+"""By exception class: its ``class_path`` and its last traceback line without a message (``pkg.Error\\n``)."""
+_NAMES_SIZE = 512
 
 
 def class_path(exc: BaseException) -> str:
