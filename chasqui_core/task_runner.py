@@ -21,6 +21,7 @@ READY, its errors visible through ``get_result()``.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 from inspect import iscoroutinefunction
 from typing import Any
@@ -75,21 +76,22 @@ def task_handler(task: ChasquiTask):
                 raise
 
         async def observed(ctx: JobContext, started: bool, args: Any, kwargs: Any) -> Any:
-            result = None
-            if takes_context or started:
+            result = context = None
+            if started:
                 result = running_result(task, ctx)
                 await _started.asend(result)
             try:
                 if takes_context:
-                    value = await func(TaskContext(task_result=result), *args, **kwargs)
+                    context = RunContext(task, ctx, result)
+                    value = await func(context, *args, **kwargs)
                 else:
                     value = await func(*args, **kwargs)
             except Exception as exc:
                 if not ctx.will_retry(exc) and _finished.wanted(FAILED):
-                    await _finished.asend(finished_result(task, ctx, result, exc))
+                    await _finished.asend(finished_result(task, ctx, context.built if context else result, exc))
                 raise
             if _finished.wanted(SUCCESSFUL):
-                await _finished.asend(finished_result(task, ctx, result))
+                await _finished.asend(finished_result(task, ctx, context.built if context else result))
             return value
 
         return run_async
@@ -97,21 +99,22 @@ def task_handler(task: ChasquiTask):
     def run_sync(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
         check_connections()
         try:
-            result = None
-            if takes_context or _started.wanted(RUNNING):
+            result = context = None
+            if _started.wanted(RUNNING):
                 result = running_result(task, ctx)
                 _started.send(result)
             try:
                 if takes_context:
-                    value = func(TaskContext(task_result=result), *args, **kwargs)
+                    context = RunContext(task, ctx, result)
+                    value = func(context, *args, **kwargs)
                 else:
                     value = func(*args, **kwargs)
             except Exception as exc:
                 if not ctx.will_retry(exc) and _finished.wanted(FAILED):
-                    _finished.send(finished_result(task, ctx, result, exc))
+                    _finished.send(finished_result(task, ctx, context.built if context else result, exc))
                 raise
             if _finished.wanted(SUCCESSFUL):
-                _finished.send(finished_result(task, ctx, result))
+                _finished.send(finished_result(task, ctx, context.built if context else result))
             return value
         finally:
             check_connections()
@@ -122,9 +125,41 @@ def task_handler(task: ChasquiTask):
 # --- the TaskResult a run shows ------------------------------------------------------
 
 
-def running_result(task: ChasquiTask, ctx: JobContext) -> TaskResult:
+class RunContext(TaskContext):
+    """The ``TaskContext`` a task that takes one is given: its TaskResult is built when first read.
+
+    Most such tasks only look at ``context.attempt``. Building the TaskResult
+    (timestamps, the error history as TaskErrors, the worker ids) on every
+    run cost more than the rest of running the task; now it is built only
+    for a task that reads ``context.task_result``, as of the run's start.
+    """
+
+    __slots__ = ("_task", "_run", "_started", "built")
+
+    def __init__(self, task: ChasquiTask, run: JobContext, result: TaskResult | None = None) -> None:
+        object.__setattr__(self, "_task", task)
+        object.__setattr__(self, "_run", run)
+        object.__setattr__(self, "_started", time.time())
+        object.__setattr__(self, "built", result)
+
+    @property  # type: ignore[override]
+    def task_result(self) -> TaskResult:
+        result: TaskResult | None = self.built
+        if result is None:
+            result = running_result(self._task, self._run, datetime.fromtimestamp(self._started, UTC))
+            object.__setattr__(self, "built", result)
+        return result
+
+    @property
+    def attempt(self) -> int:
+        """This run's number, counting the runs before it (``task_result.attempts`` without building it)."""
+        return len(self._run.job.errors) + self._run.deliveries
+
+
+def running_result(task: ChasquiTask, ctx: JobContext, now: datetime | None = None) -> TaskResult:
     """The job as Django sees it while this run goes on (its arguments come decoded, in JSON form)."""
-    now = datetime.now(UTC)
+    if now is None:
+        now = datetime.now(UTC)
     job = ctx.job
     return task_result(
         task, job.id, RUNNING, job.args, job.kwargs, job.meta.get("backend", "default"),

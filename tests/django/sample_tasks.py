@@ -69,3 +69,17 @@ def note_run(context, path: str) -> None:
 
     with open(path, "a") as log:
         log.write(f"{context.task_result.id} {os.getpid()}\n")
+
+
+@task(queue_name="default", takes_context=True, max_attempts=3, backoff=10)
+async def reads_its_result(context, key: str) -> None:
+    """Fails on its first run; on the second, records what its context's TaskResult says."""
+    import time
+    from datetime import UTC, datetime
+
+    if context.attempt == 1:
+        raise ValueError(f"first run of {key}")
+    result = context.task_result
+    RUNS.append(("reads_its_result", context.attempt, result.id, result.status, result.attempts,
+                 [e.exception_class_path for e in result.errors], len(result.worker_ids), result.started_at,
+                 datetime.fromtimestamp(time.time(), UTC), result is context.task_result))

@@ -76,6 +76,16 @@ def test_async_task_signals_and_retry(redis, redis_url, received):
         ("finished", result.id, TaskResultStatus.SUCCESSFUL)]
 
 
+def test_a_tasks_context_shows_its_result_with_the_runs_before_it(redis, redis_url):
+    """The context's TaskResult (built when the task first reads it) describes this run, as of its start."""
+    result = sample_tasks.reads_its_result.enqueue("c")
+    _drain(redis_url, until=lambda: sample_tasks.RUNS)
+    [(_, attempt, job_id, status, attempts, errors, workers, started_at, read_at, same)] = sample_tasks.RUNS
+    assert (attempt, job_id, status, attempts, errors, workers) == (
+        2, result.id, TaskResultStatus.RUNNING, 2, ["ValueError"], 2)
+    assert started_at <= read_at and same
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_sync_receiver_of_an_async_task_runs_off_the_event_loop(redis, redis_url):
     """A project's sync receiver may use the ORM: it must not run on the loop, where Django forbids that."""
