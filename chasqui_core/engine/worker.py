@@ -1,9 +1,9 @@
 """The worker: reads jobs from queues and runs their handlers.
 
 One asyncio loop per process. Per queue, a reader pulls batches with
-XREADGROUP (COUNT, BLOCK) into an in-memory inbox; up to ``concurrency``
-runners take jobs from the inbox and run them (async handlers on the loop,
-sync handlers in a thread pool); outcomes go to the settler, which tells Redis in batches.
+XREADGROUP (COUNT, BLOCK) into an in-memory inbox; jobs leave the inbox to
+run, up to ``concurrency`` at once (async handlers each in a task of its own on
+the loop, sync handlers in a thread pool); outcomes go to the settler, which tells Redis in batches.
 Beside them run the promoter of each queue and a housekeeping loop
 (heartbeat, pause flag, lease renewal, crash recovery).
 
@@ -21,6 +21,7 @@ check without anyone watching.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import os
 import signal
@@ -203,8 +204,10 @@ class Worker:
             for k in self.keys
         }
         self._inbox: deque[Delivery] = deque()
-        self._runners: set[asyncio.Task[None]] = set()
-        """Runners waiting inside a job (see ``_dispatch``); the ones that never wait are never kept."""
+        self._jobs: set[asyncio.Task[None]] = set()
+        """Tasks of the jobs waiting on something now (see ``_dispatch``); a job that never waits is never kept."""
+        self._context = contextvars.copy_context()
+        """What each job's context starts as: the worker's own, copied per job."""
         self._room = asyncio.Event()
         self._room.set()
         self._leases = Leases(self.scripts, self.id, self.visibility_timeout_ms)
@@ -253,10 +256,10 @@ class Worker:
             if self.in_flight:
                 logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
                                "reclaimed by another worker", self.id, self.in_flight, self.shutdown_timeout)
-            runners = list(self._runners)
-            for task in runners:
+            jobs = list(self._jobs)
+            for task in jobs:
                 task.cancel()
-            await asyncio.gather(*runners, return_exceptions=True)
+            await asyncio.gather(*jobs, return_exceptions=True)
             if self._lane is not None:
                 self.unfinished_sync_jobs = self._lane.outstanding
                 self._lane.close()
@@ -523,53 +526,49 @@ class Worker:
     # --- running ------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Start a runner for each waiting job, up to ``concurrency`` running at once.
+        """Start waiting jobs, up to ``concurrency`` running at once, each as a task of its own.
 
-        A runner starts eagerly: it runs in this call until its job first
-        waits on something, so a handler that never waits (or a run of them)
-        finishes here, without a trip through the event loop. A runner that
-        does wait becomes an ordinary task; when its job ends it takes the
-        next one from the inbox, and it ends when the inbox is empty. Parked
-        slot coroutines woken per batch cost far more per job when batches
-        are small (retries trickling back, a quiet queue).
+        A job's task starts eagerly: it runs in this call until the handler
+        first waits on something, so a job that never waits finishes here,
+        without a trip through the event loop (parked slot coroutines, woken
+        per batch, cost a quarter of a retried job's CPU when retries came
+        back in small batches). A job that does wait goes on as an ordinary
+        task, and the next job starts when it ends. Each job runs in its own
+        copy of the worker's context: a context variable a task sets (an
+        activated language, a logging field) ends with that job.
         """
         inbox = self._inbox
+        base = self._context
         while inbox and self._running < self.concurrency and not self._stop.is_set():
+            delivery = inbox.popleft()
             self._running += 1
-            runner = asyncio.Task(self._runner(), loop=self._loop, eager_start=True)
-            if runner.done():  # it ran its jobs to the end here; the loop above takes up what is left
-                self._runner_ended(runner, dispatch=False)
+            if self.buffered <= self.prefetch // 2:
+                self._room.set()
+            run = asyncio.Task(self._run_job(delivery), loop=self._loop, context=base.copy(), eager_start=True)
+            if run.done():  # the job finished inside this call
+                self._job_ended(run, dispatch=False)
             else:
-                self._runners.add(runner)
-                runner.add_done_callback(self._runner_ended)
+                self._jobs.add(run)
+                run.add_done_callback(self._job_ended)
 
-    async def _runner(self) -> None:
-        """Run jobs from the inbox, one at a time, until it is empty or the worker stops."""
-        inbox = self._inbox
-        stop = self._stop
+    async def _run_job(self, delivery: Delivery) -> None:
         try:
-            while inbox and not stop.is_set():
-                delivery = inbox.popleft()
-                if self.buffered <= self.prefetch // 2:
-                    self._room.set()
-                try:
-                    await self._execute(delivery)
-                except asyncio.CancelledError:
-                    raise
-                except BaseException as exc:  # _execute is total; this is the last line of defence
-                    self._internal(delivery, "running the job", exc)
+            await self._execute(delivery)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # _execute is total; this is the last line of defence
+            self._internal(delivery, "running the job", exc)
         finally:
             self._running -= 1
 
-    def _runner_ended(self, runner: asyncio.Task[None], dispatch: bool = True) -> None:
-        """A runner that died is logged and reported in the heartbeat; the jobs it left are taken up by others."""
-        self._runners.discard(runner)
-        if runner.cancelled():
-            return
-        exc = runner.exception()
-        if exc is not None:
-            self.problem = f"a job runner died ({class_path(exc)}: {message(exc)}); another took its place"
-            logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
+    def _job_ended(self, run: asyncio.Task[None], dispatch: bool = True) -> None:
+        """Start the next waiting job; a job task that died of the worker's own error is logged and reported."""
+        self._jobs.discard(run)
+        if not run.cancelled():
+            exc = run.exception()
+            if exc is not None:
+                self.problem = f"a job's task died ({class_path(exc)}: {message(exc)})"
+                logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
         if dispatch:
             self._dispatch()
 

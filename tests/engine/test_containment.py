@@ -294,3 +294,36 @@ def test_a_message_with_undecodable_bytes_is_escaped_and_retried_as_usual(redis,
     [dead] = dlq_entries(redis)
     assert dead[b"reason"] == b"retries_exhausted"
     assert "bad byte \\udcff here" in decode(dead[b"j"]).errors[0]["message"]
+
+
+def test_jobs_that_wait_run_side_by_side_up_to_the_concurrency_and_state_does_not_leak(redis, redis_url):
+    """Up to ``concurrency`` jobs wait at once; jobs that never wait run in between; none sees another's context."""
+    import contextvars
+
+    seen = contextvars.ContextVar("seen", default=None)
+    running = {"now": 0, "peak": 0}
+    done: list[tuple[str, int, object]] = []
+    registry = HandlerRegistry()
+
+    async def waits(i):
+        running["now"] += 1
+        running["peak"] = max(running["peak"], running["now"])
+        try:
+            await asyncio.sleep(0.02)
+        finally:
+            running["now"] -= 1
+        done.append(("waits", i, seen.get()))
+        seen.set(i)  # left behind on purpose: the next job run by this runner must not see it
+
+    async def quick(i):
+        done.append(("quick", i, seen.get()))
+        seen.set(i)
+
+    registry.register("waits", waits)
+    registry.register("quick", quick)
+    specs = [JobSpec("waits" if i % 2 else "quick", [i]) for i in range(40)]
+    Queue(Q, redis_client=redis).add_bulk(specs)
+    run_worker(redis_url, registry, lambda: len(done) == 40, concurrency=4)
+    assert sorted(i for _, i, _ in done) == list(range(40))
+    assert running["peak"] == 4  # twenty jobs that wait, four at a time
+    assert [leak for _, _, leak in done] == [None] * 40
