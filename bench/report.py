@@ -195,7 +195,8 @@ _METHOD = """\
   be left in the stream, the pending list, the delayed set or the DLQ.
 - **The Django path.** The same work as a Django user does it, in the same run, each row next to the engine
   row it mirrors (its *engine twin*, same handler kind, concurrency and backlog size): `django-enqueue` is
-  `queue-add` through `@task(...).enqueue()`, `django-enqueue-many` is `queue-add-bulk` through
+  `queue-add` through `@task(...).enqueue()` (measured in turns with a `Queue.add` loop, a block of 1,000
+  calls each, so that both see the same machine: its twin is that loop's row), `django-enqueue-many` is `queue-add-bulk` through
   `task.enqueue_many()`, and the `runworker-*` rows are the worker rows run by the real
   `python manage.py runworker <queue> --concurrency N`, a fresh process per drain, on the bench's settings
   (`bench/django_settings.py`: the project's settings plus the bench's tasks app, `bench/tasks.py`; DEBUG off,
@@ -263,7 +264,7 @@ _SCENARIOS = """\
 | `queue-add` | `Queue.add`, one job per call, sync client |
 | `queue-add-bulk` | `Queue.add_bulk` in chunks of 1,000, building the `JobSpec`s included |
 | `queue-add-delayed` | `Queue.add(delay=...)`, one job per call |
-| `django-enqueue` | Django `@task(...).enqueue()` in a loop, one job per call, and the time of one call; engine twin `queue-add` |
+| `django-enqueue` | Django `@task(...).enqueue()` in a loop, one job per call, and the time of one call; in turns with `Queue.add`, a block of 1,000 calls each: engine twin `queue-add (beside django-enqueue)` |
 | `django-enqueue-many` | Django `task.enqueue_many(calls)`, 1,000 `(args, kwargs)` calls per call, building the list included; engine twin `queue-add-bulk` |
 | `worker-generic` | one worker, concurrency 1, async noop handler |
 | `worker-concurrent` | one worker process, concurrency 100, async noop handler |

@@ -94,7 +94,7 @@ GOALS: dict[str, Goal] = {
 
 TWINS: dict[str, str] = {
     cluster.LABEL_CLUSTER: cluster.LABEL_SINGLE,
-    "django-enqueue (loop)": "queue-add",
+    "django-enqueue (loop)": django_path.QUEUE_ADD_BESIDE,
     "django-enqueue-many": "queue-add-bulk",
     **{name: setup.compared_with or setup.twin for name, setup in django_path.SETUPS.items()},
 }

@@ -25,6 +25,7 @@ def a_run() -> Run:
                    rate("Redis ceiling (pipelined XADD)", 400_000.0, "ceiling"),
                    rate("queue-add", 20_000.0),
                    rate("django-enqueue (loop)", 10_000.0, "django-enqueue"),
+                   rate("queue-add (beside django-enqueue)", 20_000.0, "django-enqueue"),
                    Measurement("django-enqueue-many", "django-enqueue-many", RATE,
                                skipped="not available: this version's Django tasks have no enqueue_many()"),
                    rate("runworker-async", 60_000.0),
@@ -34,7 +35,7 @@ def a_run() -> Run:
 def test_a_django_path_row_is_shown_as_a_fraction_of_its_twin():
     rows = {r[0]: r for r in report.rows(a_run())}
     twin_column = report.COLUMNS.index("of engine twin")
-    assert rows["django-enqueue (loop)"][twin_column] == "0.50 of queue-add"
+    assert rows["django-enqueue (loop)"][twin_column] == "0.50 of queue-add (beside django-enqueue)"
     assert rows["queue-add"][twin_column] == "—"
 
 
@@ -62,7 +63,7 @@ def test_worker_rows_also_compare_cpu_per_job_with_their_twin():
 
 def test_json_names_the_twin_and_the_fraction():
     items = {m["label"]: m for m in report.to_json(a_run())["measurements"]}
-    assert items["django-enqueue (loop)"]["engine_twin"] == "queue-add"
+    assert items["django-enqueue (loop)"]["engine_twin"] == "queue-add (beside django-enqueue)"
     assert items["django-enqueue (loop)"]["fraction_of_twin"] == 0.5
     assert items["runworker-async"]["engine_twin"] == "worker-concurrent"
     assert items["runworker-async"]["fraction_of_twin"] is None

@@ -47,7 +47,7 @@ def test_bench_rejects_unknown_scenario():
 
 
 DJANGO_ROWS = {  # Django-path row -> its engine twin
-    "django-enqueue (loop)": "queue-add",
+    "django-enqueue (loop)": "queue-add (beside django-enqueue)",  # measured in turns with it, in one scenario
     "django-enqueue-many": "queue-add-bulk",
     "runworker-async": "worker-concurrent",
     "runworker-sync": "worker-sync",
