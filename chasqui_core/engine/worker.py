@@ -404,7 +404,7 @@ class Worker:
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
     def _accept(self, keys: QueueKeys, entries: list[Any], deliveries: int) -> list[Delivery] | None:
-        """Decode fetched entries; refuse the ones no handler may run, and hand the others to the slots.
+        """Decode fetched entries; refuse the ones no handler may run, and start the others.
 
         Refused: what cannot be decoded, a job without a valid signature when
         the worker has signing keys (checked before its task is looked up),

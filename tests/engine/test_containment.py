@@ -1,4 +1,4 @@
-"""Bad task code, bad entries and dead workers stay contained: no stalled slot, no job run twice, none lost.
+"""Bad task code, bad entries and dead workers stay contained: no stalled worker, no job run twice, none lost.
 
 Each test runs a real worker in this process against the test server.
 """
