@@ -167,21 +167,7 @@ def describe(exc: BaseException) -> Failure:
         return Failure(class_path(exc), message(exc), printable(format_exception(exc)))
     tb = exc.__traceback__
     frames = "" if tb is None else _frames_on(_path(tb), tb)
-    cls = type(exc)
-    names = _NAMES.get(cls)
-    if names is None:
-        if len(_NAMES) >= _NAMES_SIZE:  # classes made on the fly: stay bounded
-            _NAMES.clear()
-        names = _NAMES[cls] = (class_path(exc), _last_line(cls, ""))
-    if text:
-        text = printable(text)
-        return Failure(names[0], text, printable(frames) + names[1][:-1] + ": " + text + "\n")
-    return Failure(names[0], text, printable(frames) + names[1])
-
-
-_NAMES: dict[type[BaseException], tuple[str, str]] = {}
-"""By exception class: its ``class_path`` and its last traceback line without a message (``pkg.Error\\n``)."""
-_NAMES_SIZE = 512
+    return Failure(class_path(exc), printable(text), printable(frames + _last_line(type(exc), text)))
 
 
 def class_path(exc: BaseException) -> str:

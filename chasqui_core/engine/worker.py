@@ -503,7 +503,7 @@ class Worker:
             for d in keyed:
                 self._requeue(d)
             return
-        accepted = 0
+        accepted = False
         for d, by in zip(keyed, done, strict=True):
             if by is not None:
                 self._held.pop(d.entry_id, None)
@@ -515,7 +515,7 @@ class Worker:
                 self._requeue(d)
             elif d.handler.is_async:
                 self._inbox.append(d)
-                accepted += 1
+                accepted = True
             else:
                 if self._lane is None:
                     self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self._running_jobs)
