@@ -73,6 +73,8 @@ class ApiKey(models.Model):
     def issue(cls, user, name: str = "") -> tuple[ApiKey, str]:
         """Create a key; returns the row and the key, which is shown once and never again."""
         key = secrets.token_urlsafe(32)
+        while key.startswith("-"):  # a key shown as "-Ab3..." would read as an option to `chasqui apikey revoke`
+            key = secrets.token_urlsafe(32)
         row = cls.objects.create(user=user, name=name, prefix=key[:KEY_PREFIX_LENGTH], key_hash=hash_key(key))
         return row, key
 

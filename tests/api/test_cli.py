@@ -173,6 +173,15 @@ def test_apikey_create_prints_it_once_and_revoke_works(operator, redis):
     assert [e.action for e in AuditEntry.objects.order_by("id")] == ["apikey_create", "apikey_revoke"]
 
 
+def test_an_issued_key_never_starts_with_a_dash(operator, monkeypatch):
+    # One key in 64 from token_urlsafe starts with "-", and `chasqui apikey revoke -Xy...` would read it as an option.
+    drawn = iter(["-leading-dash-key-0123456789abcdefghijklmnopq", "A-key-the-cli-can-take-0123456789abcdefghijk"])
+    monkeypatch.setattr("chasqui_core.models.secrets.token_urlsafe", lambda n: next(drawn))
+    row, key = ApiKey.issue(operator)
+    assert key.startswith("A-key") and row.prefix == key[:8]
+    assert "Revoked" in run("apikey", "revoke", row.prefix)
+
+
 def test_operations_lists_background_work(operator, redis):
     from chasqui_core.models import Operation
 
