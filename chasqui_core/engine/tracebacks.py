@@ -101,6 +101,7 @@ def _frames_on(key: tuple[int, ...], tb: TracebackType) -> str:
     text = "".join(lines)
     if len(_FRAMES_CACHE) >= _FRAMES_CACHE_SIZE:
         _FRAMES_CACHE.clear()
+        _DESCRIBED.clear()  # its keys hold code ids that only this cache keeps alive
     _FRAMES_CACHE[key] = (_codes(tb), text)
     return text
 
@@ -148,14 +149,27 @@ class Failure(NamedTuple):
     """``format_exception``, made printable."""
 
 
+_DESCRIBED: dict[tuple[tuple[int, ...], type, str], Failure] = {}
+"""Lone failures already described, by path, class and message.
+
+Every key's path is also in ``_FRAMES_CACHE``, which keeps its code objects
+alive; clearing that cache clears this one.
+"""
+_DESCRIBED_SIZE = 1024
+_DESCRIBED_MESSAGE_LIMIT = 2000
+"""Longer messages are described every time rather than kept (and a long one rarely repeats)."""
+
+
 def describe(exc: BaseException) -> Failure:
     """The class, message and traceback of ``exc`` for its job's error history.
 
-    A job that fails usually fails where it failed before, though often with
-    a message of its own ("order 1234 not found"). A lone exception (no cause
-    or context to print, no notes) is described from the remembered text of
-    its path through the code plus its own last line, so it costs a walk over
-    its frames, a lookup and a few string joins, whatever its message.
+    A job that fails usually fails where it failed before, often with the same
+    message ("connection refused"), sometimes with one of its own ("order
+    1234 not found"). A lone exception (no cause or context to print, no
+    notes) is looked up by its path through the code, class and message; one
+    not seen yet is built from the remembered text of its path plus its own
+    last line. Either way it costs a walk over its frames and a lookup or
+    two, whatever its message.
     """
     lone = (exc.__cause__ is None and (exc.__context__ is None or exc.__suppress_context__)
             and not getattr(exc, "__notes__", None) and not isinstance(exc, SyntaxError))
@@ -166,8 +180,17 @@ def describe(exc: BaseException) -> Failure:
     if text is None:
         return Failure(class_path(exc), message(exc), printable(format_exception(exc)))
     tb = exc.__traceback__
-    frames = "" if tb is None else _frames_on(_path(tb), tb)
-    return Failure(class_path(exc), printable(text), printable(frames + _last_line(type(exc), text)))
+    path = _path(tb) if tb is not None else ()
+    seen = (path, type(exc), text)
+    failure = _DESCRIBED.get(seen)
+    if failure is None:
+        frames = "" if tb is None else _frames_on(path, tb)
+        failure = Failure(class_path(exc), printable(text), printable(frames + _last_line(type(exc), text)))
+        if len(text) <= _DESCRIBED_MESSAGE_LIMIT:
+            if len(_DESCRIBED) >= _DESCRIBED_SIZE:
+                _DESCRIBED.clear()
+            _DESCRIBED[seen] = failure
+    return failure
 
 
 def class_path(exc: BaseException) -> str:

@@ -83,3 +83,36 @@ def test_describe_gives_what_the_long_way_gives_for_every_kind_of_failure():
         assert describe(exc) == (class_path(exc), message(exc), printable(format_exception(exc)))
     assert describe(made[0]) == describe(made[1]) and describe(made[0]) != describe(made[2])
     assert "second note" in describe(made[4]).traceback and "first note" not in describe(made[4]).traceback
+
+
+def test_a_repeated_failure_is_described_as_its_own_class_and_message():
+    """Failures are remembered by path, class and message: same-named classes and new messages stay apart."""
+    from chasqui_core.engine import tracebacks
+    from chasqui_core.engine.tracebacks import describe
+
+    def raiser(cls, text):
+        raise cls(text)
+
+    first = type("Refused", (Exception,), {"__module__": "app.one"})
+    second = type("Refused", (Exception,), {"__module__": "app.two"})
+    described = []
+    for cls, text in ((first, "no"), (second, "no"), (first, "no"), (first, "other")):
+        try:
+            raiser(cls, text)
+        except Exception as exc:
+            described.append(describe(exc))
+    assert [d.error_class for d in described] == ["app.one.Refused", "app.two.Refused", "app.one.Refused",
+                                                  "app.one.Refused"]
+    assert described[0] == described[2] and described[3].message == "other"
+    assert described[1].traceback.endswith("app.two.Refused: no\n")
+    assert described[3].traceback.endswith("app.one.Refused: other\n")
+    # remembered descriptions hold code ids that only the frames cache keeps alive: they go together
+    for n in range(tracebacks._FRAMES_CACHE_SIZE + 1):  # new paths, until the frames cache is full and cleared
+        namespace: dict = {}
+        exec(f"def f{n}():\n    raise ValueError('x')\n", namespace)
+        try:
+            namespace[f"f{n}"]()
+        except ValueError as exc:
+            describe(exc)
+    assert len(tracebacks._DESCRIBED) <= len(tracebacks._FRAMES_CACHE)
+    assert all(key[0] in tracebacks._FRAMES_CACHE for key in tracebacks._DESCRIBED if key[0])
