@@ -34,6 +34,9 @@ class WorkerSetup:
     smoke: int
     delayed: bool = False
     note: str = ""
+    beside: str = ""
+    """A setup whose drains take turns with this one's in the same worker process, reported as a row of its own
+    (see ``beside``): a ratio between rows measured minutes apart means little on a shared machine."""
 
 
 SETUPS = {
@@ -43,10 +46,10 @@ SETUPS = {
                                note="concurrency 10 (threads), sync def noop handler"),
     "worker-retry": WorkerSetup("fail_once", 100, 50_000, 1_000,
                                 note="concurrency 100; every job fails once, retried after 1 ms, then succeeds; "
-                                     "successes per second"),
+                                     "successes per second", beside="worker-concurrent"),
     "worker-delayed-e2e": WorkerSetup("noop_async", 100, 100_000, 2_000, delayed=True,
                                       note="concurrency 100; backlog preloaded in the delayed set, all due: "
-                                           "promoted and consumed"),
+                                           "promoted and consumed", beside="worker-concurrent"),
 }
 
 
@@ -73,31 +76,54 @@ def check_settled(client, queue: str, n: int) -> None:
         )
 
 
-def drains(ctx, setup: WorkerSetup, n: int) -> list[dict]:
-    """Run one worker process through a warm-up drain and ``ctx.repeats`` measured drains of ``n`` jobs."""
+def drains(ctx, setups: list[WorkerSetup], n: int) -> list[list[dict]]:
+    """Run one worker process through a warm-up drain and ``ctx.repeats`` measured drains of ``n`` jobs per setup.
+
+    With more than one setup (they share a concurrency), each round drains
+    one backlog of each, in turns, the first setup going first in every
+    other round: what the host was doing meanwhile weighs on all of them alike.
+    """
     q = Queue(ctx.queue, redis_client=ctx.client)
+    if len({s.concurrency for s in setups}) != 1:
+        raise BenchError("setups measured in turns must share a concurrency")
     sizes = [ctx.warmup_size(n)] + [n] * ctx.repeats
-    config = {"url": ctx.url, "queue": ctx.queue, "handler": setup.handler, "concurrency": setup.concurrency}
-    replies = []
+    config = {"url": ctx.url, "queue": ctx.queue, "concurrency": setups[0].concurrency}
+    replies: list[list[dict]] = [[] for _ in setups]
     with Child("drain", config) as child:
         for i, size in enumerate(sizes):
-            ctx.flush()
-            preload(q, size, setup.handler, setup.delayed)
-            reply = child.request({"n": size}, timeout=max(120.0, size / 100))
-            check_settled(ctx.client, ctx.queue, size)
-            if i:  # the first drain is the warm-up
-                replies.append(reply)
+            order = list(enumerate(setups))
+            for position, setup in order if i % 2 == 0 else order[::-1]:
+                ctx.flush()
+                preload(q, size, setup.handler, setup.delayed)
+                reply = child.request({"n": size}, timeout=max(120.0, size / 100))
+                check_settled(ctx.client, ctx.queue, size)
+                if i:  # the first round is the warm-up
+                    replies[position].append(reply)
     return replies
 
 
 def run_setup(ctx, name: str) -> list[Measurement]:
     setup = SETUPS[name]
     n = ctx.size(setup.full, setup.smoke)
-    replies = drains(ctx, setup, n)
+    if not setup.beside:
+        return [_measurement(name, name, setup, drains(ctx, [setup], n)[0], n)]
+    other = SETUPS[setup.beside]
+    own, theirs = drains(ctx, [setup, other], n)
+    return [_measurement(name, name, setup, own, n),
+            _measurement(name, beside(name), other, theirs, n, f"; taking turns with {name} in the same process")]
+
+
+def beside(name: str) -> str:
+    """The label of the row measured in turns with scenario ``name``."""
+    return f"{SETUPS[name].beside} (beside {name})"
+
+
+def _measurement(scenario: str, label: str, setup: WorkerSetup, replies: list[dict], n: int,
+                 more: str = "") -> Measurement:
     cpu_us = median([r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies])
-    note = f"{setup.note}; the worker process used {cpu_us:.1f} µs of CPU per job (median)"
-    return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note,
-                        cpu_us_per_job=cpu_us)]
+    note = f"{setup.note}{more}; the worker process used {cpu_us:.1f} µs of CPU per job (median)"
+    return Measurement(scenario, label, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note,
+                       cpu_us_per_job=cpu_us)
 
 
 # --- the worker process ----------------------------------------------------------------------

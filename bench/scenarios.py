@@ -96,11 +96,14 @@ TWINS: dict[str, str] = {
     cluster.LABEL_CLUSTER: cluster.LABEL_SINGLE,
     "django-enqueue (loop)": django_path.QUEUE_ADD_BESIDE,
     "django-enqueue-many": "queue-add-bulk",
+    "worker-retry": consumer.beside("worker-retry"),
+    "worker-delayed-e2e": consumer.beside("worker-delayed-e2e"),
     **{name: setup.compared_with or setup.twin for name, setup in django_path.SETUPS.items()},
 }
 """Each Django-path row and the row it is measured against (the report shows the fraction): its engine twin, or
 for ``runworker-signed`` and ``runworker-processes-2`` the plain single-process ``runworker-async``; the cluster
-drain against the same drain on one server."""
+drain against the same drain on one server; worker-retry and worker-delayed-e2e against worker-concurrent
+drained in turns with each."""
 
 
 def goal(label: str) -> Goal:

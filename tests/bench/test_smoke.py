@@ -64,8 +64,9 @@ def test_bench_smoke_measures_the_django_path_beside_its_engine_twins(tmp_path):
     """
     out, page = tmp_path / "bench.json", tmp_path / "benchmarks.md"
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    scenarios = ["queue-add", "queue-add-bulk", "worker-concurrent", "worker-sync", "worker-retry", "django-enqueue",
-                 "django-enqueue-many", "runworker-async", "runworker-sync", "runworker-retry"]
+    scenarios = ["queue-add", "queue-add-bulk", "worker-concurrent", "worker-sync", "worker-retry",
+                 "worker-delayed-e2e", "django-enqueue", "django-enqueue-many", "runworker-async", "runworker-sync",
+                 "runworker-retry"]
     proc = subprocess.run(
         [sys.executable, "-m", "bench", *scenarios, "--smoke", "--json", str(out), "--markdown", str(page)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
@@ -80,6 +81,12 @@ def test_bench_smoke_measures_the_django_path_beside_its_engine_twins(tmp_path):
         assert row["engine_twin"] == twin
         assert row["fraction_of_twin"] == row["median"] / rows[twin]["median"]
         assert row["jobs"] == rows[twin]["jobs"], "a Django-path row does the same work as its twin"
+    # worker-retry and worker-delayed-e2e are shown against worker-concurrent drained in turns with each
+    for label in ("worker-retry", "worker-delayed-e2e"):
+        row, beside = rows[label], rows[f"worker-concurrent (beside {label})"]
+        assert row["engine_twin"] == f"worker-concurrent (beside {label})"
+        assert row["fraction_of_twin"] == row["median"] / beside["median"] and row["jobs"] == beside["jobs"]
+        assert f"taking turns with {label}" in beside["note"] and beside["cpu_us_per_job"] > 0, beside
     for label in ("runworker-async", "runworker-sync", "runworker-retry"):
         note = rows[label]["note"]
         assert "python manage.py runworker bench-django" in note, note
