@@ -16,7 +16,7 @@ import time
 import redis.asyncio as aredis
 
 from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.promoter import Promoter
+from chasqui_core.engine.promoter import BATCH_SIZE, Promoter
 from chasqui_core.engine.scripts import Scripts
 
 from .handlers import NOOP
@@ -65,7 +65,7 @@ def run(ctx) -> list[Measurement]:
     cpu = median(cpu_per_job[-len(rates):])
     return [Measurement("promoter", "promoter", RATE, rates, jobs=n,
                         note=f"delayed set preloaded with {n:,} due jobs, drained by the Promoter's run loop, "
-                             f"batches of 1000; the server used {cpu:.2f} µs of CPU per moved job (median)")]
+                             f"batches of {BATCH_SIZE}; the server used {cpu:.2f} µs of CPU per moved job (median)")]
 
 
 def _fill(client, keys: QueueKeys, n: int, due_ms: float) -> None:

@@ -27,6 +27,18 @@ import contextlib
 
 logger = logging.getLogger("chasqui.promoter")
 
+BATCH_SIZE = 200
+"""Most entries one promote.lua call moves.
+
+Redis runs one script at a time, and every other client's command waits
+behind it: a worker's fetch or settle, an enqueue. A call of 200 holds the
+server about half a millisecond; one of 1,000 held it two or more, and while
+a large backlog came due, workers on the same server drained about 15% slower
+than with nothing to promote. Bigger batches would move a backlog about a
+tenth faster on an idle server (each call has a fixed cost of some 50 µs of
+server time), which matters less than everyone else's latency.
+"""
+
 
 class Promoter:
     def __init__(
@@ -38,7 +50,7 @@ class Promoter:
         *,
         poll_interval: float = 0.1,
         lock_ttl_ms: int = 5000,
-        batch_size: int = 1000,
+        batch_size: int = BATCH_SIZE,
     ) -> None:
         self.client = client
         self.scripts = scripts
