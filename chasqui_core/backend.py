@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime, UTC
+from types import MemberDescriptorType
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -138,7 +139,6 @@ class ChasquiTask(Task):
 _READY_FIELDS = ("task", "id", "status", "enqueued_at", "started_at", "finished_at", "last_attempted_at", "args",
                  "kwargs", "backend", "errors", "worker_ids")
 _FLAT = frozenset({str, int, float, bool, type(None)})
-_set = object.__setattr__
 
 
 def ready_result(task: Task, job_id: str, args, kwargs, backend: str) -> TaskResult:
@@ -168,30 +168,48 @@ def task_result(task: Task, job_id: str, status: TaskResultStatus, args: list, k
     """
     errors = [] if errors is None else errors
     worker_ids = [] if worker_ids is None else worker_ids
-    if not _FAST_READY:
+    if _SLOTS is None:
         return TaskResult(task=task, id=job_id, status=status, enqueued_at=enqueued_at, started_at=started_at,
                           finished_at=None, last_attempted_at=last_attempted_at, args=args, kwargs=kwargs,
                           backend=backend, errors=errors, worker_ids=worker_ids)
-    result = object.__new__(TaskResult)
-    _set(result, "task", task)
-    _set(result, "id", job_id)
-    _set(result, "status", status)
-    _set(result, "enqueued_at", enqueued_at)
-    _set(result, "started_at", started_at)
-    _set(result, "finished_at", None)
-    _set(result, "last_attempted_at", last_attempted_at)
-    _set(result, "args", args)
-    _set(result, "kwargs", kwargs)
-    _set(result, "backend", backend)
-    _set(result, "errors", errors)
-    _set(result, "worker_ids", worker_ids)
-    _set(result, "_return_value", None)
+    s_task, s_id, s_status, s_enqueued, s_started, s_finished, s_attempted, s_args, s_kwargs, s_backend, \
+        s_errors, s_workers, s_return = _SLOTS
+    result = _new(TaskResult)
+    s_task(result, task)
+    s_id(result, job_id)
+    s_status(result, status)
+    s_enqueued(result, enqueued_at)
+    s_started(result, started_at)
+    s_finished(result, None)
+    s_attempted(result, last_attempted_at)
+    s_args(result, args)
+    s_kwargs(result, kwargs)
+    s_backend(result, backend)
+    s_errors(result, errors)
+    s_workers(result, worker_ids)
+    s_return(result, None)
     return result
 
 
-_FAST_READY = [(f.name, f.init, f.default) for f in fields(TaskResult)] == [
-    *((name, True, MISSING) for name in _READY_FIELDS), ("_return_value", False, None)]
-"""Only while TaskResult has exactly these fields; a Django that adds one gets its own constructor."""
+def _slot_setters() -> tuple[Callable[[TaskResult, Any], None], ...] | None:
+    """The setter of each of TaskResult's slots, in ``_READY_FIELDS`` order then ``_return_value``.
+
+    A slot's own setter skips the frozen dataclass's ``__setattr__`` and the
+    lookup by name that ``object.__setattr__`` makes: half the cost of a
+    TaskResult, built on every enqueue. None unless TaskResult has exactly
+    these fields, each a slot: a Django that changes them gets its own constructor.
+    """
+    expected = [*((name, True, MISSING) for name in _READY_FIELDS), ("_return_value", False, None)]
+    if [(f.name, f.init, f.default) for f in fields(TaskResult)] != expected:
+        return None
+    slots = [TaskResult.__dict__.get(name) for name, _, _ in expected]
+    if not all(isinstance(slot, MemberDescriptorType) for slot in slots):
+        return None
+    return tuple(slot.__set__ for slot in slots)
+
+
+_SLOTS = _slot_setters()
+_new = object.__new__
 
 
 def ms_to_datetime(ms: int | None) -> datetime | None:
@@ -503,6 +521,10 @@ def _gc_paused() -> Iterator[None]:
 
 def _unpack_call(index: int, call: Any) -> tuple[Any, Any]:
     """One ``(args, kwargs)`` pair of ``enqueue_many``, checked so a mistake names its index."""
+    if type(call) is tuple and len(call) == 2:  # the usual shape, in three exact type checks
+        args, kwargs = call
+        if (type(args) is tuple or type(args) is list) and type(kwargs) is dict:
+            return args, kwargs
     if isinstance(call, (str, bytes)) or not isinstance(call, (tuple, list)) or len(call) != 2:
         raise TypeError(f"call {index}: expected an (args, kwargs) pair, got {call!r:.100}")
     args, kwargs = call

@@ -55,6 +55,31 @@ def test_our_runworker_wins_over_channels():
     assert get_commands()["runworker"] == "chasqui_core"
 
 
+def test_a_result_built_slot_by_slot_equals_djangos_own():
+    """task_result skips TaskResult's constructor; what it builds must be what the constructor builds."""
+    from datetime import UTC, datetime
+
+    from django.tasks import TaskResult
+    from django.tasks.base import TaskError
+
+    from chasqui_core.backend import _SLOTS, task_result
+
+    assert _SLOTS is not None  # this Django's TaskResult is the shape the fast path knows
+    enqueued, started, attempted = (datetime(2026, 1, 2, 3, 4, second, tzinfo=UTC) for second in (5, 6, 7))
+    errors = [TaskError(exception_class_path="app.Boom", traceback="Traceback...")]
+    optional = dict(enqueued_at=enqueued, started_at=started, last_attempted_at=attempted, errors=errors,
+                    worker_ids=["w1"])
+    built = task_result(sample_tasks.add, "j1", TaskResultStatus.RUNNING, [1, [2]], {"k": "v"}, "default",
+                        **optional)
+    own = TaskResult(task=sample_tasks.add, id="j1", status=TaskResultStatus.RUNNING, finished_at=None,
+                     args=[1, [2]], kwargs={"k": "v"}, backend="default", **optional)
+    assert built == own
+    assert (built.finished_at, built.errors, built.worker_ids) == (None, errors, ["w1"])
+    bare = task_result(sample_tasks.add, "j2", TaskResultStatus.READY, [], {}, "default")
+    assert (bare.errors, bare.worker_ids, bare.enqueued_at) == ([], [], None)
+    assert bare.errors is not task_result(sample_tasks.add, "j3", TaskResultStatus.READY, [], {}, "default").errors
+
+
 def test_enqueue_reaches_the_stream_with_the_task_path(redis):
     result = sample_tasks.add.enqueue(2, 3)
     assert result.status == TaskResultStatus.READY
