@@ -95,7 +95,7 @@ GOALS: dict[str, Goal] = {
 TWINS: dict[str, str] = {
     cluster.LABEL_CLUSTER: cluster.LABEL_SINGLE,
     "django-enqueue (loop)": django_path.QUEUE_ADD_BESIDE,
-    "django-enqueue-many": "queue-add-bulk",
+    "django-enqueue-many": django_path.QUEUE_ADD_BULK_BESIDE,
     "worker-retry": consumer.beside("worker-retry"),
     "worker-delayed-e2e": consumer.beside("worker-delayed-e2e"),
     **{name: setup.compared_with or setup.twin for name, setup in django_path.SETUPS.items()},

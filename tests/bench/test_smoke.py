@@ -48,7 +48,7 @@ def test_bench_rejects_unknown_scenario():
 
 DJANGO_ROWS = {  # Django-path row -> its engine twin
     "django-enqueue (loop)": "queue-add (beside django-enqueue)",  # measured in turns with it, in one scenario
-    "django-enqueue-many": "queue-add-bulk",
+    "django-enqueue-many": "queue-add-bulk (beside django-enqueue-many)",  # in turns, chunk by chunk
     "runworker-async": "worker-concurrent",
     "runworker-sync": "worker-sync",
     "runworker-retry": "worker-retry",
@@ -87,6 +87,8 @@ def test_bench_smoke_measures_the_django_path_beside_its_engine_twins(tmp_path):
         assert row["engine_twin"] == f"worker-concurrent (beside {label})"
         assert row["fraction_of_twin"] == row["median"] / beside["median"] and row["jobs"] == beside["jobs"]
         assert f"taking turns with {label}" in beside["note"] and beside["cpu_us_per_job"] > 0, beside
+    for label in ("django-enqueue (loop)", "django-enqueue-many"):  # each rate beside its own CPU per job
+        assert rows[label]["cpu_us_per_job"] > 0 and rows[DJANGO_ROWS[label]]["cpu_us_per_job"] > 0
     for label in ("runworker-async", "runworker-sync", "runworker-retry"):
         note = rows[label]["note"]
         assert "python manage.py runworker bench-django" in note, note
