@@ -83,34 +83,43 @@ def drains(ctx, setups: list[WorkerSetup], n: int) -> list[list[dict]]:
     one backlog of each, in turns, the first setup going first in every
     other round: what the host was doing meanwhile weighs on all of them alike.
     """
-    q = Queue(ctx.queue, redis_client=ctx.client)
     if len({s.concurrency for s in setups}) != 1:
         raise BenchError("setups measured in turns must share a concurrency")
     sizes = [ctx.warmup_size(n)] + [n] * ctx.repeats
-    config = {"url": ctx.url, "queue": ctx.queue, "concurrency": setups[0].concurrency}
     replies: list[list[dict]] = [[] for _ in setups]
-    with Child("drain", config) as child:
+    with worker_process(ctx, setups[0]) as child:
         for i, size in enumerate(sizes):
             order = list(enumerate(setups))
             for position, setup in order if i % 2 == 0 else order[::-1]:
-                ctx.flush()
-                preload(q, size, setup.handler, setup.delayed)
-                reply = child.request({"n": size}, timeout=max(120.0, size / 100))
-                check_settled(ctx.client, ctx.queue, size)
+                reply = drain_in(ctx, child, setup, size)
                 if i:  # the first round is the warm-up
                     replies[position].append(reply)
     return replies
+
+
+def worker_process(ctx, setup: WorkerSetup) -> Child:
+    """A worker process for ``setup``'s drains (its concurrency), waiting for ``drain_in`` requests."""
+    return Child("drain", {"url": ctx.url, "queue": ctx.queue, "concurrency": setup.concurrency})
+
+
+def drain_in(ctx, child: Child, setup: WorkerSetup, size: int) -> dict:
+    """Empty the database, preload ``size`` jobs of ``setup``, have ``child`` drain them; its reply."""
+    ctx.flush()
+    preload(Queue(ctx.queue, redis_client=ctx.client), size, setup.handler, setup.delayed)
+    reply = child.request({"n": size}, timeout=max(120.0, size / 100))
+    check_settled(ctx.client, ctx.queue, size)
+    return reply
 
 
 def run_setup(ctx, name: str) -> list[Measurement]:
     setup = SETUPS[name]
     n = ctx.size(setup.full, setup.smoke)
     if not setup.beside:
-        return [_measurement(name, name, setup, drains(ctx, [setup], n)[0], n)]
+        return [measurement(name, name, setup, drains(ctx, [setup], n)[0], n)]
     other = SETUPS[setup.beside]
     own, theirs = drains(ctx, [setup, other], n)
-    return [_measurement(name, name, setup, own, n),
-            _measurement(name, beside(name), other, theirs, n, f"; taking turns with {name} in the same process")]
+    return [measurement(name, name, setup, own, n),
+            measurement(name, beside(name), other, theirs, n, f"; taking turns with {name} in the same process")]
 
 
 def beside(name: str) -> str:
@@ -118,8 +127,8 @@ def beside(name: str) -> str:
     return f"{SETUPS[name].beside} (beside {name})"
 
 
-def _measurement(scenario: str, label: str, setup: WorkerSetup, replies: list[dict], n: int,
-                 more: str = "") -> Measurement:
+def measurement(scenario: str, label: str, setup: WorkerSetup, replies: list[dict], n: int,
+                more: str = "") -> Measurement:
     cpu_us = median([r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies])
     note = f"{setup.note}{more}; the worker process used {cpu_us:.1f} µs of CPU per job (median)"
     return Measurement(scenario, label, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note,

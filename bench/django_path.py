@@ -428,7 +428,13 @@ def runworker(ctx, name: str) -> list[Measurement]:
     # Every drain is a fresh process, so a warm-up warms only the server and the machine: worth it for a
     # measured run, not for a smoke run, whose numbers mean little anyway.
     sizes = ([] if ctx.smoke else [ctx.warmup_size(n)]) + [n] * ctx.repeats
-    replies = [_drain(ctx, name, setup, task, size) for size in sizes][-ctx.repeats:]
+    if setup.compared_with:
+        replies = [_drain(ctx, name, setup, task, size) for size in sizes][-ctx.repeats:]
+        engine_rows = []
+    else:
+        replies, theirs = _in_turns(ctx, name, setup, task, sizes)
+        engine_rows = [consumer.measurement(name, beside(name), twin, theirs, n,
+                                            f"; taking turns with {name}, drain by drain")]
     cpu_us = median([r["cpu_seconds"] / r["jobs"] * 1e6 for r in replies])
     startup = median([r["startup_seconds"] for r in replies])
     if setup.processes == 1:
@@ -442,4 +448,30 @@ def runworker(ctx, name: str) -> list[Measurement]:
                 f"counted: {startup:.1f} s); the worker processes used {cpu_us:.1f} µs of CPU per job "
                 f"together (median); {busy} of {setup.processes} processes ran jobs in every drain")
     return [Measurement(name, name, RATE, [r["jobs"] / r["seconds"] for r in replies], jobs=n, note=note,
-                        cpu_us_per_job=cpu_us)]
+                        cpu_us_per_job=cpu_us), *engine_rows]
+
+
+def _in_turns(ctx, name: str, setup: RunworkerSetup, task, sizes: list[int]) -> tuple[list[dict], list[dict]]:
+    """Drains of a fresh ``runworker`` taking turns with drains of its engine twin in one engine worker process.
+
+    Each round drains one backlog of each, the runworker first in every other
+    round, so that the ratio of the two compares drains that saw the same
+    machine; rows measured minutes apart on a shared host moved by a third.
+    The measured rounds' replies of each, the warm-up round's left out.
+    """
+    twin = consumer.SETUPS[setup.twin]
+    own: list[dict] = []
+    theirs: list[dict] = []
+    with consumer.worker_process(ctx, twin) as engine:
+        for i, size in enumerate(sizes):
+            for runworker_turn in (True, False) if i % 2 == 0 else (False, True):
+                if runworker_turn:
+                    own.append(_drain(ctx, name, setup, task, size))
+                else:
+                    theirs.append(consumer.drain_in(ctx, engine, twin, size))
+    return own[-ctx.repeats:], theirs[-ctx.repeats:]
+
+
+def beside(name: str) -> str:
+    """The label of the engine row measured in turns with runworker scenario ``name``."""
+    return f"{SETUPS[name].twin} (beside {name})"

@@ -199,7 +199,9 @@ _METHOD = """\
   calls each, so that both see the same machine: its twin is that loop's row), `django-enqueue-many` is
   `queue-add-bulk` through `task.enqueue_many()` (in turns with `Queue.add_bulk`, a chunk of 1,000 each; its
   twin is that row), and the `runworker-*` rows are the worker rows run by the real
-  `python manage.py runworker <queue> --concurrency N`, a fresh process per drain, on the bench's settings
+  `python manage.py runworker <queue> --concurrency N`, a fresh process per drain, each drain taking turns
+  with a drain of its engine twin by one engine worker process (the twin's row is `<twin> (beside <scenario>)`),
+  on the bench's settings
   (`bench/django_settings.py`: the project's settings plus the bench's tasks app, `bench/tasks.py`; DEBUG off,
   the project's own logging, every Django signal receiver running). Django's start-up is
   not throughput: the window opens when the first task starts (it writes the time to Redis) and closes when
@@ -284,6 +286,8 @@ there was no `enqueue_many`.
   instructions per job, against 52,000 for `Queue.add_bulk` (the rest: a READY TaskResult per job, the
   backend's meta checked per job). `django-enqueue-many` now takes turns with `Queue.add_bulk`, chunk by
   chunk: measured minutes apart on a shared host, the two came out between 0.40 and 0.65 of each other.
+- **Measuring runworker.** The `runworker-*` rows were compared with engine rows run minutes earlier;
+  each runworker drain now takes turns with a drain of its engine twin, so both see the same machine.
 - **Promoting while workers drain.** In turns with `worker-concurrent`, `worker-delayed-e2e` reached 0.85–0.87
   of it with the same CPU per job: the worker was not busier, it was waiting. Redis runs one script at a time,
   and a `promote.lua` call of 1,000 entries held the server for about 2 ms, with a second one queued behind
@@ -307,9 +311,9 @@ _SCENARIOS = """\
 | `worker-sync` | one worker process, concurrency 10, sync (`def`) noop handler run in threads |
 | `worker-retry` | every job fails once, is retried after 1 ms, then succeeds; successes per second; in turns with a `worker-concurrent` drain of the same size by the same worker process: shown against `worker-concurrent (beside worker-retry)` |
 | `worker-delayed-e2e` | a backlog preloaded in the delayed set, all due: promoted and consumed; in turns with a `worker-concurrent` drain of the same size: shown against `worker-concurrent (beside worker-delayed-e2e)` |
-| `runworker-async` | `python manage.py runworker bench-django --concurrency 100`, async noop task; engine twin `worker-concurrent` |
-| `runworker-sync` | `python manage.py runworker bench-django --concurrency 10`, sync (`def`) noop task run in threads; engine twin `worker-sync` |
-| `runworker-retry` | `python manage.py runworker bench-django --concurrency 100`, every job fails once, is retried after 1 ms, then succeeds; successes per second; engine twin `worker-retry` |
+| `runworker-async` | `python manage.py runworker bench-django --concurrency 100`, async noop task; drain by drain in turns with an engine worker process draining the same backlog: engine twin `worker-concurrent (beside runworker-async)` |
+| `runworker-sync` | `python manage.py runworker bench-django --concurrency 10`, sync (`def`) noop task run in threads; drain by drain in turns with an engine worker process draining the same backlog: engine twin `worker-sync (beside runworker-sync)` |
+| `runworker-retry` | `python manage.py runworker bench-django --concurrency 100`, every job fails once, is retried after 1 ms, then succeeds; successes per second; drain by drain in turns with an engine worker process draining the same backlog: engine twin `worker-retry (beside runworker-retry)` |
 | `runworker-signed` | `runworker-async` with `CHASQUI["SIGNING_KEYS"]` set: the backlog signed at enqueue, every job's signature checked by the worker; shown against `runworker-async` of the same run |
 | `cluster-drain` | one worker process, concurrency 100, async noop handler, draining 3 queues: on one server, then on a 3-master cluster with one queue per master (both started for the scenario from the same Valkey binary) |
 | `promoter` | a delayed set of due jobs drained into the stream by the `Promoter` alone (no worker reading) |

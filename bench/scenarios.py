@@ -98,7 +98,7 @@ TWINS: dict[str, str] = {
     "django-enqueue-many": django_path.QUEUE_ADD_BULK_BESIDE,
     "worker-retry": consumer.beside("worker-retry"),
     "worker-delayed-e2e": consumer.beside("worker-delayed-e2e"),
-    **{name: setup.compared_with or setup.twin for name, setup in django_path.SETUPS.items()},
+    **{name: setup.compared_with or django_path.beside(name) for name, setup in django_path.SETUPS.items()},
 }
 """Each Django-path row and the row it is measured against (the report shows the fraction): its engine twin, or
 for ``runworker-signed`` and ``runworker-processes-2`` the plain single-process ``runworker-async``; the cluster

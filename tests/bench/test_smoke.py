@@ -49,9 +49,9 @@ def test_bench_rejects_unknown_scenario():
 DJANGO_ROWS = {  # Django-path row -> its engine twin
     "django-enqueue (loop)": "queue-add (beside django-enqueue)",  # measured in turns with it, in one scenario
     "django-enqueue-many": "queue-add-bulk (beside django-enqueue-many)",  # in turns, chunk by chunk
-    "runworker-async": "worker-concurrent",
-    "runworker-sync": "worker-sync",
-    "runworker-retry": "worker-retry",
+    "runworker-async": "worker-concurrent (beside runworker-async)",  # each runworker drain takes turns with
+    "runworker-sync": "worker-sync (beside runworker-sync)",  # a drain of its engine twin
+    "runworker-retry": "worker-retry (beside runworker-retry)",
 }
 
 
@@ -86,6 +86,9 @@ def test_bench_smoke_measures_the_django_path_beside_its_engine_twins(tmp_path):
         row, beside = rows[label], rows[f"worker-concurrent (beside {label})"]
         assert row["engine_twin"] == f"worker-concurrent (beside {label})"
         assert row["fraction_of_twin"] == row["median"] / beside["median"] and row["jobs"] == beside["jobs"]
+        assert f"taking turns with {label}" in beside["note"] and beside["cpu_us_per_job"] > 0, beside
+    for label in ("runworker-async", "runworker-sync", "runworker-retry"):
+        beside = rows[DJANGO_ROWS[label]]
         assert f"taking turns with {label}" in beside["note"] and beside["cpu_us_per_job"] > 0, beside
     for label in ("django-enqueue (loop)", "django-enqueue-many"):  # each rate beside its own CPU per job
         assert rows[label]["cpu_us_per_job"] > 0 and rows[DJANGO_ROWS[label]]["cpu_us_per_job"] > 0
