@@ -42,7 +42,7 @@ def test_a_django_path_row_is_shown_as_a_fraction_of_its_twin():
 def test_a_twin_missing_from_the_run_is_named_and_a_skipped_row_says_so():
     rows = {r[0]: r for r in report.rows(a_run())}
     twin_column = report.COLUMNS.index("of engine twin")
-    assert rows["runworker-async"][twin_column] == "— (worker-concurrent not in this run)"
+    assert rows["runworker-async"][twin_column] == "— (worker-concurrent (beside runworker-async) not in this run)"
     assert rows["django-enqueue-many"][1] == "skipped"
     markdown = report.markdown(a_run())
     assert "- **django-enqueue-many**: not available: this version's Django tasks have no enqueue_many()" in markdown
@@ -51,11 +51,13 @@ def test_a_twin_missing_from_the_run_is_named_and_a_skipped_row_says_so():
 def test_worker_rows_also_compare_cpu_per_job_with_their_twin():
     run = a_run()
     run.measurements += [
-        Measurement("worker-sync", "worker-sync", RATE, [100_000.0], jobs=100, cpu_us_per_job=10.0),
         Measurement("runworker-sync", "runworker-sync", RATE, [50_000.0], jobs=100, cpu_us_per_job=12.0),
+        Measurement("runworker-sync", "worker-sync (beside runworker-sync)", RATE, [100_000.0], jobs=100,
+                    cpu_us_per_job=10.0),
     ]
     rows = {r[0]: r for r in report.rows(run)}
-    assert rows["runworker-sync"][report.COLUMNS.index("of engine twin")] == "0.50 of worker-sync (CPU per job ×1.20)"
+    assert (rows["runworker-sync"][report.COLUMNS.index("of engine twin")]
+            == "0.50 of worker-sync (beside runworker-sync) (CPU per job ×1.20)")
     items = {m["label"]: m for m in report.to_json(run)["measurements"]}
     assert items["runworker-sync"]["cpu_per_job_of_twin"] == 1.2
     assert items["django-enqueue (loop)"]["cpu_per_job_of_twin"] is None
@@ -65,7 +67,7 @@ def test_json_names_the_twin_and_the_fraction():
     items = {m["label"]: m for m in report.to_json(a_run())["measurements"]}
     assert items["django-enqueue (loop)"]["engine_twin"] == "queue-add (beside django-enqueue)"
     assert items["django-enqueue (loop)"]["fraction_of_twin"] == 0.5
-    assert items["runworker-async"]["engine_twin"] == "worker-concurrent"
+    assert items["runworker-async"]["engine_twin"] == "worker-concurrent (beside runworker-async)"
     assert items["runworker-async"]["fraction_of_twin"] is None
     assert "engine_twin" not in items["queue-add"]
 
