@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from chasqui_core.engine import stats
@@ -88,6 +89,34 @@ def _check_queued(ctx, queue: str, n: int) -> None:
 # --- enqueue -----------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class Spent:
+    """Wall-clock and this process's CPU seconds one side of ``_in_blocks`` took, summed over its blocks."""
+
+    wall: float = 0.0
+    cpu: float = 0.0
+
+
+def _in_blocks(n: int, block: int, first: Callable[[int, int], None],
+               second: Callable[[int, int], None]) -> tuple[Spent, Spent]:
+    """Run ``first`` and ``second`` over ``range(n)`` in blocks, taking turns, and time each side.
+
+    Each is called with a block's ``(start, stop)``; which goes first flips
+    from block to block, so neither always meets the machine warmed (or
+    disturbed) by the other.
+    """
+    spent = {first: Spent(), second: Spent()}
+    clock, cpu_clock = time.perf_counter, time.process_time
+    for index, start in enumerate(range(0, n, block)):
+        stop = min(n, start + block)
+        for side in ((second, first) if index % 2 else (first, second)):
+            t0, c0 = clock(), cpu_clock()
+            side(start, stop)
+            spent[side].wall += clock() - t0
+            spent[side].cpu += cpu_clock() - c0
+    return spent[first], spent[second]
+
+
 BLOCK = 1_000
 """Calls per block of ``django-enqueue``: Queue.add and task.enqueue() take turns, a block each."""
 
@@ -107,36 +136,26 @@ def django_enqueue(ctx) -> list[Measurement]:
     tasks = _setup()
     enqueue = tasks.noop.enqueue
     add = Queue(ctx.queue, redis_client=ctx.client).add
-    clock, cpu_clock, ns = time.perf_counter, time.process_time, time.perf_counter_ns
+    ns = time.perf_counter_ns
 
     def once(n: int) -> dict:
-        spent = {"enqueue": 0.0, "add": 0.0, "enqueue_cpu": 0.0, "add_cpu": 0.0}
         calls = []
 
         def enqueues(start: int, stop: int) -> None:
-            t0, c0 = clock(), cpu_clock()
             for i in range(start, stop):
                 n0 = ns()
                 enqueue(i)
                 calls.append(ns() - n0)
-            spent["enqueue"] += clock() - t0
-            spent["enqueue_cpu"] += cpu_clock() - c0
 
         def adds(start: int, stop: int) -> None:
-            t0, c0 = clock(), cpu_clock()
             for i in range(start, stop):
                 add(NOOP, [i])
-            spent["add"] += clock() - t0
-            spent["add_cpu"] += cpu_clock() - c0
 
-        for block, start in enumerate(range(0, n, BLOCK)):
-            stop = min(n, start + BLOCK)
-            first, second = (enqueues, adds) if block % 2 else (adds, enqueues)  # neither always goes first
-            first(start, stop)
-            second(start, stop)
+        enqueue_spent, add_spent = _in_blocks(n, BLOCK, enqueues, adds)
         _check_queued(ctx, tasks.QUEUE, n)
         _check_queued(ctx, ctx.queue, n)
-        return {"n": n, **spent, "call_us": median(calls) / 1000}
+        return {"n": n, "enqueue": enqueue_spent.wall, "enqueue_cpu": enqueue_spent.cpu,
+                "add": add_spent.wall, "add_cpu": add_spent.cpu, "call_us": median(calls) / 1000}
 
     n = ctx.size(20_000, 500)  # as queue-add
     runs = ctx.repeat(once, n)
@@ -177,31 +196,19 @@ def django_enqueue_many(ctx) -> list[Measurement]:
         return [Measurement("django-enqueue-many", "django-enqueue-many", RATE, skipped=reason)]
     enqueue_many = tasks.noop.enqueue_many
     add_bulk = Queue(ctx.queue, redis_client=ctx.client).add_bulk
-    clock, cpu_clock = time.perf_counter, time.process_time
 
     def once(n: int) -> dict:
-        spent = {"many": 0.0, "bulk": 0.0, "many_cpu": 0.0, "bulk_cpu": 0.0}
-
         def many(start: int, stop: int) -> None:
-            t0, c0 = clock(), cpu_clock()
             enqueue_many([((i,), {}) for i in range(start, stop)])
-            spent["many"] += clock() - t0
-            spent["many_cpu"] += cpu_clock() - c0
 
         def bulk(start: int, stop: int) -> None:
-            t0, c0 = clock(), cpu_clock()
             add_bulk(JobSpec(NOOP, [i]) for i in range(start, stop))
-            spent["bulk"] += clock() - t0
-            spent["bulk_cpu"] += cpu_clock() - c0
 
-        for chunk, start in enumerate(range(0, n, ENQUEUE_MANY_CALLS)):
-            stop = min(n, start + ENQUEUE_MANY_CALLS)
-            first, second = (many, bulk) if chunk % 2 else (bulk, many)  # neither always goes first
-            first(start, stop)
-            second(start, stop)
+        many_spent, bulk_spent = _in_blocks(n, ENQUEUE_MANY_CALLS, many, bulk)
         _check_queued(ctx, tasks.QUEUE, n)
         _check_queued(ctx, ctx.queue, n)
-        return {"n": n, **spent}
+        return {"n": n, "many": many_spent.wall, "many_cpu": many_spent.cpu,
+                "bulk": bulk_spent.wall, "bulk_cpu": bulk_spent.cpu}
 
     n = ctx.size(200_000, 5_000)  # as queue-add-bulk
     runs = ctx.repeat(once, n)
