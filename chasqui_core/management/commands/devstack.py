@@ -26,6 +26,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from chasqui_core.engine.embedded import EmbeddedValkey
 
 POLL_INTERVAL = 0.2
+SAME_REQUEST_WINDOW = 1.0
+"""Seconds within which a repeated stop signal is taken as the same request, not as "stop now".
+
+``make run`` forwards a SIGTERM it receives to this command, and process
+managers signal every process of a group at once, so one request to stop can
+arrive twice within milliseconds; only a deliberate second Ctrl+C skips the
+graceful wait.
+"""
 
 
 @dataclass
@@ -108,6 +116,7 @@ class Command(BaseCommand):
         if not queues:
             raise CommandError("--queues needs at least one queue name.")
         self._stop_signal: int | None = None
+        self._stop_requested_at = 0.0
         self._force = False
         previous = {
             sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)
@@ -176,7 +185,8 @@ class Command(BaseCommand):
         # interrupt a write in progress on the same stream.
         if self._stop_signal is None:
             self._stop_signal = signum
-        else:
+            self._stop_requested_at = time.monotonic()
+        elif time.monotonic() - self._stop_requested_at >= SAME_REQUEST_WINDOW:
             # A second Ctrl+C means "now": skip the graceful wait.
             self._force = True
 
