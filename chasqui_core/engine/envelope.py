@@ -52,10 +52,17 @@ class Job:
         """A copy of this job with one more failed run in its history (``attempt`` runs in all, ``deaths`` lost).
 
         Built field by field rather than with ``dataclasses.replace``, which
-        costs several times more and runs on every failed run.
+        costs several times more.
         """
         return Job(self.id, self.task, self.args, self.kwargs, attempt, self.created_at, self.max_attempts,
                    self.backoff, [*self.errors, error], self.replays, self.result_ttl, deaths, self.meta)
+
+    def encode_after_failure(self, attempt: int, error: dict[str, Any], deaths: int) -> bytes:
+        """``after_failure(...).encode()`` without building the copy: the envelope a failed run writes back."""
+        packed: bytes = _packer.pack([VERSION, self.id, self.task, self.args, self.kwargs, attempt, self.created_at,
+                                      self.max_attempts, self.backoff, [*self.errors, error], self.replays,
+                                      self.result_ttl, deaths, self.meta])
+        return packed
 
     def encode(self) -> bytes:
         return _packb(
@@ -244,15 +251,19 @@ def error_record(
     worker: str,
     started_at: int,
     finished_at: int,
+    backoff_ms: int | None = None,
 ) -> dict[str, Any]:
-    """One failed run, as kept in the job's error history."""
-    return {
+    """One failed run, as kept in the job's error history; ``backoff_ms`` when a retry follows it."""
+    record = {
         "attempt": attempt,
         "class": exc_class,
-        "message": message[:2000],
-        "traceback": bounded_traceback(traceback),
+        "message": message if len(message) <= 2000 else message[:2000],
+        "traceback": traceback if len(traceback) <= TRACEBACK_LIMIT else bounded_traceback(traceback),
         "worker": worker,
         "started_at": started_at,
         "finished_at": finished_at,
-        "duration_ms": max(0, finished_at - started_at),
+        "duration_ms": finished_at - started_at if finished_at > started_at else 0,
     }
+    if backoff_ms is not None:
+        record["backoff_ms"] = backoff_ms
+    return record

@@ -114,33 +114,32 @@ class Outcomes:
         finished = now_ms()
         runs_made = job.attempt + d.deliveries
         error_class, text, traceback = describe(exc)
+        decision = decide(job, exc, runs_made, d.handler, self.policy)
         record = error_record(
             attempt=runs_made, exc_class=error_class, message=text, traceback=traceback, worker=self.worker_id,
-            started_at=started, finished_at=finished,
+            started_at=started, finished_at=finished, backoff_ms=decision.delay_ms if decision.retry else None,
         )
-        decision = decide(job, exc, runs_made, d.handler, self.policy)
-        if decision.retry:
-            record["backoff_ms"] = decision.delay_ms
         # Deliveries past the first were crashes of the worker running it: they count as deaths.
-        updated = job.after_failure(runs_made, record, job.deaths + d.deliveries - 1)
-        payload = updated.encode()
+        deaths = job.deaths + d.deliveries - 1
+        payload = job.encode_after_failure(runs_made, record, deaths)
         text = text or type(exc).__name__
         stored = None
         if job.result_ttl:
+            updated = job.after_failure(runs_made, record, deaths)
             stored = self._stored(d.keys, updated, "READY" if decision.retry else "FAILED", started, finished)
         if decision.retry:
             if self._retry_lines.allow():
                 logger.info("job %s (%s) failed on attempt %d: %s: %s; retrying in %d ms", job.id, job.task,
-                            runs_made, record["class"], text, decision.delay_ms)
+                            runs_made, error_class, text, decision.delay_ms)
             self.settler.retry(d.keys, d.entry_id, decision.delay_ms, payload, job_id=job.id, task=job.task,
-                               attempt=runs_made, error_class=record["class"], error=text,
+                               attempt=runs_made, error_class=error_class, error=text,
                                duration_ms=duration, result=stored)
         else:
             if self._dead_lines.allow():
                 logger.warning("job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
-                               job.id, job.task, runs_made, record["class"], text, decision.reason)
+                               job.id, job.task, runs_made, error_class, text, decision.reason)
             self.settler.dead(d.keys, d.entry_id, payload, decision.reason, job_id=job.id, task=job.task,
-                              error_class=record["class"], error=text, handler_failed=True,
+                              error_class=error_class, error=text, handler_failed=True,
                               duration_ms=duration, result=stored)
 
     def internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
