@@ -39,6 +39,7 @@ def test_filters(view_api, redis):
     add_dead(redis, Q, task="a.task", messages=("connection refused",), cls="ConnectionError")
     add_dead(redis, Q, task="b.task", messages=("x", "disk full"), cls="OSError")
     add_dead(redis, Q, task="b.task", messages=("bad data",), cls="ValueError", reason="unrecoverable")
+    add_dead(redis, Q, task="c.task", messages=("no delay",), cls="InvalidRetry", reason="internal")
 
     def tasks(**params):
         r = view_api.get(f"/api/queues/{Q}/dlq", **params)
@@ -47,11 +48,12 @@ def test_filters(view_api, redis):
 
     assert tasks(task="b.task") == [("b.task", "OSError"), ("b.task", "ValueError")]
     assert tasks(reason="unrecoverable") == [("b.task", "ValueError")]
+    assert tasks(reason="internal") == [("c.task", "InvalidRetry")], "every reason the worker writes can be filtered"
     assert tasks(error_class="ConnectionError") == [("a.task", "ConnectionError")]
     assert tasks(error_text="DISK") == [("b.task", "OSError")]
     assert tasks(error_text="x") == [("b.task", "OSError")]  # an earlier attempt's message
     assert tasks(since="2000-01-01T00:00:00Z", until="2001-01-01T00:00:00") == []
-    assert len(tasks(since="2000-01-01T00:00:00Z")) == 3
+    assert len(tasks(since="2000-01-01T00:00:00Z")) == 4
 
 
 def test_bad_filters_and_paging_are_422(view_api, redis):

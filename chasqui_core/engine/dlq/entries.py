@@ -15,7 +15,7 @@ from typing import Any
 from ..envelope import DecodeError, Job, decode
 from .fingerprint import fingerprint, fingerprint_id
 
-REASONS = ("retries_exhausted", "unrecoverable", "panic", "decode_failed", "unknown_task", "oversize",
+REASONS = ("retries_exhausted", "unrecoverable", "panic", "decode_failed", "internal", "unknown_task", "oversize",
            "bad_signature")
 """Why a job was dead-lettered (the ``reason`` field of every DLQ entry)."""
 
