@@ -88,10 +88,10 @@ def task_handler(task: ChasquiTask):
                     value = await func(*args, **kwargs)
             except Exception as exc:
                 if not ctx.will_retry(exc) and _finished.wanted(FAILED):
-                    await _finished.asend(finished_result(task, ctx, context.built if context else result, exc))
+                    await _finished.asend(finished_result(task, ctx, shown(context, result), exc))
                 raise
             if _finished.wanted(SUCCESSFUL):
-                await _finished.asend(finished_result(task, ctx, context.built if context else result))
+                await _finished.asend(finished_result(task, ctx, shown(context, result)))
             return value
 
         return run_async
@@ -111,10 +111,10 @@ def task_handler(task: ChasquiTask):
                     value = func(*args, **kwargs)
             except Exception as exc:
                 if not ctx.will_retry(exc) and _finished.wanted(FAILED):
-                    _finished.send(finished_result(task, ctx, context.built if context else result, exc))
+                    _finished.send(finished_result(task, ctx, shown(context, result), exc))
                 raise
             if _finished.wanted(SUCCESSFUL):
-                _finished.send(finished_result(task, ctx, context.built if context else result))
+                _finished.send(finished_result(task, ctx, shown(context, result)))
             return value
         finally:
             check_connections()
@@ -168,6 +168,14 @@ def running_result(task: ChasquiTask, ctx: JobContext, now: datetime | None = No
         # one id per run so far, this one included: TaskContext.attempt counts them
         worker_ids=[e.get("worker", "") for e in job.errors] + [""] * (ctx.deliveries - 1) + [ctx.worker_id],
     )
+
+
+def shown(context: RunContext | None, result: TaskResult | None) -> TaskResult | None:
+    """The TaskResult this run has shown so far, for ``task_finished`` to carry on from (None: none yet).
+
+    The context's, when the task read it; otherwise the one ``task_started`` carried.
+    """
+    return context.built if context is not None else result
 
 
 def finished_result(task: ChasquiTask, ctx: JobContext, result: TaskResult | None,
