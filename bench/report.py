@@ -279,7 +279,12 @@ there was no `enqueue_many`.
   remains per retried job, beside its two runs, is a row
   of small steps of one to three µs each: describing the failure, deciding the backoff, building the error
   record, encoding the new envelope, and decoding it again (msgpack builds the record's nine-key map more
-  slowly than nine list items), plus the settler's and the promoter's shares.
+  slowly than nine list items), plus the settler's and the promoter's shares. A failed run now packs its
+  new envelope straight from the job, without building a copy of it first, and builds its error record with
+  its backoff in one go: 246,300 → 241,900 instructions per retried job (noop: 74,200), so the CPU ratio of
+  about ×3.3 to a noop job is what the instructions say, not the host. On the server, a retried job costs
+  about 26 µs of script time against 6 for a noop job; deleting settled entries (one XDEL per batch, which
+  seeks each id in its stream node) is the largest single part of both, about 3 µs per entry.
 - **enqueue_many.** A TaskResult is built for every call; its fields are now set through the setters of
   TaskResult's slots, not `object.__setattr__` by name (half its cost), and a call given as an
   `(args, kwargs)` tuple is checked in three exact type checks. Counted with callgrind: 92,800 → 82,000
