@@ -91,10 +91,19 @@ def _check_queued(ctx, queue: str, n: int) -> None:
 
 @dataclass(slots=True)
 class Spent:
-    """Wall-clock and this process's CPU seconds one side of ``_in_blocks`` took, summed over its blocks."""
+    """Wall-clock and this process's CPU seconds one side of ``_in_blocks`` took over its ``jobs`` calls or jobs."""
 
+    jobs: int
     wall: float = 0.0
     cpu: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.wall
+
+    @property
+    def cpu_us(self) -> float:
+        return self.cpu / self.jobs * 1e6
 
 
 def _in_blocks(n: int, block: int, first: Callable[[int, int], None],
@@ -105,7 +114,7 @@ def _in_blocks(n: int, block: int, first: Callable[[int, int], None],
     from block to block, so neither always meets the machine warmed (or
     disturbed) by the other.
     """
-    spent = {first: Spent(), second: Spent()}
+    spent = {first: Spent(n), second: Spent(n)}
     clock, cpu_clock = time.perf_counter, time.process_time
     for index, start in enumerate(range(0, n, block)):
         stop = min(n, start + block)
@@ -115,6 +124,19 @@ def _in_blocks(n: int, block: int, first: Callable[[int, int], None],
             spent[side].wall += clock() - t0
             spent[side].cpu += cpu_clock() - c0
     return spent[first], spent[second]
+
+
+def _taking_turns(ctx, n: int, block: int, first: Callable[[int, int], None], second: Callable[[int, int], None],
+                  queues: tuple[str, str]) -> tuple[list[Spent], list[Spent]]:
+    """``ctx.repeat`` of ``_in_blocks`` over ``n`` (the two queues checked after each run): each side's runs."""
+    def once(size: int) -> tuple[Spent, Spent]:
+        spent = _in_blocks(size, block, first, second)
+        for queue in queues:
+            _check_queued(ctx, queue, size)
+        return spent
+
+    runs = ctx.repeat(once, n)
+    return [f for f, _ in runs], [s for _, s in runs]
 
 
 BLOCK = 1_000
@@ -138,38 +160,36 @@ def django_enqueue(ctx) -> list[Measurement]:
     add = Queue(ctx.queue, redis_client=ctx.client).add
     ns = time.perf_counter_ns
 
-    def once(n: int) -> dict:
-        calls = []
+    calls: list[list[int]] = []
+    """The time of each enqueue() call, per run (the warm-up first)."""
 
-        def enqueues(start: int, stop: int) -> None:
-            for i in range(start, stop):
-                n0 = ns()
-                enqueue(i)
-                calls.append(ns() - n0)
+    def enqueues(start: int, stop: int) -> None:
+        if start == 0:
+            calls.append([])
+        run = calls[-1]
+        for i in range(start, stop):
+            n0 = ns()
+            enqueue(i)
+            run.append(ns() - n0)
 
-        def adds(start: int, stop: int) -> None:
-            for i in range(start, stop):
-                add(NOOP, [i])
-
-        enqueue_spent, add_spent = _in_blocks(n, BLOCK, enqueues, adds)
-        _check_queued(ctx, tasks.QUEUE, n)
-        _check_queued(ctx, ctx.queue, n)
-        return {"n": n, "enqueue": enqueue_spent.wall, "enqueue_cpu": enqueue_spent.cpu,
-                "add": add_spent.wall, "add_cpu": add_spent.cpu, "call_us": median(calls) / 1000}
+    def adds(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            add(NOOP, [i])
 
     n = ctx.size(20_000, 500)  # as queue-add
-    runs = ctx.repeat(once, n)
-    enqueue_cpu = median([r["enqueue_cpu"] / r["n"] * 1e6 for r in runs])
-    add_cpu = median([r["add_cpu"] / r["n"] * 1e6 for r in runs])
+    enqueued, added = _taking_turns(ctx, n, BLOCK, enqueues, adds, (tasks.QUEUE, ctx.queue))
+    enqueue_cpu = median([s.cpu_us for s in enqueued])
+    add_cpu = median([s.cpu_us for s in added])
     return [
-        Measurement("django-enqueue", "django-enqueue (loop)", RATE, [r["n"] / r["enqueue"] for r in runs], jobs=n,
+        Measurement("django-enqueue", "django-enqueue (loop)", RATE, [s.rate for s in enqueued], jobs=n,
                     cpu_us_per_job=enqueue_cpu,
                     note=f"Django @task(...).enqueue() {n:,} times ({tasks.noop.module_path}), in blocks of "
                          f"{BLOCK:,} calls taking turns with the Queue.add row below; this process used "
                          f"{enqueue_cpu:.1f} µs of CPU per call (median)"),
-        Measurement("django-enqueue", "django-enqueue (one call, median)", "µs", [r["call_us"] for r in runs],
-                    jobs=n, lower_is_better=True, note="time of a single enqueue() call"),
-        Measurement("django-enqueue", QUEUE_ADD_BESIDE, RATE, [r["n"] / r["add"] for r in runs], jobs=n,
+        Measurement("django-enqueue", "django-enqueue (one call, median)", "µs",
+                    [median(run) / 1000 for run in calls[1:]], jobs=n, lower_is_better=True,
+                    note="time of a single enqueue() call"),
+        Measurement("django-enqueue", QUEUE_ADD_BESIDE, RATE, [s.rate for s in added], jobs=n,
                     cpu_us_per_job=add_cpu,
                     note=f"Queue.add, one job per call, taking turns with task.enqueue() in the same run; this "
                          f"process used {add_cpu:.1f} µs of CPU per call (median)"),
@@ -197,30 +217,23 @@ def django_enqueue_many(ctx) -> list[Measurement]:
     enqueue_many = tasks.noop.enqueue_many
     add_bulk = Queue(ctx.queue, redis_client=ctx.client).add_bulk
 
-    def once(n: int) -> dict:
-        def many(start: int, stop: int) -> None:
-            enqueue_many([((i,), {}) for i in range(start, stop)])
+    def many(start: int, stop: int) -> None:
+        enqueue_many([((i,), {}) for i in range(start, stop)])
 
-        def bulk(start: int, stop: int) -> None:
-            add_bulk(JobSpec(NOOP, [i]) for i in range(start, stop))
-
-        many_spent, bulk_spent = _in_blocks(n, ENQUEUE_MANY_CALLS, many, bulk)
-        _check_queued(ctx, tasks.QUEUE, n)
-        _check_queued(ctx, ctx.queue, n)
-        return {"n": n, "many": many_spent.wall, "many_cpu": many_spent.cpu,
-                "bulk": bulk_spent.wall, "bulk_cpu": bulk_spent.cpu}
+    def bulk(start: int, stop: int) -> None:
+        add_bulk(JobSpec(NOOP, [i]) for i in range(start, stop))
 
     n = ctx.size(200_000, 5_000)  # as queue-add-bulk
-    runs = ctx.repeat(once, n)
-    many_cpu = median([r["many_cpu"] / r["n"] * 1e6 for r in runs])
-    bulk_cpu = median([r["bulk_cpu"] / r["n"] * 1e6 for r in runs])
+    many_runs, bulk_runs = _taking_turns(ctx, n, ENQUEUE_MANY_CALLS, many, bulk, (tasks.QUEUE, ctx.queue))
+    many_cpu = median([s.cpu_us for s in many_runs])
+    bulk_cpu = median([s.cpu_us for s in bulk_runs])
     return [
-        Measurement("django-enqueue-many", "django-enqueue-many", RATE, [r["n"] / r["many"] for r in runs], jobs=n,
+        Measurement("django-enqueue-many", "django-enqueue-many", RATE, [s.rate for s in many_runs], jobs=n,
                     cpu_us_per_job=many_cpu,
                     note=f"task.enqueue_many() of {ENQUEUE_MANY_CALLS:,} (args, kwargs) calls at a time, building "
                          f"the calls included, taking turns with the Queue.add_bulk row below; this process used "
                          f"{many_cpu:.1f} µs of CPU per job (median)"),
-        Measurement("django-enqueue-many", QUEUE_ADD_BULK_BESIDE, RATE, [r["n"] / r["bulk"] for r in runs], jobs=n,
+        Measurement("django-enqueue-many", QUEUE_ADD_BULK_BESIDE, RATE, [s.rate for s in bulk_runs], jobs=n,
                     cpu_us_per_job=bulk_cpu,
                     note=f"Queue.add_bulk of {ENQUEUE_MANY_CALLS:,} JobSpecs at a time, building them included, "
                          f"taking turns with task.enqueue_many() in the same run; this process used "

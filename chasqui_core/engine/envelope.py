@@ -59,30 +59,16 @@ class Job:
 
     def encode_after_failure(self, attempt: int, error: dict[str, Any], deaths: int) -> bytes:
         """``after_failure(...).encode()`` without building the copy: the envelope a failed run writes back."""
-        packed: bytes = _packer.pack([VERSION, self.id, self.task, self.args, self.kwargs, attempt, self.created_at,
-                                      self.max_attempts, self.backoff, [*self.errors, error], self.replays,
-                                      self.result_ttl, deaths, self.meta])
-        return packed
+        return self._packed(attempt, [*self.errors, error], deaths)
 
     def encode(self) -> bytes:
-        return _packb(
-            [
-                VERSION,
-                self.id,
-                self.task,
-                self.args,
-                self.kwargs,
-                self.attempt,
-                self.created_at,
-                self.max_attempts,
-                self.backoff,
-                self.errors,
-                self.replays,
-                self.result_ttl,
-                self.deaths,
-                self.meta,
-            ]
-        )
+        return self._packed(self.attempt, self.errors, self.deaths)
+
+    def _packed(self, attempt: int, errors: list[dict[str, Any]], deaths: int) -> bytes:
+        packed: bytes = _packer.pack([VERSION, self.id, self.task, self.args, self.kwargs, attempt, self.created_at,
+                                      self.max_attempts, self.backoff, errors, self.replays, self.result_ttl, deaths,
+                                      self.meta])
+        return packed
 
 
 _packer = msgpack.Packer(use_bin_type=True)
@@ -93,11 +79,6 @@ def pack_job(job_id: str, task: str, args: list[Any], kwargs: dict[str, Any], cr
     """Encode a brand-new job without building a Job first (the producer's fast path)."""
     packed: bytes = _packer.pack([VERSION, job_id, task, args, kwargs, 0, created_at, max_attempts, backoff, [], 0,
                          result_ttl, 0, meta])
-    return packed
-
-
-def _packb(obj: Any) -> bytes:
-    packed: bytes = _packer.pack(obj)
     return packed
 
 
@@ -257,12 +238,12 @@ def error_record(
     record = {
         "attempt": attempt,
         "class": exc_class,
-        "message": message if len(message) <= 2000 else message[:2000],
-        "traceback": traceback if len(traceback) <= TRACEBACK_LIMIT else bounded_traceback(traceback),
+        "message": message[:2000],
+        "traceback": bounded_traceback(traceback),
         "worker": worker,
         "started_at": started_at,
         "finished_at": finished_at,
-        "duration_ms": finished_at - started_at if finished_at > started_at else 0,
+        "duration_ms": max(0, finished_at - started_at),
     }
     if backoff_ms is not None:
         record["backoff_ms"] = backoff_ms
