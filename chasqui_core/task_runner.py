@@ -198,7 +198,17 @@ def finished_result(task: ChasquiTask, ctx: JobContext, result: TaskResult | Non
 
 # --- database connections ----------------------------------------------------------------
 
-_thread = threading.local()
+class _ThreadState(threading.local):
+    connected = False
+    """Whether this thread opened a database connection since it last looked.
+
+    A class default rather than ``getattr(local, name, False)``: a thread that
+    never set it reads the default without raising and catching an
+    AttributeError, a microsecond per job on every sync job of every worker.
+    """
+
+
+_thread = _ThreadState()
 
 
 def _connected(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -215,6 +225,6 @@ def check_connections() -> None:
     since it last looked (the common case for jobs that do not touch the
     database) skips the walk over every database alias.
     """
-    if getattr(_thread, "connected", False):
+    if _thread.connected:
         close_old_connections()
         _thread.connected = any(c.connection is not None for c in connections.all(initialized_only=True))

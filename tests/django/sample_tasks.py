@@ -83,3 +83,14 @@ async def reads_its_result(context, key: str) -> None:
     RUNS.append(("reads_its_result", context.attempt, result.id, result.status, result.attempts,
                  [e.exception_class_path for e in result.errors], len(result.worker_ids), result.started_at,
                  datetime.fromtimestamp(time.time(), UTC), result is context.task_result))
+
+
+@task(queue_name="default")
+def counts_users() -> int:
+    """Opens a database connection in the worker's thread and notes it, to see what happens to it after the job."""
+    from django.contrib.auth.models import User
+    from django.db import connections
+
+    count = User.objects.count()
+    RUNS.append(("counts_users", connections["default"]))
+    return count

@@ -167,3 +167,13 @@ def test_djangos_own_logging_sees_every_run_of_an_async_task_at_info(redis, redi
     _drain(redis_url, until=lambda: redis.xlen(DEFAULT.dlq) == 1 and redis.xlen(DEFAULT.stream) == 0)
     assert _task_lines(caplog, ok.id) == [("INFO", "RUNNING"), ("INFO", "SUCCESSFUL")]
     assert _task_lines(caplog, bad.id) == [("INFO", "RUNNING"), ("INFO", "RUNNING"), ("ERROR", "FAILED")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sync_tasks_database_connection_is_closed_after_its_job_as_after_a_request(redis, redis_url):
+    """CONN_MAX_AGE is 0 here: as at the end of a request, the thread's connection must not outlive the job."""
+    sample_tasks.counts_users.enqueue()
+    sample_tasks.counts_users.enqueue()
+    _drain(redis_url, until=lambda: len(sample_tasks.RUNS) == 2 and redis.xlen(DEFAULT.stream) == 0)
+    wrappers = [run[1] for run in sample_tasks.RUNS]
+    assert all(wrapper.connection is None for wrapper in wrappers)
