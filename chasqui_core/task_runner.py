@@ -137,23 +137,28 @@ class RunContext(TaskContext):
     __slots__ = ("_task", "_run", "_started", "built")
 
     def __init__(self, task: ChasquiTask, run: JobContext, result: TaskResult | None = None) -> None:
-        object.__setattr__(self, "_task", task)
-        object.__setattr__(self, "_run", run)
-        object.__setattr__(self, "_started", time.time())
-        object.__setattr__(self, "built", result)
+        # Built on every run of such a task: each slot's own setter, as backend.task_result does, because
+        # TaskContext is a frozen dataclass and object.__setattr__ looks every name up (a microsecond a run).
+        _set_task(self, task)
+        _set_run(self, run)
+        _set_started(self, time.time())
+        _set_built(self, result)
 
     @property  # type: ignore[override]
     def task_result(self) -> TaskResult:
         result: TaskResult | None = self.built
         if result is None:
             result = running_result(self._task, self._run, datetime.fromtimestamp(self._started, UTC))
-            object.__setattr__(self, "built", result)
+            _set_built(self, result)
         return result
 
     @property
     def attempt(self) -> int:
         """This run's number, counting the runs before it (``task_result.attempts`` without building it)."""
         return len(self._run.job.errors) + self._run.deliveries
+
+
+_set_task, _set_run, _set_started, _set_built = (RunContext.__dict__[name].__set__ for name in RunContext.__slots__)
 
 
 def running_result(task: ChasquiTask, ctx: JobContext, now: datetime | None = None) -> TaskResult:
