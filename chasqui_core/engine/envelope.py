@@ -101,28 +101,31 @@ def decode(data: bytes) -> Job:
         raise DecodeError(f"unsupported envelope version {raw[0]!r} (this worker reads {VERSION})")
     if len(raw) != 14:
         raise DecodeError(f"malformed envelope: {len(raw)} fields, expected 14")
-    job = Job(*raw[1:])
-    if type(job.id) is not str or not job.id or type(job.task) is not str or not job.task:
+    # checked as locals, before the Job is built: a local costs less to read than a slot
+    (_, job_id, task, args, kwargs, attempt, created, max_attempts, backoff, errors, replays, ttl, deaths,
+     meta) = raw
+    if type(job_id) is not str or not job_id or type(task) is not str or not task:
         raise DecodeError("malformed envelope: job id and task name must be non-empty strings")
-    if type(job.args) is not list or type(job.kwargs) is not dict:
+    if type(args) is not list or type(kwargs) is not dict:
         raise DecodeError("malformed envelope: args must be a list and kwargs a map")
-    if type(job.errors) is not list or type(job.meta) is not dict:
-        if job.meta is None and type(job.errors) is list:
-            job.meta = {}
+    if type(errors) is not list or type(meta) is not dict:
+        if meta is None and type(errors) is list:
+            meta = {}
         else:
             raise DecodeError("malformed envelope: the error history must be a list and meta a map")
+    job = Job(job_id, task, args, kwargs, attempt, created, max_attempts, backoff, errors, replays, ttl, deaths,
+              meta)
     # counters and limits: exact int checks cost little and keep a bad value from reaching Redis
-    attempt, replays, deaths, ttl, created = job.attempt, job.replays, job.deaths, job.result_ttl, job.created_at
     if not (type(attempt) is int and type(replays) is int and type(deaths) is int and type(ttl) is int
             and type(created) is int and attempt >= 0 and replays >= 0 and deaths >= 0 and created >= 0
             and 0 <= ttl <= MAX_RESULT_TTL):
         raise DecodeError(_bad_number(job))
-    if job.max_attempts is not None and (type(job.max_attempts) is not int or job.max_attempts < 1):
+    if max_attempts is not None and (type(max_attempts) is not int or max_attempts < 1):
         raise DecodeError(f"malformed envelope: max_attempts must be empty or a whole number of 1 or more, "
-                          f"got {job.max_attempts!r:.50}")
-    if job.backoff is not None and type(job.backoff) is not dict:
-        raise DecodeError(f"malformed envelope: backoff must be empty or a map, got {job.backoff!r:.50}")
-    for record in job.errors:
+                          f"got {max_attempts!r:.50}")
+    if backoff is not None and type(backoff) is not dict:
+        raise DecodeError(f"malformed envelope: backoff must be empty or a map, got {backoff!r:.50}")
+    for record in errors:
         if type(record) is not dict:
             raise DecodeError(f"malformed envelope: an error history entry is not a map ({record!r:.50})")
     return job

@@ -1,8 +1,51 @@
-"""The job envelope a failed run writes back, and the error record it carries."""
+"""The job envelope: what a worker accepts, what a failed run writes back, and the error record it carries."""
 
 from __future__ import annotations
 
-from chasqui_core.engine.envelope import TRACEBACK_LIMIT, Job, decode, error_record, new_job_id
+import msgpack
+import pytest
+
+from chasqui_core.engine.envelope import (MAX_RESULT_TTL, TRACEBACK_LIMIT, DecodeError, Job, decode, error_record,
+                                          new_job_id)
+
+_GOOD = [1, "01JOB", "app.send", [1], {"k": "v"}, 0, 123, None, None, [], 0, 0, 0, {}]
+"""A well-formed envelope, field by field (version first)."""
+
+
+def _with(position: int, value) -> bytes:
+    fields = list(_GOOD)
+    fields[position] = value
+    return msgpack.packb(fields)
+
+
+def test_a_well_formed_envelope_decodes_to_its_job_and_an_empty_meta_reads_as_a_map():
+    assert decode(msgpack.packb(_GOOD)) == Job("01JOB", "app.send", [1], {"k": "v"}, 0, 123)
+    assert decode(_with(13, None)).meta == {}
+
+
+@pytest.mark.parametrize(("payload", "says"), [
+    (b"\xc1", "not a msgpack job envelope"),
+    (msgpack.packb({"id": 1}), "expected a msgpack array"),
+    (_with(0, 2), "unsupported envelope version 2"),
+    (msgpack.packb(_GOOD[:13]), "13 fields, expected 14"),
+    (_with(1, ""), "job id and task name must be non-empty strings"),
+    (_with(2, 7), "job id and task name must be non-empty strings"),
+    (_with(3, {"a": 1}), "args must be a list and kwargs a map"),
+    (_with(4, [1]), "args must be a list and kwargs a map"),
+    (_with(9, {}), "the error history must be a list and meta a map"),
+    (_with(13, [1]), "the error history must be a list and meta a map"),
+    (_with(5, -1), "attempt must be 0 or more, got -1"),
+    (_with(6, "yesterday"), "created_at must be a whole number"),
+    (_with(10, 1.5), "replays must be a whole number"),
+    (_with(11, MAX_RESULT_TTL + 1), f"result_ttl must be between 0 and {MAX_RESULT_TTL}"),
+    (_with(12, True), "deaths must be a whole number"),
+    (_with(7, 0), "max_attempts must be empty or a whole number of 1 or more, got 0"),
+    (_with(8, "fast"), "backoff must be empty or a map"),
+    (_with(9, ["boom"]), "an error history entry is not a map"),
+])
+def test_a_malformed_envelope_is_refused_with_what_is_wrong_in_words(payload, says):
+    with pytest.raises(DecodeError, match=says):
+        decode(payload)
 
 
 def _record(attempt: int, **extra) -> dict:
