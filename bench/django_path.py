@@ -139,6 +139,13 @@ def _taking_turns(ctx, n: int, block: int, first: Callable[[int, int], None], se
     return [f for f, _ in runs], [s for _, s in runs]
 
 
+def _turns_row(scenario: str, label: str, runs: list[Spent], n: int, note: str, per: str) -> Measurement:
+    """The row of one side of ``_taking_turns``: its rates, and this process's CPU per ``per`` (median) in the note."""
+    cpu = median([s.cpu_us for s in runs])
+    return Measurement(scenario, label, RATE, [s.rate for s in runs], jobs=n, cpu_us_per_job=cpu,
+                       note=f"{note}; this process used {cpu:.1f} µs of CPU per {per} (median)")
+
+
 BLOCK = 1_000
 """Calls per block of ``django-enqueue``: Queue.add and task.enqueue() take turns, a block each."""
 
@@ -178,23 +185,16 @@ def django_enqueue(ctx) -> list[Measurement]:
 
     n = ctx.size(20_000, 500)  # as queue-add
     enqueued, added = _taking_turns(ctx, n, BLOCK, enqueues, adds, (tasks.QUEUE, ctx.queue))
-    enqueue_cpu = median([s.cpu_us for s in enqueued])
-    add_cpu = median([s.cpu_us for s in added])
     return [
-        Measurement("django-enqueue", "django-enqueue (loop)", RATE, [s.rate for s in enqueued], jobs=n,
-                    cpu_us_per_job=enqueue_cpu,
-                    note=f"Django @task(...).enqueue() {n:,} times ({tasks.noop.module_path}), in blocks of "
-                         f"{BLOCK:,} calls taking turns with the Queue.add row below; this process used "
-                         f"{enqueue_cpu:.1f} µs of CPU per call (median)"),
+        _turns_row("django-enqueue", "django-enqueue (loop)", enqueued, n,
+                   f"Django @task(...).enqueue() {n:,} times ({tasks.noop.module_path}), in blocks of {BLOCK:,} "
+                   "calls taking turns with the Queue.add row below", "call"),
         Measurement("django-enqueue", "django-enqueue (one call, median)", "µs",
                     [median(run) / 1000 for run in calls[1:]], jobs=n, lower_is_better=True,
                     note="time of a single enqueue() call"),
-        Measurement("django-enqueue", QUEUE_ADD_BESIDE, RATE, [s.rate for s in added], jobs=n,
-                    cpu_us_per_job=add_cpu,
-                    note=f"Queue.add, one job per call, taking turns with task.enqueue() in the same run; this "
-                         f"process used {add_cpu:.1f} µs of CPU per call (median)"),
+        _turns_row("django-enqueue", QUEUE_ADD_BESIDE, added, n,
+                   "Queue.add, one job per call, taking turns with task.enqueue() in the same run", "call"),
     ]
-
 
 QUEUE_ADD_BESIDE = "queue-add (beside django-enqueue)"
 
@@ -225,21 +225,14 @@ def django_enqueue_many(ctx) -> list[Measurement]:
 
     n = ctx.size(200_000, 5_000)  # as queue-add-bulk
     many_runs, bulk_runs = _taking_turns(ctx, n, ENQUEUE_MANY_CALLS, many, bulk, (tasks.QUEUE, ctx.queue))
-    many_cpu = median([s.cpu_us for s in many_runs])
-    bulk_cpu = median([s.cpu_us for s in bulk_runs])
     return [
-        Measurement("django-enqueue-many", "django-enqueue-many", RATE, [s.rate for s in many_runs], jobs=n,
-                    cpu_us_per_job=many_cpu,
-                    note=f"task.enqueue_many() of {ENQUEUE_MANY_CALLS:,} (args, kwargs) calls at a time, building "
-                         f"the calls included, taking turns with the Queue.add_bulk row below; this process used "
-                         f"{many_cpu:.1f} µs of CPU per job (median)"),
-        Measurement("django-enqueue-many", QUEUE_ADD_BULK_BESIDE, RATE, [s.rate for s in bulk_runs], jobs=n,
-                    cpu_us_per_job=bulk_cpu,
-                    note=f"Queue.add_bulk of {ENQUEUE_MANY_CALLS:,} JobSpecs at a time, building them included, "
-                         f"taking turns with task.enqueue_many() in the same run; this process used "
-                         f"{bulk_cpu:.1f} µs of CPU per job (median)"),
+        _turns_row("django-enqueue-many", "django-enqueue-many", many_runs, n,
+                   f"task.enqueue_many() of {ENQUEUE_MANY_CALLS:,} (args, kwargs) calls at a time, building the "
+                   "calls included, taking turns with the Queue.add_bulk row below", "job"),
+        _turns_row("django-enqueue-many", QUEUE_ADD_BULK_BESIDE, bulk_runs, n,
+                   f"Queue.add_bulk of {ENQUEUE_MANY_CALLS:,} JobSpecs at a time, building them included, taking "
+                   "turns with task.enqueue_many() in the same run", "job"),
     ]
-
 
 QUEUE_ADD_BULK_BESIDE = "queue-add-bulk (beside django-enqueue-many)"
 
