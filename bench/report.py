@@ -313,6 +313,11 @@ there was no `enqueue_many`.
   a second needs 2 µs per entry for everything: `XADD`, its share of `ZRANGEBYSCORE` and
   `ZREMRANGEBYRANK`, and the call. On a slow day that is above what the server can write at all (the
   pipelined-`XADD` ceiling in the first row); the promoter stays at about 0.7 of that ceiling.
+- **enqueue_many's TaskResults while the server works.** `Queue.add_bulk` builds its next chunk while the
+  server runs the last; `enqueue_many` cannot (every call is checked before anything is sent), so in a
+  1,000-call batch the client built, then sent, then waited. The READY TaskResults (about 2.5 µs a call)
+  need nothing from the reply: they are now made once the chunk is sent and before its reply is read.
+  Same CPU, less waiting: in turns with `add_bulk`, 0.61–0.77 of it before, 0.73–0.99 after.
 """
 
 _SCENARIOS = """\

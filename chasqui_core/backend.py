@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime, UTC
@@ -38,7 +38,7 @@ from chasqui_core.engine.connection import connect, undetected
 from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
 from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.queue import BuiltJob, JobSpec, Queue
 from chasqui_core.engine.results import decode_result, encode_result
 from chasqui_core.task_signals import TaskSignal
 
@@ -362,14 +362,19 @@ class ChasquiBackend(BaseTaskBackend):
         ``transaction.atomic()`` the batch waits for the commit (or goes
         through the outbox) exactly as a single ``enqueue`` does.
         """
-        queue, built, results = self._build(task, calls, _one)
-        if not built:
-            return results
-        if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
-            self._defer(queue, task, built, results)
-        else:
-            queue.add_built_many(built)
-            self._sent(queue, task, results)
+        with nullcontext() if _one else _gc_paused():
+            queue, built, checked = self._build(task, calls, _one)
+            if not built:
+                return []
+            if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
+                results = self._ready_results(task, built, checked)
+                self._defer(queue, task, built, results)
+                return results
+            # the TaskResults need nothing from Redis: they are made while it runs each chunk
+            results = []
+            queue.add_built_many(built, meanwhile=lambda chunk: results.extend(
+                self._ready_results(task, chunk, checked[len(results):len(results) + len(chunk)])))
+        self._sent(queue, task, results)
         return results
 
     def _defer(self, queue: Queue, task: Task, built: list, results: list[TaskResult]) -> None:
@@ -384,31 +389,40 @@ class ChasquiBackend(BaseTaskBackend):
 
         transaction.on_commit(send)
 
-    def _build(self, task: Task, calls: Iterable[tuple[Any, Any]], one: bool) -> tuple[Queue, list, list[TaskResult]]:
-        """Validate and encode every call (validated now, even when sent later: bad input fails in the caller)."""
+    def _build(self, task: Task, calls: Iterable[tuple[Any, Any]],
+               one: bool) -> tuple[Queue, list[BuiltJob], list[tuple[Any, Any]]]:
+        """Validate and encode every call (validated now, even when sent later: bad input fails in the caller).
+
+        Returns the task's queue, the encoded jobs and each call's checked ``(args, kwargs)``, in order.
+        """
         plan = self._plan(task)
         queue, options = plan.queue, plan.options
         spec = JobSpec(plan.task_path, (), {}, **options)
-        built: list = []
-        results: list[TaskResult] = []
-        with nullcontext() if one else _gc_paused():
-            for index, call in enumerate(calls):
-                args, kwargs = call if one else _unpack_call(index, call)
-                spec.args, spec.kwargs = args, kwargs
-                try:
-                    job = queue.build(spec)
-                except (TypeError, ValueError) as exc:
-                    if one:
-                        raise
-                    raise type(exc)(f"call {index}: {exc}") from exc
-                built.append(job)
-                results.append(self._result(task, job.job_id, args, kwargs))
+        built: list[BuiltJob] = []
+        checked: list[tuple[Any, Any]] = []
+        for index, call in enumerate(calls):
+            args, kwargs = call if one else _unpack_call(index, call)
+            spec.args, spec.kwargs = args, kwargs
+            try:
+                built.append(queue.build(spec))
+            except (TypeError, ValueError) as exc:
+                if one:
+                    raise
+                raise type(exc)(f"call {index}: {exc}") from exc
+            checked.append((args, kwargs))
         if options["job_id"] is not None and len(built) > 1:
             raise ValueError("job_id names one job: use it with enqueue(), not with enqueue_many() of several calls")
         if isinstance(options.get("idempotency_key"), str) and len(built) > 1:
             raise ValueError("idempotency_key names the work of one job: with enqueue_many() of several calls, "
                              "use idempotency_key=True (each job guarded by its own id)")
-        return queue, built, results
+        return queue, built, checked
+
+    def _ready_results(self, task: Task, built: Sequence[BuiltJob],
+                       checked: Sequence[tuple[Any, Any]]) -> list[TaskResult]:
+        """The READY TaskResult of each job of ``built``, whose calls are ``checked``."""
+        alias = self.alias
+        return [ready_result(task, job.job_id, args, kwargs, alias)
+                for job, (args, kwargs) in zip(built, checked, strict=True)]
 
     def _sent(self, queue: Queue, task: Task, results: list[TaskResult]) -> None:
         if self.result_ttl:
@@ -429,7 +443,8 @@ class ChasquiBackend(BaseTaskBackend):
         if self.enqueue_on_commit or self.outbox or self.result_ttl:
             # these touch the database or the transaction: Django's sync side does it
             return await sync_to_async(self.enqueue_many, thread_sensitive=True)(task, list(calls), _one=_one)
-        queue, built, results = self._build(task, calls, _one)
+        queue, built, checked = self._build(task, calls, _one)
+        results = self._ready_results(task, built, checked)
         if built:
             await queue.aadd_built_many(built)
         now = timezone.now()

@@ -375,8 +375,12 @@ class Queue:
             f"{fate}",
             server=server, cause=cause, job_ids=[b.job_id for b in chunk], maybe_added=retrier.maybe_run)
 
-    def _write_chunks(self, chunks: Iterable[list[Any]]) -> list[Enqueued]:
-        """Send chunks on one link, one in flight: the next chunk is built while Redis runs the last."""
+    def _write_chunks(self, chunks: Iterable[list[Any]],
+                      meanwhile: Callable[[list[BuiltJob]], None] | None = None) -> list[Enqueued]:
+        """Send chunks on one link, one in flight: the next chunk is built while Redis runs the last.
+
+        ``meanwhile`` runs with each chunk as soon as it is sent (see ``add_built_many``).
+        """
         out: list[Enqueued] = []
         link = self._take_link()
         pending = None
@@ -387,6 +391,8 @@ class Queue:
                         done, pending = pending, None
                         out += self._finish(link, done)
                     pending = self._start(link, chunk)
+                    if meanwhile is not None:
+                        meanwhile(chunk)
             except BaseException:
                 if pending is not None:  # a later chunk failed to build: this one was sent, see it through
                     done, pending = pending, None
@@ -429,10 +435,20 @@ class Queue:
         finally:
             self._links.append(link)
 
-    def add_built_many(self, built: Sequence[BuiltJob]) -> list[Enqueued]:
-        """Send jobs returned by ``build``, one round trip per chunk of ``chunk_size``."""
+    def add_built_many(self, built: Sequence[BuiltJob], *,
+                       meanwhile: Callable[[list[BuiltJob]], None] | None = None) -> list[Enqueued]:
+        """Send jobs returned by ``build``, one round trip per chunk of ``chunk_size``.
+
+        ``meanwhile(chunk)`` is called with each chunk once it is on its way
+        and before its reply is read, so work that does not wait for the
+        reply (the Django backend making its TaskResults) is done while the
+        server runs the chunk instead of before sending it. Should it raise,
+        the chunk in flight is still seen through (its jobs are added) and the
+        error is raised; later chunks are not sent.
+        """
         size = self.chunk_size
-        return self._write_chunks(list(built[start:start + size]) for start in range(0, len(built), size))
+        return self._write_chunks((list(built[start:start + size]) for start in range(0, len(built), size)),
+                                  meanwhile)
 
     def add_encoded(self, items: Sequence[tuple[str, str, bytes]]) -> list[Enqueued]:
         """Add jobs encoded earlier by ``build``: (job id, when, payload) triples.
