@@ -53,6 +53,7 @@ from .child import ROOT, start_profiler, stop_profiler
 from .machine import proc_cpu_seconds
 from .results import RATE, BenchError, Measurement
 from .stats import median
+from .turns import taking_turns, turns_row
 
 SETTINGS = "bench.django_settings"
 ENQUEUE_MANY_CALLS = 1000
@@ -86,64 +87,15 @@ def _check_queued(ctx, queue: str, n: int) -> None:
         raise BenchError(f"{n} jobs were enqueued but the stream holds {length}: the rate would not be true")
 
 
-# --- enqueue -----------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Spent:
-    """Wall-clock and this process's CPU seconds one side of ``_in_blocks`` took over its ``jobs`` calls or jobs."""
-
-    jobs: int
-    wall: float = 0.0
-    cpu: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        return self.jobs / self.wall
-
-    @property
-    def cpu_us(self) -> float:
-        return self.cpu / self.jobs * 1e6
-
-
-def _in_blocks(n: int, block: int, first: Callable[[int, int], None],
-               second: Callable[[int, int], None]) -> tuple[Spent, Spent]:
-    """Run ``first`` and ``second`` over ``range(n)`` in blocks, taking turns, and time each side.
-
-    Each is called with a block's ``(start, stop)``; which goes first flips
-    from block to block, so neither always meets the machine warmed (or
-    disturbed) by the other.
-    """
-    spent = {first: Spent(n), second: Spent(n)}
-    clock, cpu_clock = time.perf_counter, time.process_time
-    for index, start in enumerate(range(0, n, block)):
-        stop = min(n, start + block)
-        for side in ((second, first) if index % 2 else (first, second)):
-            t0, c0 = clock(), cpu_clock()
-            side(start, stop)
-            spent[side].wall += clock() - t0
-            spent[side].cpu += cpu_clock() - c0
-    return spent[first], spent[second]
-
-
-def _taking_turns(ctx, n: int, block: int, first: Callable[[int, int], None], second: Callable[[int, int], None],
-                  queues: tuple[str, str]) -> tuple[list[Spent], list[Spent]]:
-    """``ctx.repeat`` of ``_in_blocks`` over ``n`` (the two queues checked after each run): each side's runs."""
-    def once(size: int) -> tuple[Spent, Spent]:
-        spent = _in_blocks(size, block, first, second)
+def _queued(ctx, *queues: str) -> Callable[[int], None]:
+    """A check for ``taking_turns``: each of ``queues`` holds the run's jobs."""
+    def check(n: int) -> None:
         for queue in queues:
-            _check_queued(ctx, queue, size)
-        return spent
-
-    runs = ctx.repeat(once, n)
-    return [f for f, _ in runs], [s for _, s in runs]
+            _check_queued(ctx, queue, n)
+    return check
 
 
-def _turns_row(scenario: str, label: str, runs: list[Spent], n: int, note: str, per: str) -> Measurement:
-    """The row of one side of ``_taking_turns``: its rates, and this process's CPU per ``per`` (median) in the note."""
-    cpu = median([s.cpu_us for s in runs])
-    return Measurement(scenario, label, RATE, [s.rate for s in runs], jobs=n, cpu_us_per_job=cpu,
-                       note=f"{note}; this process used {cpu:.1f} µs of CPU per {per} (median)")
+# --- enqueue -----------------------------------------------------------------------------------
 
 
 BLOCK = 1_000
@@ -184,15 +136,15 @@ def django_enqueue(ctx) -> list[Measurement]:
             add(NOOP, [i])
 
     n = ctx.size(20_000, 500)  # as queue-add
-    enqueued, added = _taking_turns(ctx, n, BLOCK, enqueues, adds, (tasks.QUEUE, ctx.queue))
+    enqueued, added = taking_turns(ctx, n, BLOCK, enqueues, adds, _queued(ctx, tasks.QUEUE, ctx.queue))
     return [
-        _turns_row("django-enqueue", "django-enqueue (loop)", enqueued, n,
+        turns_row("django-enqueue", "django-enqueue (loop)", enqueued, n,
                    f"Django @task(...).enqueue() {n:,} times ({tasks.noop.module_path}), in blocks of {BLOCK:,} "
                    "calls taking turns with the Queue.add row below", "call"),
         Measurement("django-enqueue", "django-enqueue (one call, median)", "µs",
                     [median(run) / 1000 for run in calls[1:]], jobs=n, lower_is_better=True,
                     note="time of a single enqueue() call"),
-        _turns_row("django-enqueue", QUEUE_ADD_BESIDE, added, n,
+        turns_row("django-enqueue", QUEUE_ADD_BESIDE, added, n,
                    "Queue.add, one job per call, taking turns with task.enqueue() in the same run", "call"),
     ]
 
@@ -224,12 +176,12 @@ def django_enqueue_many(ctx) -> list[Measurement]:
         add_bulk(JobSpec(NOOP, [i]) for i in range(start, stop))
 
     n = ctx.size(200_000, 5_000)  # as queue-add-bulk
-    many_runs, bulk_runs = _taking_turns(ctx, n, ENQUEUE_MANY_CALLS, many, bulk, (tasks.QUEUE, ctx.queue))
+    many_runs, bulk_runs = taking_turns(ctx, n, ENQUEUE_MANY_CALLS, many, bulk, _queued(ctx, tasks.QUEUE, ctx.queue))
     return [
-        _turns_row("django-enqueue-many", "django-enqueue-many", many_runs, n,
+        turns_row("django-enqueue-many", "django-enqueue-many", many_runs, n,
                    f"task.enqueue_many() of {ENQUEUE_MANY_CALLS:,} (args, kwargs) calls at a time, building the "
                    "calls included, taking turns with the Queue.add_bulk row below", "job"),
-        _turns_row("django-enqueue-many", QUEUE_ADD_BULK_BESIDE, bulk_runs, n,
+        turns_row("django-enqueue-many", QUEUE_ADD_BULK_BESIDE, bulk_runs, n,
                    f"Queue.add_bulk of {ENQUEUE_MANY_CALLS:,} JobSpecs at a time, building them included, taking "
                    "turns with task.enqueue_many() in the same run", "job"),
     ]

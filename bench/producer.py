@@ -4,25 +4,60 @@ from __future__ import annotations
 
 import time
 
+from chasqui_core.engine.link import Link
 from chasqui_core.engine.queue import JobSpec, Queue
 
 from .handlers import NOOP
-from .results import RATE, Measurement
+from .results import RATE, BenchError, Measurement
+from .turns import taking_turns, turns_row
 
 
 def queue_add(ctx) -> list[Measurement]:
-    q = Queue(ctx.queue, redis_client=ctx.client)
+    """Queue.add in a loop, and beside it, in turns, a bare round trip: one PING over the same kind of link.
 
-    def once(n: int) -> tuple[int, float]:
-        add = q.add
-        t0 = time.perf_counter()
-        for i in range(n):
+    A single add cannot beat one round trip to the server; the second row
+    says what a round trip costs on this machine at this moment, so that
+    ``queue-add`` reads as a fraction of it rather than as a number whose
+    meaning depends on the host (a loopback round trip took 50 µs on one
+    virtual machine, 170 µs on another).
+    """
+    q = Queue(ctx.queue, redis_client=ctx.client)
+    add = q.add
+    link = Link(ctx.client, connect_timeout=5.0)
+    send, receive = link.send, link.receive
+
+    def adds(start: int, stop: int) -> None:
+        for i in range(start, stop):
             add(NOOP, [i])
-        return n, time.perf_counter() - t0
+
+    def pings(start: int, stop: int) -> None:
+        for _ in range(start, stop):
+            send(PING)
+            receive(1)
+
+    def check(n: int) -> None:
+        length = ctx.client.xlen(q.keys.stream)
+        if length != n:
+            raise BenchError(f"{n} jobs were added but the stream holds {length}: the rate would not be true")
 
     n = ctx.size(20_000, 500)
-    return [Measurement("queue-add", "queue-add", RATE, ctx.rates(once, n), jobs=n,
-                        note="Queue.add, one job per call, sync client")]
+    try:
+        added, pinged = taking_turns(ctx, n, BLOCK, adds, pings, check)
+    finally:
+        link.close()
+    return [
+        turns_row("queue-add", "queue-add", added, n,
+                  f"Queue.add, one job per call, sync client, in blocks of {BLOCK:,} calls taking turns with the "
+                  "round trip row below", "call"),
+        turns_row("queue-add", ROUND_TRIP, pinged, n,
+                  "PING and wait for its reply, one at a time, on a connection like Queue.add's: what one round "
+                  "trip to this server costs now", "round trip"),
+    ]
+
+
+ROUND_TRIP = "round trip (beside queue-add)"
+BLOCK = 1_000
+PING = b"*1\r\n$4\r\nPING\r\n"
 
 
 def queue_add_bulk(ctx) -> list[Measurement]:

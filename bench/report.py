@@ -318,6 +318,13 @@ there was no `enqueue_many`.
   1,000-call batch the client built, then sent, then waited. The READY TaskResults (about 2.5 µs a call)
   need nothing from the reply: they are now made once the chunk is sent and before its reply is read.
   Same CPU, less waiting: in turns with `add_bulk`, 0.61–0.77 of it before, 0.73–0.99 after.
+- **What one add costs.** The goal for `queue-add` asks for about one round trip per call, so `queue-add`
+  now takes turns with a bare round trip (a PING on a connection like `Queue.add`'s) and is shown as a
+  fraction of it. On this host a round trip was 40 µs (the send alone about 9 µs: loopback TCP on a virtual
+  machine wakes the other side through the hypervisor) and an add about 100 µs: `enqueue.lua` runs 25 µs
+  on the server for one job (its eight commands take 5 µs; the rest is the script's calls into the server),
+  building the job about 8 µs, and sending a few hundred bytes instead of fourteen the rest. 15,000 adds a
+  second would need 67 µs a call, all in.
 """
 
 _SCENARIOS = """\
@@ -325,7 +332,7 @@ _SCENARIOS = """\
 
 | Scenario | What it measures |
 |---|---|
-| `queue-add` | `Queue.add`, one job per call, sync client |
+| `queue-add` | `Queue.add`, one job per call, sync client; in turns with a bare round trip (PING over the same kind of connection), a block of 1,000 calls each: its yardstick `round trip (beside queue-add)` |
 | `queue-add-bulk` | `Queue.add_bulk` in chunks of 1,000, building the `JobSpec`s included |
 | `queue-add-delayed` | `Queue.add(delay=...)`, one job per call |
 | `django-enqueue` | Django `@task(...).enqueue()` in a loop, one job per call, and the time of one call; in turns with `Queue.add`, a block of 1,000 calls each: engine twin `queue-add (beside django-enqueue)` |
@@ -386,7 +393,9 @@ def markdown(run) -> str:
         "",
         f"*of Redis ceiling*: the rate divided by this run's ceiling (first row). *of engine twin*: a Django-path "
         "rate divided by the rate of the engine row it mirrors, in this run (for workers, also the ratio of their "
-        "CPU time per job, steadier on a shared machine). *Reference engine*: its published "
+        "CPU time per job, steadier on a shared machine); for an engine row, the yardstick measured in turns with "
+        "it (worker-concurrent for worker-retry and worker-delayed-e2e, a bare round trip for queue-add). "
+        "*Reference engine*: its published "
         f"numbers ({REFERENCE_MACHINE}), a different machine, for context. Popular Python queues on Redis (RQ, arq, "
         "SAQ, Celery, Dramatiq) publish 0.2k–13k noop jobs/s per setup. *Goal*: issue 5's (engine) and issue 11's "
         "(Django path) targets for one Python process on a 2-core machine with Redis on loopback.",

@@ -24,6 +24,8 @@ def a_run() -> Run:
                measurements=[
                    rate("Redis ceiling (pipelined XADD)", 400_000.0, "ceiling"),
                    rate("queue-add", 20_000.0),
+                   rate("round trip (beside queue-add)", 25_000.0, "queue-add"),
+                   rate("worker-concurrent", 80_000.0),
                    rate("django-enqueue (loop)", 10_000.0, "django-enqueue"),
                    rate("queue-add (beside django-enqueue)", 20_000.0, "django-enqueue"),
                    Measurement("django-enqueue-many", "django-enqueue-many", RATE,
@@ -36,7 +38,8 @@ def test_a_django_path_row_is_shown_as_a_fraction_of_its_twin():
     rows = {r[0]: r for r in report.rows(a_run())}
     twin_column = report.COLUMNS.index("of engine twin")
     assert rows["django-enqueue (loop)"][twin_column] == "0.50 of queue-add (beside django-enqueue)"
-    assert rows["queue-add"][twin_column] == "—"
+    assert rows["queue-add"][twin_column] == "0.80 of round trip (beside queue-add)"
+    assert rows["worker-concurrent"][twin_column] == "—"  # an engine row with no yardstick of its own
 
 
 def test_a_twin_missing_from_the_run_is_named_and_a_skipped_row_says_so():
@@ -69,7 +72,8 @@ def test_json_names_the_twin_and_the_fraction():
     assert items["django-enqueue (loop)"]["fraction_of_twin"] == 0.5
     assert items["runworker-async"]["engine_twin"] == "worker-concurrent (beside runworker-async)"
     assert items["runworker-async"]["fraction_of_twin"] is None
-    assert "engine_twin" not in items["queue-add"]
+    assert items["queue-add"]["engine_twin"] == "round trip (beside queue-add)"
+    assert "engine_twin" not in items["worker-concurrent"]
 
 
 def test_the_results_page_describes_every_django_path_scenario():
