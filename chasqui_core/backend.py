@@ -519,7 +519,7 @@ def discover_tasks() -> dict[str, ChasquiTask]:
 
 @contextmanager
 def _gc_paused() -> Iterator[None]:
-    """No garbage collection while a batch's objects are built.
+    """No garbage collection while a batch's objects are built (its TaskResults while it is sent).
 
     A thousand TaskResults, each with its lists and dicts, trigger several
     collections that walk every object the process holds (Django's included),
