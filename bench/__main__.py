@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: interrupted", file=sys.stderr)
         return 130
     print("\n" + report.table(run))
+    if report.reaches(run):
+        print("\nGoals against what this run allowed:\n" + report.reach_lines(run))
     print(f"\n{report.summary(run)}\nTook {run.seconds:.1f} s.")
     if args.json:
         report.write_json(run, args.json)

@@ -18,6 +18,7 @@ from .results import RATE, Measurement
 
 SCRATCH_KEY = "bench:ceiling"
 BATCH = 1000
+LABEL = "Redis ceiling (pipelined XADD)"
 
 
 def measure(server, *, total: int, repeats: int) -> Measurement:
@@ -36,5 +37,5 @@ def measure(server, *, total: int, repeats: int) -> Measurement:
             if round_:
                 samples.append(rounds * BATCH / seconds)
     server.client.delete(SCRATCH_KEY)
-    return Measurement("ceiling", "Redis ceiling (pipelined XADD)", RATE, samples, jobs=batches * BATCH,
+    return Measurement("ceiling", LABEL, RATE, samples, jobs=batches * BATCH,
                        note=f"pre-encoded XADD of a {len(payload)}-byte job, pipelines of {BATCH}, one connection")

@@ -82,3 +82,58 @@ def test_the_results_page_describes_every_django_path_scenario():
         assert f"| `{name}` |" in markdown, name
     assert "*of engine twin*" in markdown
     assert "**The Django path.**" in markdown
+
+
+def a_run_with_bounded_goals() -> Run:
+    run = a_run()
+    run.measurements += [
+        rate("worker-retry", 20_000.0),
+        rate("worker-concurrent (beside worker-retry)", 80_000.0, "worker-retry"),
+        rate("promoter", 330_000.0),
+        rate("runworker-retry", 15_000.0),
+        rate("worker-retry (beside runworker-retry)", 25_000.0, "runworker-retry"),
+    ]
+    return run
+
+
+def test_a_rate_goal_is_set_against_the_most_its_run_allowed():
+    reach = {r.label: r for r in report.reaches(a_run_with_bounded_goals())}
+    # every job runs twice: half the noop drain beside it, below the 50,000 asked
+    assert reach["worker-retry"].most == 40_000.0
+    assert not reach["worker-retry"].within_reach
+    # the promoter writes each job with an XADD: the ceiling row
+    assert reach["promoter"].most == 400_000.0
+    assert reach["promoter"].bound_by == "Redis ceiling (pipelined XADD)"
+    assert not reach["promoter"].within_reach
+    # the Django path cannot outrun the engine twin drained in turns with it
+    assert reach["runworker-retry"].most == 25_000.0
+    assert reach["runworker-retry"].within_reach
+    # runworker-async's twin is not in this run: no bound is made up for it
+    assert "runworker-async" not in reach
+
+
+def test_the_page_and_the_json_say_whether_each_bounded_goal_was_in_reach():
+    run = a_run_with_bounded_goals()
+    markdown = report.markdown(run)
+    assert "### Goals against what this run allowed" in markdown
+    line = next(x for x in markdown.splitlines() if x.startswith("- `worker-retry` (goal"))
+    assert "50,000 jobs/s asked, 20,000 jobs/s measured, out of reach on this host in this run" in line
+    assert "0.5 of `worker-concurrent (beside worker-retry)`" in line
+    assert "reached 0.50 of that" in line
+    line = next(x for x in markdown.splitlines() if x.startswith("- `runworker-retry` (goal"))
+    assert "15,000 jobs/s measured, not met, within reach" in line
+    items = {m["label"]: m for m in report.to_json(run)["measurements"]}
+    assert items["worker-retry"]["goal_limit"] == {"bound_by": "worker-concurrent (beside worker-retry)",
+                                                   "share": 0.5, "most": 40_000.0, "within_reach": False}
+    assert "goal_limit" not in items["queue-add"]
+
+
+def test_a_run_without_bounded_goals_has_no_such_section():
+    assert "### Goals against what this run allowed" not in report.markdown(a_run())
+
+
+def test_a_goal_reached_is_called_met():
+    run = a_run_with_bounded_goals()
+    run.measurements += [rate("worker-concurrent (beside runworker-async)", 70_000.0, "runworker-async")]
+    line = next(x for x in report.markdown(run).splitlines() if x.startswith("- `runworker-async` (goal"))
+    assert "60,000 jobs/s asked, 60,000 jobs/s measured, met." in line
