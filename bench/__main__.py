@@ -80,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         print("bench: interrupted", file=sys.stderr)
         return 130
     print("\n" + report.table(run))
-    if report.reaches(run):
-        print("\nGoals against what this run allowed:\n" + report.reach_lines(run))
+    goal_lines = report.reach_lines(run)
+    if goal_lines:
+        print("\nGoals against what this run allowed:\n" + goal_lines)
     print(f"\n{report.summary(run)}\nTook {run.seconds:.1f} s.")
     if args.json:
         report.write_json(run, args.json)

@@ -473,8 +473,8 @@ def markdown(run) -> str:
         "(Django path) targets for one Python process on a 2-core machine with Redis on loopback.",
         "",
     ]
-    goal_reach = reaches(run)
-    if goal_reach:
+    goal_lines = reach_lines(run)
+    if goal_lines:
         out += [
             "### Goals against what this run allowed",
             "",
@@ -482,7 +482,7 @@ def markdown(run) -> str:
             "row of the same run that its scenario cannot outrun, whatever its code does (beyond the noise "
             "between turns), so a goal above that bound says more about the host than about the code:",
             "",
-            *map(_reach_line, goal_reach),
+            goal_lines,
             "",
         ]
     out += [
