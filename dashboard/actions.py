@@ -157,7 +157,7 @@ def confirm(request: HttpRequest, name: str) -> HttpResponse:
         "replay_form": ReplayOptionsForm(), "back": _dlq_url(name, params),
         "background": bulk.scope == "matching" and count > dlq_service.background_threshold(),
     }
-    return render(request, "dashboard/confirm.html", ctx)
+    return render(request, "chasqui_console/confirm.html", ctx)
 
 
 @console_action

@@ -11,12 +11,20 @@ from datetime import datetime, UTC
 from typing import Any
 
 from django import template
+from django.conf import settings
+from django.shortcuts import resolve_url
 
 from chasqui_core.masking import mask, mask_text
 
 from ..fragments import fmt_rate
 
 register = template.Library()
+
+
+@register.simple_tag
+def login_url() -> str:
+    """The project's login page (``settings.LOGIN_URL``, a path or a URL name), where a lapsed session goes."""
+    return resolve_url(settings.LOGIN_URL)
 
 
 @register.filter
