@@ -42,7 +42,7 @@ api = NinjaAPI(
         "Authenticate with `Authorization: Bearer <key>` (`manage.py chasqui apikey create`) or a "
         "Django session (changes need the CSRF token). See docs/api.md."
     ),
-    urls_namespace="api",
+    urls_namespace="chasqui_api",
     docs_url="/docs",
     openapi_url="/openapi.json",
     auth=[ApiKeyAuth(), SessionAuth()],

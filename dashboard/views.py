@@ -37,7 +37,7 @@ DELAYED_PAGE_SIZE = 25
 
 
 def _live(topic: Topic) -> dict[str, Any]:
-    return {"topic": topic, "live_ws": topic.ws_url, "live_poll": reverse("dashboard:live", args=[topic.path])}
+    return {"topic": topic, "live_ws": topic.ws_url, "live_poll": reverse("chasqui_console:live", args=[topic.path])}
 
 
 def _base(request: HttpRequest, section: str, queue: str | None = None) -> dict[str, Any]:
@@ -94,7 +94,7 @@ class FilterChip:
 
 def filter_chips(request: HttpRequest, name: str, params: dict[str, str]) -> list[FilterChip]:
     """A chip per active filter; its link is the same view without that filter (and back at the newest page)."""
-    base = reverse("dashboard:dlq", args=[name])
+    base = reverse("chasqui_console:dlq", args=[name])
     chips = []
     for key, (label, value) in zip(params, describe_filter(params), strict=False):
         query = request.GET.copy()
