@@ -62,7 +62,8 @@ def run(args: list[str | Path], *, cwd: Path, env: dict[str, str] | None = None,
 
 def quickstart_blocks() -> list[tuple[str, str]]:
     """(language, text) of every fenced code block of docs/quickstart.md, in order."""
-    return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```$", QUICKSTART.read_text(), re.M | re.S)]
+    fences = re.finditer(r"^```(\w*)\n(.*?)^```$", QUICKSTART.read_text(), re.M | re.S)
+    return [(m.group(1), m.group(2)) for m in fences]
 
 
 def file_blocks(blocks: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -201,13 +202,13 @@ def main() -> int:
             for app in (APP, "api", "dashboard"):
                 run([python, "manage.py", "startapp", app], cwd=project, env=env)
             for app, text in OWN_APP_VIEWS.items():
-                (project / app / "views.py").write_text(
-                    f"from django.http import HttpResponse\n\n\ndef home(request):\n    return HttpResponse({text!r})\n")
+                (project / app / "views.py").write_text("from django.http import HttpResponse\n\n\n"
+                                                       f"def home(request):\n    return HttpResponse({text!r})\n")
             with open(project / PROJECT / "settings.py", "a") as fh:
                 fh.write(f'\nINSTALLED_APPS += ["{APP}", "api", "dashboard"]\n')
             with open(project / PROJECT / "urls.py", "a") as fh:
-                fh.write("\nimport api.views\nimport dashboard.views\n\n"
-                         'urlpatterns += [path("api/ping/", api.views.home), path("dashboard/", dashboard.views.home)]\n')
+                fh.write("\nimport api.views\nimport dashboard.views\n\nurlpatterns += [\n"
+                         '    path("api/ping/", api.views.home),\n    path("dashboard/", dashboard.views.home),\n]\n')
 
         with step("apply every file block of docs/quickstart.md"):
             for path, code in files:
