@@ -20,6 +20,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from redis.exceptions import RedisError
 from django.db import connection, transaction
 from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
@@ -252,6 +253,7 @@ class ChasquiBackend(BaseTaskBackend):
         self.supports_get_result = self.result_ttl > 0
         self._client = None
         self._queues: dict[str, Queue] = {}
+        self._outbox_queues: dict[str, Queue] = {}
         self._plans: dict[int, _Plan] = {}
 
     # --- plumbing -----------------------------------------------------------------
@@ -268,6 +270,8 @@ class ChasquiBackend(BaseTaskBackend):
         """
         if self._client is None:
             conf = chasqui_settings()
+            if conf.redis_url_problem is not None:  # a process that ran no system checks (chasqui.E003)
+                raise ImproperlyConfigured(conf.redis_url_problem)
             try:
                 client = connect(conf.redis_url)
             except RedisConfigError as exc:  # credentials refused, a database on a cluster...
@@ -279,23 +283,41 @@ class ChasquiBackend(BaseTaskBackend):
 
     def reset_connections(self) -> None:
         """Forget clients and queues, so the next call connects with the current settings."""
-        for queue in self._queues.values():
+        for queue in [*self._queues.values(), *self._outbox_queues.values()]:
             queue.close()
         self._client = None
         self._queues = {}
+        self._outbox_queues = {}
         self._plans = {}
 
     def queue(self, name: str) -> Queue:
         queue = self._queues.get(name)
         if queue is None:
             conf = chasqui_settings()
-            queue = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
-                          retry_for=conf.ENQUEUE_RETRY_SECONDS,
-                          signing_key=conf.SIGNING_KEYS[0] if conf.SIGNING_KEYS else None,
-                          idempotency_ttl=conf.IDEMPOTENCY_TTL)
+            queue = self._new_queue(name, conf.ENQUEUE_RETRY_SECONDS)
             if self._client is not None:  # else Redis did not answer yet: a queue for this call only
                 self._queues[name] = queue
         return queue
+
+    def outbox_queue(self, name: str) -> Queue:
+        """A queue for the outbox's relay right after a commit: one try, no waiting out an outage.
+
+        The committed rows already hold the jobs and every worker relays what
+        is left, so a request must not stall for ENQUEUE_RETRY_SECONDS while
+        Redis is down.
+        """
+        queue = self._outbox_queues.get(name)
+        if queue is None:
+            queue = self._new_queue(name, 0)
+            if self._client is not None:
+                self._outbox_queues[name] = queue
+        return queue
+
+    def _new_queue(self, name: str, retry_for: float) -> Queue:
+        conf = chasqui_settings()
+        return Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES, retry_for=retry_for,
+                     signing_key=conf.SIGNING_KEYS[0] if conf.SIGNING_KEYS else None,
+                     idempotency_ttl=conf.IDEMPOTENCY_TTL)
 
     def _options(self, task: Task) -> dict[str, Any]:
         options: dict[str, Any] = {"run_at": task.run_after, "result_ttl": self.result_ttl,
@@ -380,7 +402,12 @@ class ChasquiBackend(BaseTaskBackend):
     def _defer(self, queue: Queue, task: Task, built: list, results: list[TaskResult]) -> None:
         """Inside ``transaction.atomic()``: stage the jobs in the outbox, or send them on commit."""
         if self.outbox:
-            outbox.stage(queue.name, built, queue_for=self.queue, after_commit=lambda: self._sent(queue, task, results))
+            def committed(relayed: bool) -> None:
+                # Not relayed: Redis is down, and a READY record would meet the same outage; the workers'
+                # relay sends the jobs, and get_result() finds each once its worker records it.
+                self._sent(queue, task, results, store=relayed)
+
+            outbox.stage(queue.name, built, queue_for=self.outbox_queue, after_commit=committed)
             return
 
         def send() -> None:
@@ -424,9 +451,23 @@ class ChasquiBackend(BaseTaskBackend):
         return [ready_result(task, job.job_id, args, kwargs, alias)
                 for job, (args, kwargs) in zip(built, checked, strict=True)]
 
-    def _sent(self, queue: Queue, task: Task, results: list[TaskResult]) -> None:
-        if self.result_ttl:
+    def _sent(self, queue: Queue, task: Task, results: list[TaskResult], *, store: bool | None = None) -> None:
+        """Record the jobs as sent: their READY records (with RESULT_TTL), ``enqueued_at``, the signal.
+
+        ``store`` is None when the caller just sent the jobs (a failure to
+        record them raises, as the send would have); True or False after an
+        outbox relay, whose jobs are safe whatever Redis does now: a READY
+        record is then written only if the relay reached Redis, and a failure
+        to write it is logged, never raised into the committing code.
+        """
+        if self.result_ttl and store is None:
             self._store_ready(queue, task, results)
+        elif self.result_ttl and store:
+            try:
+                self._store_ready(queue, task, results)
+            except RedisError as exc:
+                logger.warning("READY record(s) of %d outbox job(s) not written (%s); get_result() finds them "
+                               "once a worker runs them", len(results), exc)
         now = timezone.now()
         wanted = _enqueued.wanted(TaskResultStatus.READY)
         for result in results:

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -89,8 +90,37 @@ class ChasquiSettings:
         return f"the default Redis URL ({DEFAULT_URL}; set REDIS_URL)"
 
     @property
+    def redis_url_problem(self) -> str | None:
+        """Why ``redis_url`` cannot name a server, in words naming its setting; None when its scheme is one we use.
+
+        Reported by the ``chasqui.E003`` system check, and raised by the first
+        connection in a process that ran no checks.
+        """
+        return scheme_problem(self.redis_url, self.redis_url_setting)
+
+    @property
     def backoff(self) -> BackoffSpec:
         return coerce_backoff(self.BACKOFF) or DEFAULT_BACKOFF
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+"""The URL schemes a Chasqui client connects with (chasqui_core.engine.connection)."""
+
+
+def scheme_problem(url: str, setting: str) -> str | None:
+    """The one message for a Redis URL whose scheme no client uses, or None when its scheme is accepted.
+
+    redis-py's own complaint for ``http://...`` is a bare ValueError at the
+    first enqueue, and a URL missing its colon (``redis//host``) reads as a
+    bad database number; both are the scheme, and this says so first.
+    """
+    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    if scheme in REDIS_SCHEMES:
+        return None
+    accepted = ", ".join(f"{s}://" for s in REDIS_SCHEMES)
+    found = f"its scheme is {scheme + '://'!r}" if scheme else "it has no scheme"
+    return (f"{setting} is {redact.mask_text(url)!r}, and {found}: a Redis URL starts with one of {accepted} "
+            "(e.g. redis://127.0.0.1:6379/0; rediss:// for TLS).")
 
 
 _POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE", "MAX_ATTEMPTS", "VISIBILITY_TIMEOUT_MS", "PROMOTER_LOCK_TTL_MS",
@@ -150,6 +180,8 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"settings.CHASQUI['BACKOFF'] is not valid: {exc}") from None
     loaded = ChasquiSettings(**raw)
+    if loaded.redis_url_problem is not None:
+        return loaded  # the chasqui.E003 system check reports it, and the first connection refuses it
     try:  # what can be checked without a server: the URL's shape, the TLS files it names
         check_url(loaded.redis_url)
     except RedisConfigError as exc:

@@ -5,8 +5,9 @@ becomes a supervisor (chasqui_core/supervisor.py) and runs the worker itself in
 N child processes: the same command, with ``--processes 1``, told by its
 environment who supervises it.
 
-Channels ships a ``runworker`` command too; ours wins because chasqui_core comes
-first in INSTALLED_APPS.
+Channels ships a ``runworker`` command too; ours wins when chasqui_core is listed
+above channels in INSTALLED_APPS, and the ``chasqui.E004`` system check stops
+every command (Channels' ``runworker`` included) with that fix when it is not.
 """
 
 from __future__ import annotations
