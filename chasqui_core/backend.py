@@ -40,6 +40,7 @@ from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
 from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import BuiltJob, JobSpec, Queue
+from chasqui_core.engine.registry import check_timeout
 from chasqui_core.engine.results import decode_result, encode_result
 from chasqui_core.task_signals import TaskSignal
 
@@ -68,6 +69,11 @@ class ChasquiTask(Task):
     True for the job's own id: ``.using(idempotency_key=...)``, or ``@task(idempotency_key=True)``."""
     idempotency_ttl: int | None = None
     """Seconds its completed key is remembered; None: settings.CHASQUI['IDEMPOTENCY_TTL']."""
+    timeout: float | None = None
+    """Seconds a run may take (an async run is cancelled, a sync run's process replaced); None: the worker's
+    default (``runworker --timeout`` or settings.CHASQUI['JOB_TIMEOUT'])."""
+    job_timeout: float | None = None
+    """Per-job override of timeout, set with ``.using(timeout=...)``."""
 
     def __post_init__(self) -> None:
         for name in ("max_attempts", "job_attempts"):
@@ -77,6 +83,11 @@ class ChasquiTask(Task):
         ttl = self.job_result_ttl
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= MAX_RESULT_TTL):
             raise InvalidTask(f"result_ttl must be a whole number of seconds from 0 to {MAX_RESULT_TTL}, got {ttl!r}")
+        for name in ("timeout", "job_timeout"):
+            try:
+                check_timeout(getattr(self, name), name)
+            except ValueError as exc:
+                raise InvalidTask(str(exc)) from None
         for name in ("backoff", "job_backoff"):
             try:
                 coerce_backoff(getattr(self, name))
@@ -95,9 +106,9 @@ class ChasquiTask(Task):
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
               attempts: int | None = None, backoff: Any = None, job_id: str | None = None,
               result_ttl: int | None = None, idempotency_key: str | bool | None = None,
-              idempotency_ttl: int | None = None) -> ChasquiTask:
+              idempotency_ttl: int | None = None, timeout: float | None = None) -> ChasquiTask:
         """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``, ``result_ttl``,
-        ``idempotency_key``, ``idempotency_ttl``."""
+        ``idempotency_key``, ``idempotency_ttl``, ``timeout``."""
         task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
         changes: dict[str, Any] = {}
         if attempts is not None:
@@ -112,6 +123,8 @@ class ChasquiTask(Task):
             changes["idempotency_key"] = idempotency_key
         if idempotency_ttl is not None:
             changes["idempotency_ttl"] = idempotency_ttl
+        if timeout is not None:
+            changes["job_timeout"] = timeout
         return replace(task, **changes) if changes else task
 
     def get_backend(self) -> BaseTaskBackend:
@@ -324,7 +337,8 @@ class ChasquiBackend(BaseTaskBackend):
                                    "meta": {"backend": self.alias}}
         if isinstance(task, ChasquiTask):
             options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff,
-                           idempotency_key=task.idempotency_key, idempotency_ttl=task.idempotency_ttl)
+                           idempotency_key=task.idempotency_key, idempotency_ttl=task.idempotency_ttl,
+                           timeout=task.job_timeout)
             if task.job_result_ttl is not None:
                 options["result_ttl"] = task.job_result_ttl
         return options

@@ -39,6 +39,8 @@ class ChasquiSettings:
     PROMOTER_POLL_INTERVAL: float = 0.1
     PROMOTER_LOCK_TTL_MS: int = 5_000
     SHUTDOWN_TIMEOUT: float = 25.0
+    JOB_TIMEOUT: float | None = None
+    """Seconds a run may take when neither the job nor its task sets a timeout; None: no limit."""
     DEAD_WORKER_GRACE_MS: int = 600_000
     """Workers silent this long leave the consumer group and the workers list, once their jobs are reclaimed."""
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
@@ -148,6 +150,11 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
             raise ImproperlyConfigured(
                 f"settings.CHASQUI['ENQUEUE_RETRY_SECONDS'] must be a number of seconds from 0 to 3600, got {value!r}")
+    if raw.get("JOB_TIMEOUT") is not None:
+        value = raw["JOB_TIMEOUT"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 366 * 24 * 3600:
+            raise ImproperlyConfigured(
+                f"settings.CHASQUI['JOB_TIMEOUT'] must be a number of seconds above 0 (or None), got {value!r}")
     if "REDIS_URL" in raw and not isinstance(raw["REDIS_URL"], str):
         raise ImproperlyConfigured("settings.CHASQUI['REDIS_URL'] must be a string such as 'redis://127.0.0.1:6379/0'")
     if "MASKED_KEYS" in raw:

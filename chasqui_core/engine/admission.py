@@ -25,15 +25,11 @@ from .keys import QueueKeys
 from .log_budget import LogBudget
 from .outcomes import Delivery, Outcomes
 from .recovery import LOST_FIELD, lost_runs
-from .registry import HandlerRegistry, check_timeout
+from .registry import TIMEOUT_META, HandlerRegistry, check_timeout
 from .retry import RetryPolicy, at_pickup, budget
 from .signing import Signer
 
 logger = logging.getLogger("chasqui.worker")
-
-TIMEOUT = "timeout"
-"""The key of a job's own timeout (seconds) in its envelope's ``meta``; set with ``Queue.add(timeout=...)``."""
-
 
 class Admission:
     def __init__(self, registry: HandlerRegistry, outcomes: Outcomes, policy: RetryPolicy, held: InFlight, *,
@@ -114,9 +110,9 @@ class Admission:
                     refuse(keys, entry_id, payload, "decode_failed", "DecodeError", str(exc), job)
                     continue
             timeout = self.default_timeout if handler.timeout is None else handler.timeout
-            if TIMEOUT in meta:
+            if TIMEOUT_META in meta:
                 try:
-                    timeout = check_timeout(meta[TIMEOUT])
+                    timeout = check_timeout(meta[TIMEOUT_META])
                 except ValueError as exc:
                     refuse(keys, entry_id, payload, "decode_failed", "DecodeError", f"malformed envelope: {exc}", job)
                     continue

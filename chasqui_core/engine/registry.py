@@ -61,6 +61,10 @@ class Handler:
     """Seconds a run may take; None defers to the worker's default (a job's own timeout wins over both)."""
 
 
+TIMEOUT_META = "timeout"
+"""The key of a job's own timeout (seconds) in its envelope's ``meta``: ``Queue.add(timeout=...)``."""
+
+
 def check_timeout(value: object, name: str = "timeout") -> float | None:
     """A timeout in seconds, or None; anything else raises ValueError in words."""
     if value is None:

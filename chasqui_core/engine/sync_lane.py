@@ -43,6 +43,8 @@ class SyncLane:
         self.outstanding = 0
         """Jobs handed to the lane and not yet reported back nor abandoned (updated on the loop only)."""
         self.stopping = False
+        self.abandoned = 0
+        """Runs given up at their timeout, whose threads may still be stuck in them."""
         self._loop = asyncio.get_running_loop()
         self._on_outcomes = on_outcomes
         self._queue: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
@@ -74,6 +76,7 @@ class SyncLane:
         """Stop counting a job whose run passed its timeout (its outcome was written already; on the loop)."""
         delivery.timed_out = True
         self.outstanding -= 1
+        self.abandoned += 1
 
     def replace(self) -> None:
         """Start one more thread: at start, and in place of one stuck in a job that passed its timeout."""
@@ -104,7 +107,10 @@ class SyncLane:
             # before it drains, so an outcome is never left behind
             if not self._notified:
                 self._notified = True
-                self._loop.call_soon_threadsafe(self._drain)
+                try:
+                    self._loop.call_soon_threadsafe(self._drain)
+                except RuntimeError:  # the loop is closed: the worker is gone (an abandoned run ending late)
+                    return
             if d.timed_out:  # abandoned while it ran: another thread took this one's place
                 return
 

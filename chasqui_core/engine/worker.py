@@ -164,7 +164,8 @@ class Worker:
         self.stats = WorkerStats()
         self.prefetch = max(batch_size, concurrency * 2)
         self.unfinished_sync_jobs = 0
-        """Sync jobs still running in threads when run() returned (they cannot be cancelled)."""
+        """Sync jobs still running in threads when run() returned, abandoned ones included (they cannot be
+        cancelled: the process must exit without waiting for them)."""
         self.problem = ""
         """What went wrong inside the worker itself, if anything (shown with its heartbeat)."""
         self.paused: dict[str, bool] = {k.queue: False for k in self.keys}
@@ -207,7 +208,8 @@ class Worker:
         if on_loop:
             stop.set()
         else:
-            loop.call_soon_threadsafe(stop.set)
+            with contextlib.suppress(RuntimeError):  # its loop is closed: the worker has stopped already
+                loop.call_soon_threadsafe(stop.set)
 
     def run_sync(self) -> None:
         asyncio.run(self.run())
@@ -354,7 +356,7 @@ class Worker:
             task.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
         if self._lane is not None:
-            self.unfinished_sync_jobs = self._lane.outstanding
+            self.unfinished_sync_jobs = self._lane.outstanding + self._lane.abandoned
             self._lane.close()
         for chore in chores:
             chore.cancel()
