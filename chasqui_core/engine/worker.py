@@ -32,16 +32,13 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import msgpack
 from redis.exceptions import ResponseError
 
 from .admission import Admission
 from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, masked
-from .envelope import check_json_types, now_ms
-from .errors import JobTimeout, RedisConfigError
-from .idempotency import completed_by
+from .errors import RedisConfigError
+from .housekeeping import Housekeeping, resident_kb
 from .inflight import InFlight
 from .journal import StartJournal
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
@@ -50,36 +47,21 @@ from .outcomes import Delivery, Outcomes
 from .promoter import Promoter
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES
 from .reader import Reader
-from .recovery import Leases, forget_dead_workers, reclaim_abandoned
 from .registry import HandlerRegistry, check_timeout
 from .retry import RetryPolicy
+from .running import JobRunner
 from .scheduler import Fire, Scheduler, queue_fire
 from .schedules import Schedule
 from .scripts import Scripts
 from .settler import Settler
 from .signing import Signer
-from .sync_lane import FAILED, REQUEUE, SyncLane
+from .sync_lane import SyncLane
 from .tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
 
-CURRENT_JOBS_SHOWN = 20
-"""How many running jobs a heartbeat lists (the oldest first): enough to spot a stuck one."""
-
-DEADLINE_TICK_S = 0.2
-"""How often sync jobs are checked against their timeouts (async jobs have a timer each)."""
-
 CONNECT_BACKOFF_S = (0.5, 10.0)
 """First and longest wait between tries while Redis cannot be reached at start."""
-
-
-def resident_kb() -> int:
-    """This process's resident memory now, in KiB (0 where the system does not say)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 @dataclass(slots=True)
@@ -90,7 +72,7 @@ class WorkerStats:
     started_at: float = field(default_factory=time.time)
 
 
-class Worker:
+class Worker(JobRunner):
     def __init__(
         self,
         queues: list[str],
@@ -190,12 +172,6 @@ class Worker:
         lane = self._lane
         return self._running + (lane.outstanding if lane is not None else 0)
 
-    @property
-    def buffered(self) -> int:
-        """Jobs fetched and not yet finished: what counts against the prefetch."""
-        lane = self._lane
-        return len(self._inbox) + self._running + (lane.outstanding if lane is not None else 0)
-
     def request_stop(self) -> None:
         """Ask the worker to stop; safe to call from a signal handler or another thread."""
         loop, stop = self._loop, self._stop
@@ -242,7 +218,7 @@ class Worker:
         """What each job's context starts as: the worker's own, copied per job."""
         self._room = asyncio.Event()
         self._room.set()
-        self._leases = Leases(self.scripts, self.id, self.visibility_timeout_ms)
+        self.housekeeping = Housekeeping(self)
         self.readers = [Reader(self, k) for k in self.keys]
 
         logger.info("worker %s started on %s (concurrency %d)", self.id,
@@ -256,7 +232,7 @@ class Worker:
             self.scheduler = Scheduler(self.client, self.scripts, self.schedules, fire, self.id,
                                        lock_ttl_ms=self.promoter_lock_ttl_ms)
             leaders.append(self._spawn("scheduler", self._leading(self.scheduler)))
-        chores = [self._spawn("housekeeping", self._housekeeping),
+        chores = [self._spawn("housekeeping", self.housekeeping.run),
                   self._spawn("deadlines", self._watch_deadlines)]
         try:
             await self._stop.wait()
@@ -282,7 +258,7 @@ class Worker:
                 for k in self.keys:
                     await self.create_group(k)
                 await self.client.sadd(QUEUES_REGISTRY, *[k.queue for k in self.keys])
-                await self._heartbeat()
+                await Housekeeping(self).heartbeat()
                 self.journal.connect()
                 return True
             except RedisConfigError:
@@ -368,7 +344,7 @@ class Worker:
                          "and are reclaimed", self.id, type(exc).__name__, exc)
         settler_task.cancel()
         await asyncio.gather(settler_task, *leaders, return_exceptions=True)
-        await self._unregister()
+        await self.housekeeping.unregister()
         self.journal.close()
         await self.client.aclose()
         logger.info("worker %s stopped (%d processed)", self.id, self.stats.processed)
@@ -399,237 +375,6 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
-    async def take(self, keys: QueueKeys, entries: list[Any]) -> None:
-        """Take in entries read from a queue: admit them, then start or queue each one."""
-        self.settler.fetched(keys, len(entries))
-        keyed: list[Delivery] | None = None
-        to_dispatch = False
-        stopping = self._stop.is_set()
-        for d in self.admission.admit(keys, entries):
-            if stopping:  # read while stopping (a lease pass's orphans): it must not start now
-                self._requeue(d)
-            elif d.idempotency_key is not None:
-                if keyed is None:
-                    keyed = []
-                keyed.append(d)
-            elif d.handler.is_async:
-                self._inbox.append(d)
-                to_dispatch = True
-            else:
-                self._to_lane(d)
-        if to_dispatch:
-            self._dispatch()
-        if keyed:
-            await self._screen(keys, keyed)
-
-    def _to_lane(self, d: Delivery) -> None:
-        if self._lane is None:
-            self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal)
-        if d.timeout is not None:
-            self._timed_sync.add(d)
-        self._lane.submit(d)
-
-    async def _screen(self, keys: QueueKeys, keyed: list[Delivery]) -> None:
-        """Run the keyed jobs whose key has not completed; acknowledge the others without running them.
-
-        One MGET for the batch's markers. If Redis cannot answer, the jobs go
-        back on the stream as they were (nothing runs unchecked, nothing is lost).
-        """
-        try:
-            done = await completed_by(self.client, [keys.done + (d.idempotency_key or "") for d in keyed])
-        except asyncio.CancelledError:
-            for d in keyed:
-                self._requeue(d)
-            raise
-        except Exception as exc:
-            logger.warning("checking the idempotency keys of %d job(s) on %s failed (%s: %s); they go back on "
-                           "the stream", len(keyed), keys.queue, type(exc).__name__, exc)
-            for d in keyed:
-                self._requeue(d)
-            return
-        accepted = False
-        for d, by in zip(keyed, done, strict=True):
-            if by is not None:
-                self.held.remove(d)
-                try:
-                    self.outcomes.skipped(d, by)
-                except Exception as exc:  # whatever goes wrong touches this job only
-                    self.outcomes.internal(d, "acknowledging a job whose idempotency key had completed", exc)
-            elif self._stop.is_set():  # stopping while the markers were read: it must not start now
-                self._requeue(d)
-            elif d.handler.is_async:
-                self._inbox.append(d)
-                accepted = True
-            else:
-                self._to_lane(d)
-        if accepted:
-            self._dispatch()
-
-    # --- running ------------------------------------------------------------------
-
-    def _dispatch(self) -> None:
-        """Start waiting jobs, up to ``concurrency`` running at once, each as a task of its own.
-
-        Jobs start in rounds: as many as there are free slots, announced
-        together in the start journal (one send for the round) just before
-        the first of them starts. A job's task starts eagerly: it runs in
-        this call until the handler first waits on something, so a job that
-        never waits finishes here, without a trip through the event loop
-        (parked slot coroutines, woken per batch, cost a quarter of a retried
-        job's CPU when retries came back in small batches). A job that does
-        wait goes on as an ordinary task, and the next job starts when it
-        ends. Each job runs in its own copy of the worker's context: a
-        context variable a task sets (an activated language, a logging
-        field) ends with that job.
-        """
-        inbox = self._inbox
-        base = self._context
-        loop = self._loop
-        assert loop is not None  # set by run()
-        while inbox and self._running < self.concurrency and not self._stop.is_set():
-            batch = [inbox.popleft() for _ in range(min(len(inbox), self.concurrency - self._running))]
-            started = now_ms()
-            marks: dict[str, list[bytes]] = {}
-            for d in batch:
-                d.started = started
-                ids = marks.get(d.keys.queue)
-                if ids is None:
-                    marks[d.keys.queue] = [d.entry_id]
-                else:
-                    ids.append(d.entry_id)
-            self.journal.started(marks, started)
-            for i, d in enumerate(batch):
-                if self._stop.is_set():  # a job stopped the worker: the rest of the round never started
-                    for rest in reversed(batch[i:]):
-                        rest.started = 0
-                        inbox.appendleft(rest)
-                    break
-                self._running += 1
-                run = asyncio.Task(self._run_job(d), loop=loop, context=base.copy(), eager_start=True)
-                if run.done():  # the job finished inside this call
-                    self._job_ended(run, dispatch=False)
-                else:
-                    self._jobs.add(run)
-                    run.add_done_callback(self._job_ended)
-                    if d.timeout is not None:
-                        d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000),
-                                                  self._time_out, d, run)
-            if self.buffered <= self.prefetch // 2:
-                self._room.set()
-
-    def _time_out(self, d: Delivery, run: asyncio.Task[None]) -> None:
-        if not run.done():
-            d.timed_out = True
-            run.cancel()
-
-    async def _run_job(self, delivery: Delivery) -> None:
-        try:
-            await self._execute(delivery)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:  # _execute is total; this is the last line of defence
-            self._internal(delivery, "running the job", exc)
-        finally:
-            self._running -= 1
-            if delivery.timer is not None:
-                delivery.timer.cancel()
-
-    def _job_ended(self, run: asyncio.Task[None], dispatch: bool = True) -> None:
-        """Start the next waiting job; a job task that died of the worker's own error is logged and reported."""
-        self._jobs.discard(run)
-        if not run.cancelled():
-            exc = run.exception()
-            if exc is not None:
-                self.problem = f"a job's task died ({class_path(exc)}: {message(exc)})"
-                logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
-        if dispatch:
-            self._dispatch()
-
-    async def _execute(self, d: Delivery) -> None:
-        job, handler = d.job, d.handler
-        started = d.started
-        t0 = time.perf_counter()
-        try:
-            result = await handler.fn(*d.handler_args(self.id), **job.kwargs)
-            if job.result_ttl:
-                check_json_types(result, "return value")
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if not d.timed_out or task is None:
-                raise
-            task.uncancel()
-            self._outcome(d, JobTimeout(d.timeout or 0), started, int((time.perf_counter() - t0) * 1000),
-                          failed=True)
-            return
-        except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler fail its job, not the worker
-            self._outcome(d, exc, started, int((time.perf_counter() - t0) * 1000), failed=True)
-            return
-        self._outcome(d, result, started, int((time.perf_counter() - t0) * 1000), failed=False)
-
-    def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
-        """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
-        if not self.held.remove(d):
-            return  # written already: a sync run that passed its timeout, reporting at last
-        if d.timeout is not None:
-            self._timed_sync.discard(d)
-        self.stats.processed += 1
-        if self.stats.processed == self.max_jobs:
-            self._recycle(f"{self.max_jobs} jobs processed (max_jobs {self.max_jobs})")
-        try:
-            if failed:
-                self.stats.failed += 1
-                self.outcomes.failed(d, value, started, duration)
-            else:
-                self.stats.succeeded += 1
-                self.outcomes.succeeded(d, value, started, duration)
-        except Exception as exc:
-            self.outcomes.internal(d, "recording the outcome", exc)
-
-    def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
-        self.held.remove(d)
-        self.outcomes.internal(d, doing, exc)
-
-    def _requeue(self, d: Delivery) -> None:
-        self.held.remove(d)
-        self.outcomes.requeue(d)
-
-    def _on_sync_outcomes(self, outcomes: list[Any]) -> None:
-        for kind, d, value, started, duration in outcomes:
-            if kind == REQUEUE:
-                try:
-                    self._requeue(d)
-                except Exception as exc:
-                    self._internal(d, "putting the job back", exc)
-            else:
-                self._outcome(d, value, started, duration, failed=kind == FAILED)
-        if self.buffered <= self.prefetch // 2:
-            self._room.set()
-
-    async def _watch_deadlines(self) -> None:
-        """Time out sync runs past their deadline: write their outcome, and give up their thread."""
-        while True:
-            await asyncio.sleep(DEADLINE_TICK_S)
-            if not self._timed_sync:
-                continue
-            now = now_ms()
-            for d in list(self._timed_sync):
-                if d.started and d.timeout is not None and now - d.started >= d.timeout * 1000:
-                    self._sync_timed_out(d, now)
-
-    def _sync_timed_out(self, d: Delivery, now: int) -> None:
-        lane = self._lane
-        assert lane is not None  # only sync deliveries are watched
-        lane.abandon(d)
-        self._outcome(d, JobTimeout(d.timeout or 0), d.started, now - d.started, failed=True)
-        what = f"sync job {d.job.id} ({d.job.task}) ran past its timeout of {d.timeout:g} s"
-        if self.supervisor_pid is not None:
-            self._recycle(f"{what}; its thread cannot be stopped, so a fresh process takes this one's place")
-        else:
-            logger.warning("worker %s: %s; its thread cannot be stopped: it is abandoned and another takes its "
-                           "place (run under a supervisor, runworker --processes, to have the process replaced)",
-                           self.id, what)
-            lane.replace()
-
     # --- recycling --------------------------------------------------------------------
 
     def _recycle(self, reason: str) -> None:
@@ -640,100 +385,9 @@ class Worker:
         logger.info("worker %s recycling: %s", self.id, reason)
         self._stop.set()
 
-    def _check_memory(self) -> None:
+    def check_memory(self) -> None:
         if self.max_memory_mb is None:
             return
         rss_mb = resident_kb() // 1024
         if rss_mb >= self.max_memory_mb:
             self._recycle(f"memory at {rss_mb} MB (max_memory_mb {self.max_memory_mb})")
-
-    # --- housekeeping -----------------------------------------------------------------
-
-    async def _housekeeping(self) -> None:
-        last_lease = last_heartbeat = last_reclaim = last_forget = 0.0
-        lease_every = self._leases.every
-        reclaim_every = max(0.05, min(self.visibility_timeout_ms / 2000, 15.0))
-        forget_every = max(0.5, min(self.dead_worker_grace_ms / 4000, 60.0))
-        while True:
-            now = time.monotonic()
-            try:
-                if now - last_lease >= lease_every:
-                    await self._keep_leases()
-                    last_lease = now
-                if now - last_heartbeat >= self.heartbeat_interval:
-                    await self._heartbeat()
-                    self._check_memory()
-                    last_heartbeat = now
-                if now - last_reclaim >= reclaim_every:
-                    await self._reclaim()
-                    last_reclaim = now
-                if now - last_forget >= forget_every:
-                    await self._forget_dead_workers()
-                    last_forget = now
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("housekeeping: %s: %s", type(exc).__name__, exc)
-            self.outcomes.summarise_logs()
-            self.admission.summarise_logs()
-            self.journal.summarise_logs()
-            await asyncio.sleep(min(lease_every, reclaim_every, self.heartbeat_interval))
-
-    async def _keep_leases(self) -> None:
-        """Alive keys, renewals and orphans, queue by queue (see recovery.Leases)."""
-        for keys in self.keys:
-            kept = await self._leases.keep(keys, [*self.held.by_queue(keys), *self.settler.unsettled(keys)])
-            if kept.orphans:
-                logger.warning("worker %s: %d entries on %s were pending on this worker but not held by it; taking "
-                               "them in now", self.id, len(kept.orphans), keys.queue)
-                await self.take(keys, kept.orphans)
-
-    async def _reclaim(self) -> None:
-        for keys in self.keys:
-            if not self.paused[keys.queue]:
-                await reclaim_abandoned(self.scripts, keys, self.id, min_idle_ms=self.visibility_timeout_ms)
-
-    async def _forget_dead_workers(self) -> None:
-        for keys in self.keys:
-            for name in await forget_dead_workers(self.client, keys, self.id, grace_ms=self.dead_worker_grace_ms):
-                logger.info("removed worker %s from %s: silent for over %d s and holding no jobs", name, keys.queue,
-                            self.dead_worker_grace_ms // 1000)
-
-    async def _heartbeat(self) -> None:
-        info = msgpack.packb({
-            "id": self.id, "host": self.hostname, "pid": os.getpid(), "queues": [k.queue for k in self.keys],
-            "concurrency": self.concurrency, "in_flight": self.in_flight,
-            "processed": self.stats.processed, "failed": self.stats.failed,
-            "started_at": int(self.stats.started_at * 1000), "last_seen": now_ms(),
-            "problem": self.problem, "rss_kb": resident_kb(), "current": self._current_jobs(),
-            "supervisor": self.supervisor_pid,
-        })
-        pipe = self.client.pipeline(transaction=False)
-        for k in self.keys:
-            pipe.hset(k.workers, self.id, info)
-            pipe.exists(k.paused)
-        replies = await pipe.execute()
-        for k, paused in zip(self.keys, replies[1::2], strict=False):
-            if self.paused[k.queue] and not paused:
-                logger.info("queue %s resumed", k.queue)
-            elif paused and not self.paused[k.queue]:
-                logger.info("queue %s is paused: not reading from it", k.queue)
-            self.paused[k.queue] = bool(paused)
-
-    def _current_jobs(self) -> list[list[Any]]:
-        """The longest-running jobs (task, job id, started at ms), at most CURRENT_JOBS_SHOWN of them."""
-        return [[d.job.task, d.job.id, d.started] for d in self.held.running()[:CURRENT_JOBS_SHOWN]]
-
-    async def _unregister(self) -> None:
-        """Leave the workers list and drop the alive key; the start journal too, unless runs are still under way
-        (then another worker reclaims their entries, charged)."""
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for k in self.keys:
-                pipe.hdel(k.workers, self.id)
-                pipe.delete(k.alive(self.id))
-                if not self.in_flight:
-                    pipe.delete(k.running(self.id))
-            await pipe.execute()
-        except Exception:
-            pass

@@ -1,0 +1,145 @@
+"""A worker's housekeeping: its lease passes, heartbeats, crash recovery of others, and its goodbye.
+
+One loop beside the readers and the settler, each chore at its own pace: the
+lease pass every third of the visibility timeout (recovery.Leases: the alive
+key, renewals, orphans), the heartbeat every ``heartbeat_interval`` (with the
+pause flags and the memory check), the reclaim of dead workers' entries, and
+forgetting workers long gone. A chore that fails is logged and tried again
+at its next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from .envelope import now_ms
+from .recovery import Leases, forget_dead_workers, reclaim_abandoned
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+logger = logging.getLogger("chasqui.worker")
+
+CURRENT_JOBS_SHOWN = 20
+"""How many running jobs a heartbeat lists (the oldest first): enough to spot a stuck one."""
+
+
+def resident_kb() -> int:
+    """This process's resident memory now, in KiB (0 where the system does not say)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Housekeeping:
+    def __init__(self, worker: Worker) -> None:
+        self.w = worker
+        self.leases = Leases(worker.scripts, worker.id, worker.visibility_timeout_ms)
+
+    async def run(self) -> None:
+        w = self.w
+        last_lease = last_heartbeat = last_reclaim = last_forget = 0.0
+        lease_every = self.leases.every
+        reclaim_every = max(0.05, min(w.visibility_timeout_ms / 2000, 15.0))
+        forget_every = max(0.5, min(w.dead_worker_grace_ms / 4000, 60.0))
+        while True:
+            now = time.monotonic()
+            try:
+                if now - last_lease >= lease_every:
+                    await self.keep_leases()
+                    last_lease = now
+                if now - last_heartbeat >= w.heartbeat_interval:
+                    await self.heartbeat()
+                    w.check_memory()
+                    last_heartbeat = now
+                if now - last_reclaim >= reclaim_every:
+                    await self.reclaim()
+                    last_reclaim = now
+                if now - last_forget >= forget_every:
+                    await self.forget_dead_workers()
+                    last_forget = now
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("housekeeping: %s: %s", type(exc).__name__, exc)
+            w.outcomes.summarise_logs()
+            w.admission.summarise_logs()
+            w.journal.summarise_logs()
+            await asyncio.sleep(min(lease_every, reclaim_every, w.heartbeat_interval))
+
+    async def keep_leases(self) -> None:
+        """Alive keys, renewals and orphans, queue by queue (see recovery.Leases).
+
+        Entries whose outcome waits in the settler are kept too: they are
+        settled, not yet written, and must neither look abandoned nor be
+        taken in again as orphans.
+        """
+        w = self.w
+        for keys in w.keys:
+            kept = await self.leases.keep(keys, [*w.held.by_queue(keys), *w.settler.unsettled(keys)])
+            if kept.orphans:
+                logger.warning("worker %s: %d entries on %s were pending on this worker but not held by it; taking "
+                               "them in now", w.id, len(kept.orphans), keys.queue)
+                await w.take(keys, kept.orphans)
+
+    async def reclaim(self) -> None:
+        w = self.w
+        for keys in w.keys:
+            if not w.paused[keys.queue]:
+                await reclaim_abandoned(w.scripts, keys, w.id, min_idle_ms=w.visibility_timeout_ms)
+
+    async def forget_dead_workers(self) -> None:
+        w = self.w
+        for keys in w.keys:
+            for name in await forget_dead_workers(w.client, keys, w.id, grace_ms=w.dead_worker_grace_ms):
+                logger.info("removed worker %s from %s: silent for over %d s and holding no jobs", name, keys.queue,
+                            w.dead_worker_grace_ms // 1000)
+
+    async def heartbeat(self) -> None:
+        w = self.w
+        info = msgpack.packb({
+            "id": w.id, "host": w.hostname, "pid": os.getpid(), "queues": [k.queue for k in w.keys],
+            "concurrency": w.concurrency, "in_flight": w.in_flight,
+            "processed": w.stats.processed, "failed": w.stats.failed,
+            "started_at": int(w.stats.started_at * 1000), "last_seen": now_ms(),
+            "problem": w.problem, "rss_kb": resident_kb(), "current": self.current_jobs(),
+            "supervisor": w.supervisor_pid,
+        })
+        pipe = w.client.pipeline(transaction=False)
+        for k in w.keys:
+            pipe.hset(k.workers, w.id, info)
+            pipe.exists(k.paused)
+        replies = await pipe.execute()
+        for k, paused in zip(w.keys, replies[1::2], strict=False):
+            if w.paused[k.queue] and not paused:
+                logger.info("queue %s resumed", k.queue)
+            elif paused and not w.paused[k.queue]:
+                logger.info("queue %s is paused: not reading from it", k.queue)
+            w.paused[k.queue] = bool(paused)
+
+    def current_jobs(self) -> list[list[Any]]:
+        """The longest-running jobs (task, job id, started at ms), at most CURRENT_JOBS_SHOWN of them."""
+        return [[d.job.task, d.job.id, d.started] for d in self.w.held.running()[:CURRENT_JOBS_SHOWN]]
+
+    async def unregister(self) -> None:
+        """Leave the workers list and drop the alive key; the start journal too, unless runs are still under way
+        (then another worker reclaims their entries, charged)."""
+        w = self.w
+        try:
+            pipe = w.client.pipeline(transaction=False)
+            for k in w.keys:
+                pipe.hdel(k.workers, w.id)
+                pipe.delete(k.alive(w.id))
+                if not w.in_flight:
+                    pipe.delete(k.running(w.id))
+            await pipe.execute()
+        except Exception:
+            pass

@@ -1,0 +1,308 @@
+"""How a worker runs what it has read: admitted deliveries to the loop or the sync lane, and their outcomes.
+
+The life of a delivery, in order: ``take`` (admission, then the inbox, the
+sync lane or the idempotency screen), ``_dispatch`` (rounds of starts, each
+announced in the start journal), ``_execute`` (the handler, its timeout),
+``_outcome`` (handed to outcomes.py, which queues it on the settler). Sync
+runs come back through ``_on_sync_outcomes``; those past their timeout are
+charged by ``_watch_deadlines``.
+
+A part of ``Worker`` (worker.py), kept in a module of its own so that this
+path reads in one place; it is a mixin rather than an object of its own
+because these calls run once per job, where an extra attribute hop per
+access would show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from .admission import Admission
+from .connection import Client
+from .envelope import check_json_types, now_ms
+from .errors import JobTimeout
+from .idempotency import completed_by
+from .inflight import InFlight
+from .journal import StartJournal
+from .keys import QueueKeys
+from .outcomes import Delivery, Outcomes
+from .settler import Settler
+from .sync_lane import FAILED, REQUEUE, SyncLane
+from .tracebacks import class_path, message
+
+logger = logging.getLogger("chasqui.worker")
+
+DEADLINE_TICK_S = 0.2
+"""How often sync jobs are checked against their timeouts (async jobs have a timer each)."""
+
+
+class JobRunner:
+    """The job-running half of ``Worker``; the attributes below are the Worker's."""
+
+    id: str
+    concurrency: int
+    prefetch: int
+    max_jobs: int | None
+    supervisor_pid: int | None
+    problem: str
+    held: InFlight
+    journal: StartJournal
+    admission: Admission
+    outcomes: Outcomes
+    settler: Settler
+    client: Client
+    stats: Any
+    _stop: asyncio.Event
+    _loop: asyncio.AbstractEventLoop | None
+    _inbox: deque[Delivery]
+    _running: int
+    _lane: SyncLane | None
+    _jobs: set[asyncio.Task[None]]
+    _timed_sync: set[Delivery]
+    _context: contextvars.Context
+    _room: asyncio.Event
+
+    @property
+    def buffered(self) -> int:
+        """Jobs fetched and not yet finished: what counts against the prefetch."""
+        lane = self._lane
+        return len(self._inbox) + self._running + (lane.outstanding if lane is not None else 0)
+
+    def _recycle(self, reason: str) -> None:  # the Worker's
+        raise NotImplementedError
+
+    async def take(self, keys: QueueKeys, entries: list[Any]) -> None:
+        """Take in entries read from a queue: admit them, then start or queue each one."""
+        self.settler.fetched(keys, len(entries))
+        keyed: list[Delivery] | None = None
+        to_dispatch = False
+        stopping = self._stop.is_set()
+        for d in self.admission.admit(keys, entries):
+            if stopping:  # read while stopping (a lease pass's orphans): it must not start now
+                self._requeue(d)
+            elif d.idempotency_key is not None:
+                if keyed is None:
+                    keyed = []
+                keyed.append(d)
+            elif d.handler.is_async:
+                self._inbox.append(d)
+                to_dispatch = True
+            else:
+                self._to_lane(d)
+        if to_dispatch:
+            self._dispatch()
+        if keyed:
+            await self._screen(keys, keyed)
+
+    def _to_lane(self, d: Delivery) -> None:
+        if self._lane is None:
+            self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal)
+        if d.timeout is not None:
+            self._timed_sync.add(d)
+        self._lane.submit(d)
+
+    async def _screen(self, keys: QueueKeys, keyed: list[Delivery]) -> None:
+        """Run the keyed jobs whose key has not completed; acknowledge the others without running them.
+
+        One MGET for the batch's markers. If Redis cannot answer, the jobs go
+        back on the stream as they were (nothing runs unchecked, nothing is lost).
+        """
+        try:
+            done = await completed_by(self.client, [keys.done + (d.idempotency_key or "") for d in keyed])
+        except asyncio.CancelledError:
+            for d in keyed:
+                self._requeue(d)
+            raise
+        except Exception as exc:
+            logger.warning("checking the idempotency keys of %d job(s) on %s failed (%s: %s); they go back on "
+                           "the stream", len(keyed), keys.queue, type(exc).__name__, exc)
+            for d in keyed:
+                self._requeue(d)
+            return
+        accepted = False
+        for d, by in zip(keyed, done, strict=True):
+            if by is not None:
+                self.held.remove(d)
+                try:
+                    self.outcomes.skipped(d, by)
+                except Exception as exc:  # whatever goes wrong touches this job only
+                    self.outcomes.internal(d, "acknowledging a job whose idempotency key had completed", exc)
+            elif self._stop.is_set():  # stopping while the markers were read: it must not start now
+                self._requeue(d)
+            elif d.handler.is_async:
+                self._inbox.append(d)
+                accepted = True
+            else:
+                self._to_lane(d)
+        if accepted:
+            self._dispatch()
+
+    # --- running ------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Start waiting jobs, up to ``concurrency`` running at once, each as a task of its own.
+
+        Jobs start in rounds: as many as there are free slots, announced
+        together in the start journal (one send for the round) just before
+        the first of them starts. A job's task starts eagerly: it runs in
+        this call until the handler first waits on something, so a job that
+        never waits finishes here, without a trip through the event loop
+        (parked slot coroutines, woken per batch, cost a quarter of a retried
+        job's CPU when retries came back in small batches). A job that does
+        wait goes on as an ordinary task, and the next job starts when it
+        ends. Each job runs in its own copy of the worker's context: a
+        context variable a task sets (an activated language, a logging
+        field) ends with that job.
+        """
+        inbox = self._inbox
+        base = self._context
+        loop = self._loop
+        assert loop is not None  # set by run()
+        while inbox and self._running < self.concurrency and not self._stop.is_set():
+            batch = [inbox.popleft() for _ in range(min(len(inbox), self.concurrency - self._running))]
+            started = now_ms()
+            marks: dict[str, list[bytes]] = {}
+            for d in batch:
+                d.started = started
+                ids = marks.get(d.keys.queue)
+                if ids is None:
+                    marks[d.keys.queue] = [d.entry_id]
+                else:
+                    ids.append(d.entry_id)
+            self.journal.started(marks, started)
+            for i, d in enumerate(batch):
+                if self._stop.is_set():  # a job stopped the worker: the rest of the round never started
+                    for rest in reversed(batch[i:]):
+                        rest.started = 0
+                        inbox.appendleft(rest)
+                    break
+                self._running += 1
+                run = asyncio.Task(self._run_job(d), loop=loop, context=base.copy(), eager_start=True)
+                if run.done():  # the job finished inside this call
+                    self._job_ended(run, dispatch=False)
+                else:
+                    self._jobs.add(run)
+                    run.add_done_callback(self._job_ended)
+                    if d.timeout is not None:
+                        d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000),
+                                                  self._time_out, d, run)
+            if self.buffered <= self.prefetch // 2:
+                self._room.set()
+
+    def _time_out(self, d: Delivery, run: asyncio.Task[None]) -> None:
+        if not run.done():
+            d.timed_out = True
+            run.cancel()
+
+    async def _run_job(self, delivery: Delivery) -> None:
+        try:
+            await self._execute(delivery)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # _execute is total; this is the last line of defence
+            self._internal(delivery, "running the job", exc)
+        finally:
+            self._running -= 1
+            if delivery.timer is not None:
+                delivery.timer.cancel()
+
+    def _job_ended(self, run: asyncio.Task[None], dispatch: bool = True) -> None:
+        """Start the next waiting job; a job task that died of the worker's own error is logged and reported."""
+        self._jobs.discard(run)
+        if not run.cancelled():
+            exc = run.exception()
+            if exc is not None:
+                self.problem = f"a job's task died ({class_path(exc)}: {message(exc)})"
+                logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
+        if dispatch:
+            self._dispatch()
+
+    async def _execute(self, d: Delivery) -> None:
+        job, handler = d.job, d.handler
+        started = d.started
+        t0 = time.perf_counter()
+        try:
+            result = await handler.fn(*d.handler_args(self.id), **job.kwargs)
+            if job.result_ttl:
+                check_json_types(result, "return value")
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not d.timed_out or task is None:
+                raise
+            task.uncancel()
+            self._outcome(d, JobTimeout(d.timeout or 0), started, int((time.perf_counter() - t0) * 1000),
+                          failed=True)
+            return
+        except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler fail its job, not the worker
+            self._outcome(d, exc, started, int((time.perf_counter() - t0) * 1000), failed=True)
+            return
+        self._outcome(d, result, started, int((time.perf_counter() - t0) * 1000), failed=False)
+
+    def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
+        """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
+        if not self.held.remove(d):
+            return  # written already: a sync run that passed its timeout, reporting at last
+        if d.timeout is not None:
+            self._timed_sync.discard(d)
+        self.stats.processed += 1
+        if self.stats.processed == self.max_jobs:
+            self._recycle(f"{self.max_jobs} jobs processed (max_jobs {self.max_jobs})")
+        try:
+            if failed:
+                self.stats.failed += 1
+                self.outcomes.failed(d, value, started, duration)
+            else:
+                self.stats.succeeded += 1
+                self.outcomes.succeeded(d, value, started, duration)
+        except Exception as exc:
+            self.outcomes.internal(d, "recording the outcome", exc)
+
+    def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
+        self.held.remove(d)
+        self.outcomes.internal(d, doing, exc)
+
+    def _requeue(self, d: Delivery) -> None:
+        self.held.remove(d)
+        self.outcomes.requeue(d)
+
+    def _on_sync_outcomes(self, outcomes: list[Any]) -> None:
+        for kind, d, value, started, duration in outcomes:
+            if kind == REQUEUE:
+                try:
+                    self._requeue(d)
+                except Exception as exc:
+                    self._internal(d, "putting the job back", exc)
+            else:
+                self._outcome(d, value, started, duration, failed=kind == FAILED)
+        if self.buffered <= self.prefetch // 2:
+            self._room.set()
+
+    async def _watch_deadlines(self) -> None:
+        """Time out sync runs past their deadline: write their outcome, and give up their thread."""
+        while True:
+            await asyncio.sleep(DEADLINE_TICK_S)
+            if not self._timed_sync:
+                continue
+            now = now_ms()
+            for d in list(self._timed_sync):
+                if d.started and d.timeout is not None and now - d.started >= d.timeout * 1000:
+                    self._sync_timed_out(d, now)
+
+    def _sync_timed_out(self, d: Delivery, now: int) -> None:
+        lane = self._lane
+        assert lane is not None  # only sync deliveries are watched
+        lane.abandon(d)
+        self._outcome(d, JobTimeout(d.timeout or 0), d.started, now - d.started, failed=True)
+        what = f"sync job {d.job.id} ({d.job.task}) ran past its timeout of {d.timeout:g} s"
+        if self.supervisor_pid is not None:
+            self._recycle(f"{what}; its thread cannot be stopped, so a fresh process takes this one's place")
+        else:
+            logger.warning("worker %s: %s; its thread cannot be stopped: it is abandoned and another takes its "
+                           "place (run under a supervisor, runworker --processes, to have the process replaced)",
+                           self.id, what)
+            lane.replace()
