@@ -266,7 +266,7 @@ class Worker(JobRunner):
             except Exception as exc:
                 if not unavailable(exc) and not isinstance(exc, TimeoutError):
                     raise
-                logger.warning("worker %s: Redis at %s cannot be reached (%s: %s); trying again in %.0f s",
+                logger.warning("worker %s: Redis at %s cannot be reached (%s: %s); trying again in %.1f s",
                                self.id, masked(url), type(exc).__name__, message(exc), wait)
                 with contextlib.suppress(Exception):
                     await self.client.aclose()

@@ -140,6 +140,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-attempts", type=int, default=None, help="worker-wide retry budget")
     p.add_argument("--backoff-ms", type=float, default=None, help="worker-wide fixed backoff")
     p.add_argument("--shutdown-timeout", type=float, default=25.0)
+    p.add_argument("--record-url", default=None,
+                   help="the server handlers record their runs on (default: --url); a test that restarts the "
+                        "queue's server records elsewhere")
     p.add_argument("--signing-key", action="append", default=[],
                    help="a key signed jobs may be signed with; may be given more than once (none: no check)")
     return p.parse_args(argv)
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
-    client = connect(args.url)
+    client = connect(args.record_url or args.url)
     policy_options = {}
     if args.max_attempts is not None:
         policy_options["max_attempts"] = args.max_attempts
@@ -240,9 +243,12 @@ class Workers:
         self.log_dir = Path(log_dir)
         self.procs: list[subprocess.Popen] = []
 
-    def start(self, queue: str, **options: object) -> subprocess.Popen:
-        """Start one worker; ``options`` are the CLI flags (``visibility_ms=2000``; a list repeats its flag)."""
-        argv = [sys.executable, str(SCRIPT), "--url", self.url, "--queue", queue]
+    def start(self, queue: str | list[str], **options: object) -> subprocess.Popen:
+        """Start one worker on a queue or several; ``options`` are the CLI flags (``visibility_ms=2000``; a list
+        repeats its flag)."""
+        argv = [sys.executable, str(SCRIPT), "--url", self.url]
+        for name in [queue] if isinstance(queue, str) else queue:
+            argv += ["--queue", name]
         for name, value in options.items():
             for item in value if isinstance(value, (list, tuple)) else [value]:
                 argv += [f"--{name.replace('_', '-')}", str(item)]
