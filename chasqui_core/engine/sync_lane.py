@@ -117,7 +117,7 @@ class SyncLane:
     def _call(self, d: Delivery) -> Outcome:
         job, handler = d.job, d.handler
         started = now_ms()
-        self.journal.started({d.keys.queue: [d.entry_id]}, started)
+        self.journal.started_one(d.keys.queue, d.entry_id, started)
         d.started = started
         t0 = time.perf_counter()
         try:
