@@ -20,11 +20,11 @@ from typing import Any
 
 from .envelope import DecodeError, Job, decode, now_ms
 from .idempotency import IDEMPOTENCY_KEY, key_of
-from .inflight import DeliveryTag, InFlight
+from .inflight import InFlight
 from .keys import QueueKeys
 from .log_budget import LogBudget
 from .outcomes import Delivery, Outcomes
-from .recovery import LOST_FIELD, lost_runs
+from .recovery import LOST_FIELD, RECOVERED_FIELD, lost_runs
 from .registry import TIMEOUT_META, HandlerRegistry, check_timeout
 from .retry import RetryPolicy, at_pickup, budget
 from .signing import Signer
@@ -48,30 +48,32 @@ class Admission:
     def admit(self, keys: QueueKeys, entries: list[Any]) -> list[Delivery]:
         """Decode entries read from ``keys``'s stream: the deliveries to run, in order; the rest are refused."""
         accepted: list[Delivery] = []
-        held = self.held
+        held = self.held.by_tag
         signer = self.signer
         refuse = self.outcomes.refuse
         queue = keys.queue
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
                 continue
-            tag = DeliveryTag(queue, entry_id)
+            tag = (queue, entry_id)
             if tag in held:
                 self.skipped += 1
                 if self._skip_lines.allow():
                     logger.warning("entry %s on %s was read again while this worker holds it; the held delivery "
                                    "goes on", entry_id.decode(), queue)
                 continue
-            lost_field = None
+            lost_field = recovered = None
             if type(fields) is list:  # raw reply: [field, value, ...]
                 payload = fields[1] if len(fields) == 2 and fields[0] == b"j" else None
                 if payload is None:
                     fields = dict(zip(fields[::2], fields[1::2], strict=False))
                     payload = fields.get(b"j")
                     lost_field = fields.get(LOST_FIELD)
+                    recovered = fields.get(RECOVERED_FIELD)
             else:
                 payload = fields.get(b"j")
                 lost_field = fields.get(LOST_FIELD)
+                recovered = fields.get(RECOVERED_FIELD)
             if payload is None:
                 self.outcomes.refuse_foreign(keys, entry_id, fields)
                 continue
@@ -97,7 +99,8 @@ class Admission:
             if lost_field is not None:
                 lost = self._charge(job, lost_field)
                 payload = job.encode()
-            refusal = at_pickup(job, runs, lost=lost, now=now_ms())
+            refusal = at_pickup(job, runs, lost=lost, now=now_ms(),
+                                recovered=int(recovered) if recovered is not None and recovered.isdigit() else 0)
             if refusal is not None:
                 refuse(keys, entry_id, payload, refusal.reason, refusal.error_class, refusal.error, job)
                 continue
@@ -117,7 +120,7 @@ class Admission:
                     refuse(keys, entry_id, payload, "decode_failed", "DecodeError", f"malformed envelope: {exc}", job)
                     continue
             d = Delivery(keys, entry_id, payload, job, handler, tag, runs, marker, timeout)
-            held.add(d)
+            held[tag] = d
             accepted.append(d)
         return accepted
 

@@ -13,52 +13,55 @@ delivery's ``started`` when its handler begins.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .keys import QueueKeys
     from .outcomes import Delivery
 
 
-class DeliveryTag(NamedTuple):
-    """A delivery's identity: its queue and its stream entry id (ids repeat across streams)."""
+DeliveryTag = tuple[str, bytes]
+"""A delivery's identity: (its queue, its stream entry id), since entry ids repeat across streams.
 
-    queue: str
-    entry_id: bytes
+A plain tuple rather than a named one: one is made per job read, and a
+named tuple's constructor costs several times more.
+"""
 
 
 class InFlight:
     """The deliveries a worker holds, by tag, from the read until their outcome is handed to the settler."""
 
-    __slots__ = ("_held",)
+    __slots__ = ("by_tag",)
 
     def __init__(self) -> None:
-        self._held: dict[DeliveryTag, Delivery] = {}
+        self.by_tag: dict[DeliveryTag, Delivery] = {}
+        """The deliveries by tag. The reader's and the outcome's hot paths add and pop here directly, once per job:
+        a method call each way would cost them more than the dict does; everything else uses the methods."""
 
     def __len__(self) -> int:
-        return len(self._held)
+        return len(self.by_tag)
 
     def __contains__(self, tag: object) -> bool:
-        return tag in self._held
+        return tag in self.by_tag
 
     def add(self, d: Delivery) -> None:
-        self._held[d.tag] = d
+        self.by_tag[d.tag] = d
 
     def remove(self, d: Delivery) -> bool:
         """Forget a delivery; False when it was not held (already settled, or taken back)."""
-        return self._held.pop(d.tag, None) is not None
+        return self.by_tag.pop(d.tag, None) is not None
 
     def __iter__(self) -> Iterator[Delivery]:
         """A snapshot: callers may add and remove while they walk it."""
-        return iter(list(self._held.values()))
+        return iter(list(self.by_tag.values()))
 
     def by_queue(self, keys: QueueKeys) -> list[bytes]:
         """Entry ids held on one queue (for the lease keeper)."""
         queue = keys.queue
-        return [tag.entry_id for tag in list(self._held) if tag.queue == queue]
+        return [tag[1] for tag in list(self.by_tag) if tag[0] == queue]
 
     def running(self) -> list[Delivery]:
         """Deliveries whose handler has started, the longest running first."""
-        started = [d for d in list(self._held.values()) if d.started]
+        started = [d for d in list(self.by_tag.values()) if d.started]
         started.sort(key=lambda d: d.started)
         return started

@@ -4,21 +4,24 @@ A worker reads ahead of what it runs (its prefetch), so when it dies its
 consumer's pending list holds jobs it had fetched but never started beside
 the ones it was running. Only a run that was under way is lost and charged
 to its job; the others go back as they were. Redis cannot tell them apart,
-so a worker writes, *before* each handler starts, the delivery's entry id
-into ``{chasqui:<queue>}:running:<worker>`` (HSET entry id -> start ms). The
+so a worker writes the entry ids of the runs under way into
+``{chasqui:<queue>}:running:<worker>`` (HSET entry id -> start ms). The
 reclaim pass reads that hash when it takes a dead worker's entries
 (reclaim.lua), and ``settle.lua`` removes the ids it settles.
 
-The write must reach the server even if the very job it announces kills the
-process at once, and it must cost the hot path next to nothing. So it is
-fire-and-forget on a connection of its own with ``CLIENT REPLY OFF``: one
-``send()`` per round of jobs started together (see ``Worker._dispatch``), or
-per sync job, and no reply to wait for or read. Once ``send()`` returns, the
-bytes are the kernel's: a process that dies right after still delivers them.
-Sent from the event loop and from the sync lane's threads, so sends take a
-lock. A write that fails (Redis restarting) is dropped after one reconnect:
-a journal gap can only make a crash charge nothing, never lose a job, and
-its ids are swept from the hash by the lease keeper anyway.
+When: a sync job's thread writes its mark just before the handler starts,
+so a job that kills the process at once is charged. Async jobs are written
+once per dispatch, right after they started, and only those that did not
+finish at once (``Worker._dispatch`` says why after rather than before).
+
+The write must reach the server even if the process dies right after, and
+cost the hot path next to nothing. So it is fire-and-forget on a connection
+of its own with ``CLIENT REPLY OFF``: one ``send()``, and no reply to wait
+for or read. Once ``send()`` returns, the bytes are the kernel's: a process
+that dies right after still delivers them. Sent from the event loop and from
+the sync lane's threads, so sends take a lock. A write that fails (Redis
+restarting) is dropped after one reconnect: a journal gap can only make a
+crash charge nothing, never lose a job.
 """
 
 from __future__ import annotations
@@ -65,9 +68,8 @@ class StartJournal:
 
     def started_one(self, queue: str, entry_id: bytes, started_ms: int) -> None:
         """``started`` for one entry: the sync lane's threads call this before each run, so it is kept lean."""
-        stamp = b"%d" % started_ms
-        data = b"*4\r\n%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (self._heads[queue], len(entry_id), entry_id, len(stamp),
-                                                          stamp)
+        # epoch milliseconds have 13 digits from 2001 to 2286
+        data = b"*4\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._heads[queue], len(entry_id), entry_id, started_ms)
         server = self._server.get(queue)
         with self._lock:
             sock = self._socks.get(server)
@@ -81,12 +83,12 @@ class StartJournal:
 
     def started(self, marks: dict[str, list[bytes]], started_ms: int) -> None:
         """Mark entries (queue -> entry ids) as running since ``started_ms``: one send per server, not waited for."""
-        stamp = _bulk(str(started_ms).encode())
+        stamp = _bulk(b"%d" % started_ms)
         sends: dict[str | None, list[bytes]] = {}
         for queue, entry_ids in marks.items():
-            sends.setdefault(self._server.get(queue), []).append(b"".join((
-                b"*%d\r\n" % (2 + 2 * len(entry_ids)), self._heads[queue],
-                *[_bulk(entry_id) + stamp for entry_id in entry_ids])))
+            sends.setdefault(self._server.get(queue), []).append(b"*%d\r\n%s%s" % (
+                2 + 2 * len(entry_ids), self._heads[queue],
+                b"".join([b"$%d\r\n%s\r\n%s" % (len(entry_id), entry_id, stamp) for entry_id in entry_ids])))
         with self._lock:
             for server, commands in sends.items():
                 data = b"".join(commands)

@@ -172,9 +172,18 @@ class Outcomes:
 
     def refuse(self, keys: QueueKeys, entry_id: bytes, payload: bytes, reason: str, error_class: str, error: str,
                job: Job | None = None) -> None:
-        """Dead-letter an entry no handler may run (it cannot be decoded, is too big, or names no task)."""
+        """Dead-letter an entry no handler may run (it cannot be decoded, is too big, names no task, or the attempt
+        rules refuse it); a job that keeps its result gets a FAILED one, so ``get_result()`` does not say READY."""
+        stored = None
+        if job is not None and job.result_ttl:
+            now = now_ms()
+            if not job.errors or job.errors[-1].get("class") != error_class:  # say why, unless its last error does
+                record = error_record(attempt=job.attempt, exc_class=error_class, message=error, traceback="",
+                                      worker=self.worker_id, started_at=now, finished_at=now)
+                job = job.after_failure(job.attempt, record, job.deaths)
+            stored = self._stored(keys, job, "FAILED", None, now)
         self.settler.dead(keys, entry_id, payload, reason, job_id=job.id if job else "", task=job.task if job else "",
-                          error_class=error_class, error=error)
+                          error_class=error_class, error=error, result=stored)
 
     def bad_signature(self, keys: QueueKeys, entry_id: bytes, payload: bytes, job: Job, why: str) -> None:
         """Dead-letter a job whose signature is missing or wrong (``bad_signature``), and say so in the log."""

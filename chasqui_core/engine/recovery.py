@@ -36,6 +36,9 @@ PANIC_AFTER_DEATHS = 2
 LOST_FIELD = b"lost"
 """The stream field reclaim.lua writes on a dead worker's running entries: one line per lost run."""
 
+RECOVERED_FIELD = b"recovered"
+"""The stream field reclaim.lua writes on every entry it puts back: how many dead workers it was taken from."""
+
 LOST_CLASS = "WorkerLost"
 """The error class a lost run leaves in the job's error history."""
 

@@ -23,6 +23,10 @@ DEFAULT_MAX_ATTEMPTS = 3
 PANIC_AFTER_DEATHS = 2
 """A job that was running when this many workers died is a poison pill: dead-lettered as ``panic``."""
 
+RECOVERIES_BEFORE_PANIC = 5
+"""A job taken back from this many dead workers is a poison pill even if none was known to be running it: an
+async job that kills its process before its first ``await`` is never written to the start journal."""
+
 CLOCK_AHEAD_MS = 24 * 3600 * 1000
 """A job created further than this in the future (by its producer's clock) is not a job anyone sent."""
 
@@ -92,8 +96,9 @@ class Refusal:
     error: str
 
 
-def at_pickup(job: Job, max_attempts: int, *, lost: int, now: int) -> Refusal | None:
-    """May ``job`` start now? ``lost`` runs of it ended with their workers and were just charged to it.
+def at_pickup(job: Job, max_attempts: int, *, lost: int, now: int, recovered: int = 0) -> Refusal | None:
+    """May ``job`` start now? ``lost`` runs of it ended with their workers and were just charged to it;
+    ``recovered``: from how many dead workers its stream entry was taken back, charged or not.
 
     A job charged a lost run that has now died with ``PANIC_AFTER_DEATHS``
     workers is a poison pill; one with no run left ends with the lost run as
@@ -101,6 +106,10 @@ def at_pickup(job: Job, max_attempts: int, *, lost: int, now: int) -> Refusal | 
     or created in the future, was not written by a producer or a retry: it is
     refused as ``invalid``, not run.
     """
+    if recovered >= RECOVERIES_BEFORE_PANIC:
+        return Refusal("panic", "WorkerLost", f"the job was taken back from {recovered} workers that died while "
+                                              "they held it (one that kills its worker before it could be noted "
+                                              "running?)")
     if lost:
         if job.deaths >= PANIC_AFTER_DEATHS:
             return Refusal("panic", "WorkerLost", f"the job was running when its worker died {job.deaths} times")

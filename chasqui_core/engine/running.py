@@ -147,52 +147,51 @@ class JobRunner:
     def _dispatch(self) -> None:
         """Start waiting jobs, up to ``concurrency`` running at once, each as a task of its own.
 
-        Jobs start in rounds: as many as there are free slots, announced
-        together in the start journal (one send for the round) just before
-        the first of them starts. A job's task starts eagerly: it runs in
-        this call until the handler first waits on something, so a job that
-        never waits finishes here, without a trip through the event loop
-        (parked slot coroutines, woken per batch, cost a quarter of a retried
-        job's CPU when retries came back in small batches). A job that does
-        wait goes on as an ordinary task, and the next job starts when it
-        ends. Each job runs in its own copy of the worker's context: a
-        context variable a task sets (an activated language, a logging
-        field) ends with that job.
+        A job's task starts eagerly: it runs in this call until the handler
+        first waits on something, so a job that never waits finishes here,
+        without a trip through the event loop (parked slot coroutines, woken
+        per batch, cost a quarter of a retried job's CPU when retries came
+        back in small batches). A job that does wait goes on as an ordinary
+        task, and the next job starts when it ends. Each job runs in its own
+        copy of the worker's context: a context variable a task sets (an
+        activated language, a logging field) ends with that job.
+
+        The jobs still running when this call ends, and only those, are
+        written to the start journal, with one send. Announcing them before
+        they start would charge a crash in between (a sync job's, in another
+        thread) to jobs that never ran; announcing after means a job that
+        kills the process before its first ``await`` is never charged, which
+        the recovery count catches instead (retry.RECOVERIES_BEFORE_PANIC).
         """
         inbox = self._inbox
         base = self._context
         loop = self._loop
         assert loop is not None  # set by run()
+        started = now_ms()
+        marks: dict[str, list[bytes]] | None = None
         while inbox and self._running < self.concurrency and not self._stop.is_set():
-            batch = [inbox.popleft() for _ in range(min(len(inbox), self.concurrency - self._running))]
-            started = now_ms()
-            marks: dict[str, list[bytes]] = {}
-            for d in batch:
-                d.started = started
-                ids = marks.get(d.keys.queue)
-                if ids is None:
-                    marks[d.keys.queue] = [d.entry_id]
-                else:
-                    ids.append(d.entry_id)
+            d = inbox.popleft()
+            d.started = started
+            self._running += 1
+            run = asyncio.Task(self._run_job(d), loop=loop, context=base.copy(), eager_start=True)
+            if run.done():  # the job finished inside this call
+                self._job_ended(run, dispatch=False)
+                continue
+            self._jobs.add(run)
+            run.add_done_callback(self._job_ended)
+            if d.timeout is not None:
+                d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000), self._time_out, d, run)
+            if marks is None:
+                marks = {}
+            ids = marks.get(d.keys.queue)
+            if ids is None:
+                marks[d.keys.queue] = [d.entry_id]
+            else:
+                ids.append(d.entry_id)
+        if marks:
             self.journal.started(marks, started)
-            for i, d in enumerate(batch):
-                if self._stop.is_set():  # a job stopped the worker: the rest of the round never started
-                    for rest in reversed(batch[i:]):
-                        rest.started = 0
-                        inbox.appendleft(rest)
-                    break
-                self._running += 1
-                run = asyncio.Task(self._run_job(d), loop=loop, context=base.copy(), eager_start=True)
-                if run.done():  # the job finished inside this call
-                    self._job_ended(run, dispatch=False)
-                else:
-                    self._jobs.add(run)
-                    run.add_done_callback(self._job_ended)
-                    if d.timeout is not None:
-                        d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000),
-                                                  self._time_out, d, run)
-            if self.buffered <= self.prefetch // 2:
-                self._room.set()
+        if self.buffered <= self.prefetch // 2:
+            self._room.set()
 
     def _time_out(self, d: Delivery, run: asyncio.Task[None]) -> None:
         if not run.done():
@@ -245,7 +244,7 @@ class JobRunner:
 
     def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
         """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
-        if not self.held.remove(d):
+        if self.held.by_tag.pop(d.tag, None) is None:
             return  # written already: a sync run that passed its timeout, reporting at last
         if d.timeout is not None:
             self._timed_sync.discard(d)

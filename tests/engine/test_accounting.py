@@ -324,3 +324,22 @@ def test_a_supervised_worker_makes_way_for_a_fresh_process_when_a_sync_job_hangs
     [(raw, _)] = redis.zrange(keys.delayed, 0, -1, withscores=True) or [
         (f[b"j"], 0) for _, f in redis.xrange(keys.stream)]
     assert [e["class"] for e in decode(raw).errors] == ["chasqui_core.engine.errors.JobTimeout"]
+
+
+def test_a_job_taken_back_from_five_dead_workers_is_a_poison_pill_even_if_none_noted_it_running(redis, redis_url):
+    # an async job that kills its process before its first await is never written to the start journal
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("recovered")
+    Queue(keys.queue, redis_client=redis).add("t", attempts=10)
+    for n in range(5):
+        ghost_reads(redis, keys, f"ghost-{n}")
+        time.sleep(0.3)
+        [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
+        assert not moved.charged
+    with running(redis_url, [keys.queue], registry):
+        wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the job to be dead-lettered")
+    assert runs == []
+    [entry] = dlq(redis, keys)
+    assert entry[b"reason"] == b"panic"
+    assert b"taken back from 5 workers" in entry[b"error"]

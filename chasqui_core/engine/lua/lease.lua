@@ -9,8 +9,10 @@
 --    counting a delivery), only while the pending list still names this
 --    consumer as its owner: renewing blindly would take back an entry that
 --    was already reclaimed, and its job would run twice.
--- 3. The start journal (running hash) keeps only held entries: a mark whose
---    HSET reached the server after its settle.lua HDEL is removed here.
+-- 3. A start journal mark (running hash) of an entry no longer pending on
+--    this consumer is removed: its HSET reached the server after the
+--    settle.lua HDEL. Marks of pending entries stay, held or not: one may be
+--    newer than the held list this call was given.
 -- 4. Entries pending on this consumer, idle at least ARGV[4] ms (renewed ones
 --    are not) and not held, were read but never taken in (a reply lost with
 --    its connection, say): they are returned with their fields, to be taken
@@ -40,7 +42,10 @@ end
 
 local marks = redis.call('HKEYS', running)
 for _, id in ipairs(marks) do
-  if not held[id] then redis.call('HDEL', running, id) end
+  if not held[id] then
+    local p = redis.call('XPENDING', stream, group, id, id, 1)
+    if #p == 0 or p[1][2] ~= me then redis.call('HDEL', running, id) end
+  end
 end
 
 local orphans = {}

@@ -13,7 +13,10 @@
 -- charges each line to the job as a run (attempt, deaths, error history)
 -- and applies the attempt budget and the poison-pill rule (see retry.py):
 -- one rule, in one place. An entry fetched but never started goes back
--- exactly as it was, uncharged.
+-- exactly as it was, uncharged. Every entry put back also carries a
+-- `recovered` field, the number of dead workers it has been taken back from,
+-- charged or not: a job that kills its worker before anything could note it
+-- running is caught by that count instead (retry.RECOVERIES_BEFORE_PANIC).
 --
 -- KEYS[1] stream
 -- ARGV[1] consumer group   ARGV[2] claiming consumer (its own entries are the lease pass's)
@@ -53,19 +56,26 @@ for _, p in ipairs(pending) do
           redis.call('HDEL', running, id)
         end
         local copy = {}
+        local times = 1
         for k = 1, #fields, 2 do
           local name, value = fields[k], fields[k + 1]
           if name == 'lost' then
             had = true
             if line then value = value .. '\n' .. line end
           end
-          copy[#copy + 1] = name
-          copy[#copy + 1] = value
+          if name == 'recovered' then
+            times = (tonumber(value) or 0) + 1
+          else
+            copy[#copy + 1] = name
+            copy[#copy + 1] = value
+          end
         end
         if line and not had then
           copy[#copy + 1] = 'lost'
           copy[#copy + 1] = line
         end
+        copy[#copy + 1] = 'recovered'
+        copy[#copy + 1] = times
         redis.call('XDEL', stream, id)
         local new_id = redis.call('XADD', stream, '*', unpack(copy))
         out[#out + 1] = id
