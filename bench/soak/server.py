@@ -1,0 +1,89 @@
+"""The soak's own redis-server: append-only file on, fsync on every write, one port for its whole life.
+
+With ``--appendonly yes --appendfsync always`` a SHUTDOWN loses nothing
+that was acknowledged, so when the soak shuts the server down and starts
+it again on the same directory and port, every job must still be there:
+a job lost across the restart is a discrepancy of the queue, not of the
+setup. The port is picked free once, at start, and reused by every
+restart, so workers reconnect to the same URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import redis
+
+START_TIMEOUT = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SoakServer:
+    def __init__(self, directory: str) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("the soak needs a redis-server binary on PATH (it runs its own, with AOF on)")
+        self.binary = binary
+        self.dir = directory
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        self.restarts = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        log = open(os.path.join(self.dir, "redis.log"), "ab")  # noqa: SIM115 (kept open by the child)
+        self.proc = subprocess.Popen(
+            [self.binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.dir,
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                client.dbsize()  # a server still loading its AOF answers LOADING: wait for a real reply
+                return
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {self.port} did not start; see {self.dir}/redis.log")
+            time.sleep(0.05)
+
+    def shutdown(self) -> None:
+        """SHUTDOWN (the AOF is fsynced on every write anyway), and wait for the process to exit."""
+        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+        with contextlib.suppress(redis.ConnectionError):  # the server closes the connection as it goes
+            client.shutdown()
+        if self.proc is not None:
+            self.proc.wait(timeout=30)
+
+    def restart(self) -> float:
+        """Shut down and start again on the same directory and port; returns the seconds it was away."""
+        began = time.monotonic()
+        self.shutdown()
+        self.start()
+        self.restarts += 1
+        return time.monotonic() - began
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
