@@ -64,13 +64,13 @@ class Watcher(threading.Thread):
         self.interval = interval
         self.seen: dict[int, float] = {}
         self.died: dict[int, float] = {}
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._lock = threading.Lock()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self.poll()
-            self._stop.wait(self.interval)
+            self._halt.wait(self.interval)
 
     def poll(self) -> None:
         table = process_table()
@@ -83,7 +83,7 @@ class Watcher(threading.Thread):
                     self.died[pid] = now
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
         self.poll()
 
@@ -112,6 +112,8 @@ class Injector:
         self.rng = rng
         self.say = say
         self.done: list[Injected] = []
+        self.killed: set[int] = set()
+        """Worker processes killed with SIGKILL."""
         self._resume: tuple[float, str] | None = None
 
     def due(self, elapsed: float) -> None:
@@ -138,6 +140,7 @@ class Injector:
             return "no worker process to kill (all restarting)"
         pid = self.rng.choice(kids)
         os.kill(pid, signal.SIGKILL)
+        self.killed.add(pid)
         return f"SIGKILL to worker process {pid}"
 
     def kill_supervisor(self, elapsed: float) -> str:

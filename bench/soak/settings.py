@@ -18,7 +18,7 @@ INSTALLED_APPS = [*INSTALLED_APPS, "bench.soak"]  # noqa: F405  (runworker finds
 TASKS = {
     "default": {
         "BACKEND": "chasqui_core.backend.ChasquiBackend",
-        "QUEUES": list(QUEUES),
+        "QUEUES": [*TASKS["default"]["QUEUES"], *QUEUES],  # noqa: F405  (the project's apps keep theirs)
         "OPTIONS": {"RESULT_TTL": 3600},
     },
 }

@@ -19,9 +19,12 @@ The rules, and why:
   job with a *lost* run may run once more.
 - **A lost run** is one whose process died under it: a start without an
   end in a process that is gone, or an end followed within
-  ``SETTLE_WINDOW`` by its process's death (its outcome may never have
-  reached Redis). A hanging job's run normally has no end (its timeout
-  abandons it): it is lost only if its process died before the timeout.
+  ``SETTLE_WINDOW`` by its process's *abrupt* death (killed with SIGKILL,
+  or gone with a run that never ended, as a crash leaves it): its outcome
+  may never have reached Redis. A process that stopped gracefully (a
+  reload, its supervisor gone) settles what it ran before it exits. A
+  hanging job's run normally has no end (its timeout abandons it): it is
+  lost only if its process died before the timeout.
 - **Every dead-letter reason is the one its kind gets**, and a hanging
   job's last error is a ``...JobTimeout``. ``panic`` is right for any kind
   whose job the ledger shows lost at two process deaths (that is what the
@@ -88,6 +91,8 @@ class Evidence:
     dead: list[DeadEntry]
     dead_pids: Mapping[int, float | None]
     """Worker processes that are gone, with the time each died when it is known (None: some time)."""
+    killed: set[int] = field(default_factory=set)
+    """Worker processes the soak killed with SIGKILL."""
     results: Mapping[str, str | None] | None = None
     """Job id -> stored result status (``SUCCESSFUL``, ``FAILED``, ``READY``...; None: no result); None: not read."""
     leftovers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
@@ -111,7 +116,7 @@ class Verdict:
         return Counter(d.what for d in self.discrepancies)
 
 
-def is_lost(run: Run, kind: Kind | None, dead_pids: Mapping[int, float | None]) -> bool:
+def is_lost(run: Run, kind: Kind | None, dead_pids: Mapping[int, float | None], abrupt: set[int]) -> bool:
     """Did this run's process die under it (see the module's docstring)?"""
     if run.pid not in dead_pids:
         return False
@@ -120,7 +125,18 @@ def is_lost(run: Run, kind: Kind | None, dead_pids: Mapping[int, float | None]) 
         if kind is not None and kind.hang:
             return died is not None and died < run.started + HANG_TIMEOUT
         return True
-    return died is not None and run.ended <= died < run.ended + SETTLE_WINDOW
+    return run.pid in abrupt and died is not None and run.ended <= died < run.ended + SETTLE_WINDOW
+
+
+def abrupt_deaths(ev: Evidence) -> set[int]:
+    """The processes that died without settling: killed by the soak, or gone under a run that never ended."""
+    out = set(ev.killed)
+    for job_id, runs in ev.ledger.runs.items():
+        kind = ev.kinds.get(kind_of_job(job_id, ev.ledger.enqueued) or "")
+        for r in runs:
+            if r.ended is None and r.pid in ev.dead_pids and not (kind is not None and kind.hang):
+                out.add(r.pid)
+    return out
 
 
 def _allowed_runs(kind: Kind, replays: list[bool], lost: int) -> int:
@@ -143,6 +159,7 @@ def judge(ev: Evidence) -> Verdict:
     for entry in ev.dead:
         dead_by_job.setdefault(entry.job_id, []).append(entry)
 
+    abrupt = abrupt_deaths(ev)
     job_ids = set(ledger.enqueued) | set(ledger.runs) | set(dead_by_job)
     fired_seen: dict[str, set[str]] = {}
     for job_id in sorted(job_ids):
@@ -169,7 +186,7 @@ def judge(ev: Evidence) -> Verdict:
         row.enqueued += 1
         replays = ledger.replays.get(job_id, [])
         row.replays += len(replays)
-        lost = sum(1 for r in runs if is_lost(r, kind, ev.dead_pids))
+        lost = sum(1 for r in runs if is_lost(r, kind, ev.dead_pids, abrupt))
         row.lost_runs += lost
         row.max_runs = max(row.max_runs, len(runs))
         succeeded = any(r.outcome == OK for r in runs)
