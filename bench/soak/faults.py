@@ -29,6 +29,9 @@ from .workers import WorkerSupervisor, alive, process_table
 
 FAULTS = ("kill_child", "kill_supervisor", "sighup", "redis_restart", "pause_resume")
 PAUSE_SECONDS = 3.0
+REDIS_DOWN_SECONDS = 2.0
+"""How long Redis stays shut down: long enough for every worker and the producer to notice, short enough for an
+enqueue to ride it out within the engine's retry window (5 s)."""
 
 
 def timeline(seconds: float, rng: random.Random, *, first: float = 10.0, every: float = 12.0,
@@ -154,7 +157,7 @@ class Injector:
         return f"SIGHUP to supervisor {self.supervisor.pid} (rolling reload of {self.supervisor.children()})"
 
     def redis_restart(self, elapsed: float) -> str:
-        away = self.server.restart()
+        away = self.server.restart(down_for=REDIS_DOWN_SECONDS)
         return f"SHUTDOWN, restarted on port {self.server.port} from its AOF: away {away:.2f} s"
 
     def pause_resume(self, elapsed: float) -> str:

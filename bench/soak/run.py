@@ -154,80 +154,83 @@ def _soak(args, kinds, server, workdir: str) -> int:
                                   processes=args.processes, concurrency=args.concurrency,
                                   visibility_timeout_ms=args.visibility_timeout)
     supervisor.start()
-    if len(supervisor.wait_for_children(args.processes, START_TIMEOUT)) < args.processes:
+    try:
+        if len(supervisor.wait_for_children(args.processes, START_TIMEOUT)) < args.processes:
+            supervisor.stop()
+            raise _CannotRun(f"runworker did not start {args.processes} worker processes within {START_TIMEOUT:.0f} s; "
+                             f"see {supervisor.log_path}")
+        watcher = Watcher(supervisor)
+        watcher.start()
+        plan = [] if args.no_faults else timeline(seconds, rng, every=args.fault_every)
+        injector = Injector(plan, supervisor, server, client_factory, queues, rng, say)
+        ledger = LedgerWriter(producer_ledger)
+        producer = Producer(kinds, tasks, ledger, client_factory, queues, random.Random(rng.random()), args.rate,
+                            env[tasks.FIXED_ENV], say)
+        problems: list[str] = []
+        began = time.monotonic()
+        producer.start()
+        say(f"Workload and faults for {seconds:.0f} s ({len(plan)} faults planned):")
+        while (elapsed := time.monotonic() - began) < seconds:
+            injector.due(elapsed)
+            code = supervisor.exited()
+            if code is not None:
+                problems.append(f"the supervisor exited by itself with code {code} at {elapsed:.1f} s; started again")
+                supervisor.start()
+            time.sleep(0.1)
+        producer.stop()
+        injector.finish(time.monotonic() - began)
+
+        say(f"Drain: {producer.made + len(producer.timed)}+ jobs enqueued, {producer.replays} replays so far; "
+            f"waiting up to {args.drain_timeout:.0f} s for every queue to empty")
+        for name in SCHEDULES:
+            _retrying(lambda name=name: set_paused(client, name, "soak"))
+        drain_began, drain_wall = time.monotonic(), time.time()
+        left = _drain(client, queues, producer, args.drain_timeout, leftovers)
+        say(f"Drained in {time.monotonic() - drain_began:.1f} s" if not any(any(v.values()) for v in left.values())
+            else f"Not drained after {args.drain_timeout:.0f} s: {left}")
+        unsent = producer.flush_retries()
+        if unsent:
+            problems.append(f"{unsent} enqueue(s) never succeeded, even after the drain")
+        fired = {}
+        for name in SCHEDULES:
+            raw = _retrying(lambda name=name: client.hget(schedule_state(name), "fired"))
+            fired[name] = int(raw or 0)
+        code = supervisor.stop()
+        if code != 0:
+            problems.append(f"the supervisor exited with code {code} on SIGTERM (expected 0)")
+        watcher.stop()
+        ledger.close()
+
+        dead = [entry for queue in queues for entry in read_dlq(client, queue)]
+        evidence_ledger = read_ledger([env[tasks.LEDGER_ENV], producer_ledger])
+        results = _results(set(evidence_ledger.enqueued) | set(evidence_ledger.runs) | {d.job_id for d in dead})
+        ledger_pids = {r.pid for runs in evidence_ledger.runs.values() for r in runs}
+        verdict = judge(Evidence(evidence_ledger, {k.name: k for k in kinds}, dead, watcher.dead_pids(ledger_pids),
+                                 injector.killed, results, left, fired))
+        verdict.problems[:0] = problems
+
+        say("\nFaults injected:")
+        for f in injector.done:
+            say(f"  {f.at:6.1f} s  {f.fault:<16} {f.detail}")
+        if not injector.done:
+            say("  none")
+        say(f"  worker processes seen: {len(watcher.seen)}, of which died before the end: "
+            f"{sum(1 for pid, t in watcher.died.items() if t < drain_wall)}, "
+            f"killed by the soak: {len(injector.killed)}")
+        say("\n" + table(verdict, [k.name for k in KINDS if k.name in BY_NAME]))
+        n = sum(r.enqueued for r in verdict.rows.values())
+        status = "PASS" if verdict.ok else "FAIL"
+        found = len(verdict.discrepancies) + len(verdict.problems)
+        if not verdict.ok:
+            say("\n" + report_discrepancies(verdict))
+        say(f"\nsoak: {status}: {args.minutes:g} min, seed {args.seed}, {n:,} jobs, {producer.replays} replays, "
+            f"{len(injector.done)} faults, {found} discrepancies"
+            + ("" if verdict.ok else " (" + ", ".join(f"{w} {c}" for w, c in sorted(verdict.counts().items()))
+               + (f"{', ' if verdict.discrepancies else ''}{len(verdict.problems)} other" if verdict.problems else "")
+               + ")"))
+        return 0 if verdict.ok else 1
+    finally:  # whatever happened, no worker process outlives the soak
         supervisor.stop()
-        raise _CannotRun(f"runworker did not start {args.processes} worker processes within {START_TIMEOUT:.0f} s; "
-                         f"see {supervisor.log_path}")
-    watcher = Watcher(supervisor)
-    watcher.start()
-    plan = [] if args.no_faults else timeline(seconds, rng, every=args.fault_every)
-    injector = Injector(plan, supervisor, server, client_factory, queues, rng, say)
-    ledger = LedgerWriter(producer_ledger)
-    producer = Producer(kinds, tasks, ledger, client_factory, queues, random.Random(rng.random()), args.rate,
-                        env[tasks.FIXED_ENV], say)
-    problems: list[str] = []
-    began = time.monotonic()
-    producer.start()
-    say(f"Workload and faults for {seconds:.0f} s ({len(plan)} faults planned):")
-    while (elapsed := time.monotonic() - began) < seconds:
-        injector.due(elapsed)
-        code = supervisor.exited()
-        if code is not None:
-            problems.append(f"the supervisor exited by itself with code {code} at {elapsed:.1f} s; started again")
-            supervisor.start()
-        time.sleep(0.1)
-    producer.stop()
-    injector.finish(time.monotonic() - began)
-
-    say(f"Drain: {producer.made + len(producer.timed)}+ jobs enqueued, {producer.replays} replays so far; "
-        f"waiting up to {args.drain_timeout:.0f} s for every queue to empty")
-    for name in SCHEDULES:
-        _retrying(lambda name=name: set_paused(client, name, "soak"))
-    drain_began, drain_wall = time.monotonic(), time.time()
-    left = _drain(client, queues, producer, args.drain_timeout, leftovers)
-    say(f"Drained in {time.monotonic() - drain_began:.1f} s" if not any(any(v.values()) for v in left.values())
-        else f"Not drained after {args.drain_timeout:.0f} s: {left}")
-    unsent = producer.flush_retries()
-    if unsent:
-        problems.append(f"{unsent} enqueue(s) never succeeded, even after the drain")
-    fired = {}
-    for name in SCHEDULES:
-        raw = _retrying(lambda name=name: client.hget(schedule_state(name), "fired"))
-        fired[name] = int(raw or 0)
-    code = supervisor.stop()
-    if code != 0:
-        problems.append(f"the supervisor exited with code {code} on SIGTERM (expected 0)")
-    watcher.stop()
-    ledger.close()
-
-    dead = [entry for queue in queues for entry in read_dlq(client, queue)]
-    evidence_ledger = read_ledger([env[tasks.LEDGER_ENV], producer_ledger])
-    results = _results(set(evidence_ledger.enqueued) | set(evidence_ledger.runs) | {d.job_id for d in dead})
-    ledger_pids = {r.pid for runs in evidence_ledger.runs.values() for r in runs}
-    verdict = judge(Evidence(evidence_ledger, {k.name: k for k in kinds}, dead, watcher.dead_pids(ledger_pids),
-                             injector.killed, results, left, fired))
-    verdict.problems[:0] = problems
-
-    say("\nFaults injected:")
-    for f in injector.done:
-        say(f"  {f.at:6.1f} s  {f.fault:<16} {f.detail}")
-    if not injector.done:
-        say("  none")
-    say(f"  worker processes seen: {len(watcher.seen)}, of which died before the end: "
-        f"{sum(1 for pid, t in watcher.died.items() if t < drain_wall)}, "
-        f"killed by the soak: {len(injector.killed)}")
-    say("\n" + table(verdict, [k.name for k in KINDS if k.name in BY_NAME]))
-    n = sum(r.enqueued for r in verdict.rows.values())
-    status = "PASS" if verdict.ok else "FAIL"
-    found = len(verdict.discrepancies) + len(verdict.problems)
-    if not verdict.ok:
-        say("\n" + report_discrepancies(verdict))
-    say(f"\nsoak: {status}: {args.minutes:g} min, seed {args.seed}, {n:,} jobs, {producer.replays} replays, "
-        f"{len(injector.done)} faults, {found} discrepancies"
-        + ("" if verdict.ok else " (" + ", ".join(f"{w} {c}" for w, c in sorted(verdict.counts().items()))
-           + (f"{', ' if verdict.discrepancies else ''}{len(verdict.problems)} other" if verdict.problems else "")
-           + ")"))
-    return 0 if verdict.ok else 1
 
 
 def _retrying(call, attempts: int = 50):

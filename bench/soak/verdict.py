@@ -79,6 +79,9 @@ class Row:
     dead: Counter = field(default_factory=Counter)
     max_runs: int = 0
     lost_runs: int = 0
+    """Runs without an end in a process that is gone."""
+    unsettled: int = 0
+    """Runs that ended just before their process was killed: their outcome may have been lost."""
     discrepancies: int = 0
 
 
@@ -116,16 +119,26 @@ class Verdict:
         return Counter(d.what for d in self.discrepancies)
 
 
-def is_lost(run: Run, kind: Kind | None, dead_pids: Mapping[int, float | None], abrupt: set[int]) -> bool:
-    """Did this run's process die under it (see the module's docstring)?"""
+LOST, UNSETTLED = "lost", "unsettled"
+
+
+def is_lost(run: Run, kind: Kind | None, dead_pids: Mapping[int, float | None], abrupt: set[int]) -> str | None:
+    """Did this run's process die under it (see the module's docstring)?
+
+    ``lost``: no end, its process gone. ``unsettled``: it ended, but its
+    process died abruptly so soon after that its outcome may not have been
+    settled. None: neither.
+    """
     if run.pid not in dead_pids:
-        return False
+        return None
     died = dead_pids[run.pid]
     if run.ended is None:
         if kind is not None and kind.hang:
-            return died is not None and died < run.started + HANG_TIMEOUT
-        return True
-    return run.pid in abrupt and died is not None and run.ended <= died < run.ended + SETTLE_WINDOW
+            return LOST if died is not None and died < run.started + HANG_TIMEOUT else None
+        return LOST
+    if run.pid in abrupt and died is not None and run.ended <= died < run.ended + SETTLE_WINDOW:
+        return UNSETTLED
+    return None
 
 
 def abrupt_deaths(ev: Evidence) -> set[int]:
@@ -186,8 +199,10 @@ def judge(ev: Evidence) -> Verdict:
         row.enqueued += 1
         replays = ledger.replays.get(job_id, [])
         row.replays += len(replays)
-        lost = sum(1 for r in runs if is_lost(r, kind, ev.dead_pids, abrupt))
-        row.lost_runs += lost
+        fates = Counter(is_lost(r, kind, ev.dead_pids, abrupt) for r in runs)
+        row.lost_runs += fates[LOST]
+        row.unsettled += fates[UNSETTLED]
+        lost = fates[LOST] + fates[UNSETTLED]
         row.max_runs = max(row.max_runs, len(runs))
         succeeded = any(r.outcome == OK for r in runs)
 
@@ -206,15 +221,15 @@ def judge(ev: Evidence) -> Verdict:
         allowed = _allowed_runs(kind, replays, lost)
         if len(runs) > allowed:
             flag("over budget", f"ran {len(runs)} times; its budget of {kind.budget}, {len(replays)} replay(s) and "
-                                f"{lost} lost run(s) allow {allowed}")
+                                f"{lost} lost or unsettled run(s) allow {allowed}")
 
         if kind.expect == "dead" and succeeded:
             flag("unexpected success", f"a {kind.name} job must end dead ({kind.reason})")
         for d in dead:
             if d.reason == "panic":
                 if lost < 2:
-                    flag("false panic", f"dead-lettered as panic, but the ledger shows {lost} lost run(s): "
-                                        "a poison pill must have been running at two process deaths")
+                    flag("false panic", f"dead-lettered as panic, but the ledger shows {lost} lost or unsettled "
+                                        "run(s): a poison pill must have been running at two process deaths")
             elif kind.expect != "dead" or d.reason != kind.reason:
                 expected = f"reason {kind.reason}" if kind.expect == "dead" else "to succeed"
                 flag("wrong reason", f"dead-lettered as {d.reason} ({d.error_class}); a {kind.name} job is "
@@ -250,7 +265,8 @@ def judge(ev: Evidence) -> Verdict:
 
 def table(verdict: Verdict, order: Iterable[str]) -> str:
     """The kind x {enqueued, succeeded, dead by reason, max runs, lost runs, discrepancies} table, as text."""
-    head = ("kind", "enqueued", "replays", "succeeded", "dead (by reason)", "max runs", "lost runs", "discrepancies")
+    head = ("kind", "enqueued", "replays", "succeeded", "dead (by reason)", "max runs", "lost runs", "unsettled",
+            "discrepancies")
     body = []
     total = Row("total")
     for name in order:
@@ -264,6 +280,7 @@ def table(verdict: Verdict, order: Iterable[str]) -> str:
         total.dead.update(row.dead)
         total.max_runs = max(total.max_runs, row.max_runs)
         total.lost_runs += row.lost_runs
+        total.unsettled += row.unsettled
         total.discrepancies += row.discrepancies
     body.append(_cells(total))
     widths = [max(len(str(r[i])) for r in (head, *body)) for i in range(len(head))]
@@ -277,7 +294,7 @@ def table(verdict: Verdict, order: Iterable[str]) -> str:
 
 def _cells(row: Row) -> tuple:
     dead = ", ".join(f"{reason} {n}" for reason, n in sorted(row.dead.items())) or "-"
-    return (row.kind, row.enqueued, row.replays, row.succeeded, dead, row.max_runs, row.lost_runs,
+    return (row.kind, row.enqueued, row.replays, row.succeeded, dead, row.max_runs, row.lost_runs, row.unsettled,
             row.discrepancies)
 
 

@@ -103,6 +103,7 @@ def test_a_clean_soak_has_no_discrepancy_and_its_table_adds_up():
     assert (rows["ok"].enqueued, rows["ok"].succeeded) == (1, 1)
     assert rows["always_fail"].dead == {"retries_exhausted": 1} and rows["always_fail"].max_runs == 3
     assert rows["crash"].lost_runs == 2 and rows["crash"].dead == {"panic": 1}
+    assert sum(r.unsettled for r in rows.values()) == 0, "no run ended just before an abrupt death"
     assert rows["hang_sync"].lost_runs == 0, "a hanging run abandoned by its timeout is not a lost run"
     assert rows["scheduled"].succeeded == 1
     text = table(verdict, [k.name for k in KINDS])
@@ -147,7 +148,9 @@ def test_one_more_run_is_allowed_when_a_run_s_outcome_was_lost_with_its_killed_p
     b.run("fail-2", "always_fail", at=9, outcome="error", error_class="SoakFailure")
     b.dies("fail-2", "retries_exhausted")
     b.process_died(KILLED_PID, 3.3, killed=True)
-    assert b.judge().ok
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert (verdict.rows["always_fail"].lost_runs, verdict.rows["always_fail"].unsettled) == (0, 1)
     b.process_died(KILLED_PID, 3.3, killed=False)  # the same death, but graceful: it settled what it ran
     assert what(b.judge()) == [("over budget", "fail-2")]
 
