@@ -170,6 +170,8 @@ def base_of(spec: BackoffSpec, n: int) -> float:
         return spec.initial_ms
     if spec.strategy == "linear":
         return min(spec.initial_ms * n, spec.max_ms)
+    if spec.initial_ms == 0:
+        return 0.0  # nothing grows from 0, however high the retry number
     try:
         return min(spec.initial_ms * spec.multiplier ** (n - 1), spec.max_ms)
     except OverflowError:
