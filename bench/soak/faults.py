@@ -153,8 +153,9 @@ class Injector:
         return f"SIGKILL to supervisor {old} (children {kids} stop by themselves); started supervisor {new}"
 
     def sighup(self, elapsed: float) -> str:
+        kids = self.supervisor.children()
         self.supervisor.signal(signal.SIGHUP)
-        return f"SIGHUP to supervisor {self.supervisor.pid} (rolling reload of {self.supervisor.children()})"
+        return f"SIGHUP to supervisor {self.supervisor.pid} (rolling reload of {kids})"
 
     def redis_restart(self, elapsed: float) -> str:
         away = self.server.restart(down_for=REDIS_DOWN_SECONDS)

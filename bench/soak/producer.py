@@ -54,7 +54,8 @@ def read_dlq(client, queue: str) -> list[DeadEntry]:
         rows = client.xrange(key, start, "+", count=1000)
         for raw_id, fields in rows:
             dead = decode_entry(queue, raw_id, fields)
-            out.append(DeadEntry(dead.job_id, queue, dead.reason, dead.error_class, dead.entry_id, dead.error))
+            out.append(DeadEntry(dead.job_id, queue, dead.reason, dead.error_class, dead.entry_id, dead.error,
+                                 fields.get(b"deliveries", b"").decode()))
         if len(rows) < 1000:
             return out
         start = "(" + rows[-1][0].decode()

@@ -57,6 +57,8 @@ class DeadEntry:
     error_class: str
     entry_id: str
     error: str = ""
+    deliveries: str = ""
+    """How often the stream entry had been delivered when it died (panics only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +183,11 @@ def judge(ev: Evidence) -> Verdict:
         dead = dead_by_job.get(job_id, [])
 
         def flag(what: str, detail: str, kind_name=kind_name, job_id=job_id, runs=runs, dead=dead) -> None:
+            replays = ledger.replays.get(job_id, [])
             lines = tuple(r.line() for r in runs) + tuple(
+                f"replayed ({'whole budget again' if reset else 'one more attempt'})" for reset in replays) + tuple(
                 f"dead-letter entry {d.entry_id} on {d.queue}: {d.reason}, {d.error_class}: {d.error[:120]}"
+                + (f" (entry delivered {d.deliveries} times)" if d.deliveries else "")
                 for d in dead)
             found.append(Discrepancy(what, job_id, kind_name or "?", detail, lines))
             if kind_name in rows:
