@@ -87,7 +87,8 @@ def main(argv: list[str]) -> int:
         code = 2
     finally:
         server.stop()
-    if code == 0 and not args.keep:
+    nothing_ran = not os.path.exists(os.path.join(workdir, "workers.log"))
+    if (code == 0 or nothing_ran) and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
         say(f"The run's ledger, worker log and Redis data are in {workdir}")
