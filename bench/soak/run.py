@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from .kinds import BY_NAME, KINDS, QUEUES, SCHEDULES, without
+from .kinds import KINDS, QUEUES, SCHEDULES, without
 
 SETTINGS = "bench.soak.settings"
 START_TIMEOUT = 120.0
@@ -123,115 +123,151 @@ def _soak(args, kinds, server, workdir: str) -> int:
     import django
 
     django.setup()
-    from chasqui_core.engine.connection import connect
-    from chasqui_core.engine.keys import schedule_state
-    from chasqui_core.engine.scheduler import set_paused
-
     from . import tasks
-    from .faults import Injector, Watcher, timeline
-    from .ledger import LedgerWriter
-    from .ledger import read as read_ledger
-    from .producer import Producer, leftovers, read_dlq
-    from .verdict import Evidence, judge, report_discrepancies, table
-    from .workers import WorkerSupervisor
 
     if any(k.hang for k in kinds) and not tasks.SUPPORTS_TIMEOUT:
         raise _CannotRun("the hang kinds need @task(timeout=...), which this Chasqui does not have yet; "
                          "run with --without hang")
-    env = _environment(server, workdir)
-    os.makedirs(env[tasks.FIXED_ENV], exist_ok=True)
-    producer_ledger = os.path.join(workdir, "producer.jsonl")
-    rng = random.Random(args.seed)
-    seconds = args.minutes * 60
-    queues = list(QUEUES)
-    client = connect(server.url)
+    soak = Soak(args, kinds, server, workdir, tasks)
+    soak.supervisor.start()
+    try:  # whatever happens, no worker process outlives the soak
+        soak.workload()
+        soak.drain()
+        verdict = soak.account()
+        soak.report(verdict)
+        return 0 if verdict.ok else 1
+    finally:
+        soak.supervisor.stop()
 
-    def client_factory():
-        return client
 
-    say(f"Soak: {args.minutes:g} min, seed {args.seed}, {args.rate:g} jobs/s, kinds "
-        f"{', '.join(k.name for k in kinds)}; {server.version()} on port {server.port} (AOF, fsync always)")
-    supervisor = WorkerSupervisor(queues, env=env, log_path=os.path.join(workdir, "workers.log"),
-                                  processes=args.processes, concurrency=args.concurrency,
-                                  visibility_timeout_ms=args.visibility_timeout)
-    supervisor.start()
-    try:
-        if len(supervisor.wait_for_children(args.processes, START_TIMEOUT)) < args.processes:
-            supervisor.stop()
-            raise _CannotRun(f"runworker did not start {args.processes} worker processes within {START_TIMEOUT:.0f} s; "
-                             f"see {supervisor.log_path}")
-        watcher = Watcher(supervisor)
-        watcher.start()
-        plan = [] if args.no_faults else timeline(seconds, rng, every=args.fault_every)
-        injector = Injector(plan, supervisor, server, client_factory, queues, rng, say)
-        ledger = LedgerWriter(producer_ledger)
-        producer = Producer(kinds, tasks, ledger, client_factory, queues, random.Random(rng.random()), args.rate,
-                            env[tasks.FIXED_ENV], say)
-        problems: list[str] = []
+class Soak:
+    """One run, phase by phase: ``workload``, ``drain``, ``account``, ``report``."""
+
+    def __init__(self, args, kinds, server, workdir: str, tasks) -> None:
+        from chasqui_core.engine.connection import connect
+
+        from .faults import Injector, Watcher, timeline
+        from .ledger import LedgerWriter
+        from .producer import Producer
+        from .workers import WorkerSupervisor
+
+        self.args, self.kinds, self.server, self.tasks = args, kinds, server, tasks
+        self.env = _environment(server, workdir)
+        os.makedirs(self.env[tasks.FIXED_ENV], exist_ok=True)
+        self.producer_ledger = os.path.join(workdir, "producer.jsonl")
+        self.seconds = args.minutes * 60
+        self.queues = list(QUEUES)
+        self.client = connect(server.url)
+        rng = random.Random(args.seed)
+        self.supervisor = WorkerSupervisor(self.queues, env=self.env, log_path=os.path.join(workdir, "workers.log"),
+                                           processes=args.processes, concurrency=args.concurrency,
+                                           visibility_timeout_ms=args.visibility_timeout)
+        self.watcher = Watcher(self.supervisor)
+        plan = [] if args.no_faults else timeline(self.seconds, rng, every=args.fault_every)
+        self.injector = Injector(plan, self.supervisor, server, self._client, self.queues, rng, say)
+        self.ledger = LedgerWriter(self.producer_ledger)
+        self.producer = Producer(kinds, tasks, self.ledger, self._client, self.queues, random.Random(rng.random()),
+                                 args.rate, self.env[tasks.FIXED_ENV], say)
+        self.problems: list[str] = []
+        """Discrepancies of the run itself (the supervisor exiting on its own, enqueues that never landed)."""
+        self.leftovers: dict[str, dict[str, int]] = {}
+        self.fired: dict[str, int] = {}
+        self.drain_wall = 0.0
+
+    def _client(self):
+        return self.client
+
+    def workload(self) -> None:
+        """Start the workers, then produce and inject faults for ``--minutes``."""
+        args = self.args
+        say(f"Soak: {args.minutes:g} min, seed {args.seed}, {args.rate:g} jobs/s, kinds "
+            f"{', '.join(k.name for k in self.kinds)}; {self.server.version()} on port {self.server.port} "
+            "(AOF, fsync always)")
+        if len(self.supervisor.wait_for_children(args.processes, START_TIMEOUT)) < args.processes:
+            raise _CannotRun(f"runworker did not start {args.processes} worker processes within "
+                             f"{START_TIMEOUT:.0f} s; see {self.supervisor.log_path}")
+        self.watcher.start()
         began = time.monotonic()
-        producer.start()
-        say(f"Workload and faults for {seconds:.0f} s ({len(plan)} faults planned):")
-        while (elapsed := time.monotonic() - began) < seconds:
-            injector.due(elapsed)
-            code = supervisor.exited()
+        self.producer.start()
+        say(f"Workload and faults for {self.seconds:.0f} s ({len(self.injector.plan)} faults planned):")
+        while (elapsed := time.monotonic() - began) < self.seconds:
+            self.injector.due(elapsed)
+            code = self.supervisor.exited()
             if code is not None:
-                problems.append(f"the supervisor exited by itself with code {code} at {elapsed:.1f} s; started again")
-                supervisor.start()
+                self.problems.append(f"the supervisor exited by itself with code {code} at {elapsed:.1f} s; "
+                                     "started again")
+                self.supervisor.start()
             time.sleep(0.1)
-        producer.stop()
-        injector.finish(time.monotonic() - began)
+        self.producer.stop()
+        self.injector.finish(time.monotonic() - began)
 
-        say(f"Drain: {producer.made + len(producer.timed)}+ jobs enqueued, {producer.replays} replays so far; "
-            f"waiting up to {args.drain_timeout:.0f} s for every queue to empty")
+    def drain(self) -> None:
+        """Pause the schedules, wait until nothing is left anywhere, then stop the workers (they must exit 0)."""
+        from chasqui_core.engine.keys import schedule_state
+        from chasqui_core.engine.scheduler import set_paused
+
+        from .producer import leftovers
+
+        say(f"Drain: {self.producer.made}+ jobs enqueued, {self.producer.replays} replays so far; "
+            f"waiting up to {self.args.drain_timeout:.0f} s for every queue to empty")
         for name in SCHEDULES:
-            _retrying(lambda name=name: set_paused(client, name, "soak"))
-        drain_began, drain_wall = time.monotonic(), time.time()
-        left = _drain(client, queues, producer, args.drain_timeout, leftovers)
-        say(f"Drained in {time.monotonic() - drain_began:.1f} s" if not any(any(v.values()) for v in left.values())
-            else f"Not drained after {args.drain_timeout:.0f} s: {left}")
-        unsent = producer.flush_retries()
+            _retrying(lambda name=name: set_paused(self.client, name, "soak"))
+        began, self.drain_wall = time.monotonic(), time.time()
+        self.leftovers = _drain(self.client, self.queues, self.producer, self.args.drain_timeout, leftovers)
+        if any(any(v.values()) for v in self.leftovers.values()):
+            say(f"Not drained after {self.args.drain_timeout:.0f} s: {self.leftovers}")
+        else:
+            say(f"Drained in {time.monotonic() - began:.1f} s")
+        unsent = self.producer.flush_retries()
         if unsent:
-            problems.append(f"{unsent} enqueue(s) never succeeded, even after the drain")
-        fired = {}
+            self.problems.append(f"{unsent} enqueue(s) never succeeded, even after the drain")
         for name in SCHEDULES:
-            raw = _retrying(lambda name=name: client.hget(schedule_state(name), "fired"))
-            fired[name] = int(raw or 0)
-        code = supervisor.stop()
+            raw = _retrying(lambda name=name: self.client.hget(schedule_state(name), "fired"))
+            self.fired[name] = int(raw or 0)
+        code = self.supervisor.stop()
         if code != 0:
-            problems.append(f"the supervisor exited with code {code} on SIGTERM (expected 0)")
-        watcher.stop()
-        ledger.close()
+            self.problems.append(f"the supervisor exited with code {code} on SIGTERM (expected 0)")
+        self.watcher.stop()
+        self.ledger.close()
 
-        dead = [entry for queue in queues for entry in read_dlq(client, queue)]
-        evidence_ledger = read_ledger([env[tasks.LEDGER_ENV], producer_ledger])
-        results = _results(set(evidence_ledger.enqueued) | set(evidence_ledger.runs) | {d.job_id for d in dead})
-        ledger_pids = {r.pid for runs in evidence_ledger.runs.values() for r in runs}
-        verdict = judge(Evidence(evidence_ledger, {k.name: k for k in kinds}, dead, watcher.dead_pids(ledger_pids),
-                                 injector.killed, results, left, fired))
-        verdict.problems[:0] = problems
+    def account(self):
+        """Read the dead-letter queues, the results and the ledger, and judge every job."""
+        from .ledger import read as read_ledger
+        from .producer import read_dlq
+        from .verdict import Evidence, judge
+
+        dead = [entry for queue in self.queues for entry in read_dlq(self.client, queue)]
+        ledger = read_ledger([self.env[self.tasks.LEDGER_ENV], self.producer_ledger])
+        results = _results(set(ledger.enqueued) | set(ledger.runs) | {d.job_id for d in dead})
+        ledger_pids = {r.pid for runs in ledger.runs.values() for r in runs}
+        verdict = judge(Evidence(ledger, {k.name: k for k in self.kinds}, dead, self.watcher.dead_pids(ledger_pids),
+                                 self.injector.killed, results, self.leftovers, self.fired))
+        verdict.problems[:0] = self.problems
+        return verdict
+
+    def report(self, verdict) -> None:
+        """The faults, the table, the offenders, and one summary line."""
+        from .verdict import report_discrepancies, table
 
         say("\nFaults injected:")
-        for f in injector.done:
+        for f in self.injector.done:
             say(f"  {f.at:6.1f} s  {f.fault:<16} {f.detail}")
-        if not injector.done:
+        if not self.injector.done:
             say("  none")
-        say(f"  worker processes seen: {len(watcher.seen)}, of which died before the end: "
-            f"{sum(1 for pid, t in watcher.died.items() if t < drain_wall)}, "
-            f"killed by the soak: {len(injector.killed)}")
-        say("\n" + table(verdict, [k.name for k in KINDS if k.name in BY_NAME]))
-        n = sum(r.enqueued for r in verdict.rows.values())
-        status = "PASS" if verdict.ok else "FAIL"
-        found = len(verdict.discrepancies) + len(verdict.problems)
+        died = sum(1 for t in self.watcher.died.values() if t < self.drain_wall)
+        say(f"  worker processes seen: {len(self.watcher.seen)}, of which died before the drain: {died}, "
+            f"killed by the soak: {len(self.injector.killed)}")
+        say("\n" + table(verdict, [k.name for k in KINDS]))
         if not verdict.ok:
             say("\n" + report_discrepancies(verdict))
-        say(f"\nsoak: {status}: {args.minutes:g} min, seed {args.seed}, {n:,} jobs, {producer.replays} replays, "
-            f"{len(injector.done)} faults, {found} discrepancies"
-            + ("" if verdict.ok else " (" + ", ".join(f"{w} {c}" for w, c in sorted(verdict.counts().items()))
-               + (f"{', ' if verdict.discrepancies else ''}{len(verdict.problems)} other" if verdict.problems else "")
-               + ")"))
-        return 0 if verdict.ok else 1
-    finally:  # whatever happened, no worker process outlives the soak
-        supervisor.stop()
+        jobs = sum(r.enqueued for r in verdict.rows.values())
+        found = len(verdict.discrepancies) + len(verdict.problems)
+        kinds = [f"{what} {n}" for what, n in sorted(verdict.counts().items())]
+        if verdict.problems:
+            kinds.append(f"other {len(verdict.problems)}")
+        say(f"\nsoak: {'PASS' if verdict.ok else 'FAIL'}: {self.args.minutes:g} min, seed {self.args.seed}, "
+            f"{jobs:,} jobs, {self.producer.replays} replays, {len(self.injector.done)} faults, "
+            f"{found} discrepancies" + (f" ({', '.join(kinds)})" if kinds else ""))
 
 
 def _retrying(call, attempts: int = 50):
