@@ -78,6 +78,8 @@ class Ledger:
     enqueued_at: dict[str, float] = field(default_factory=dict)
     replays: dict[str, list[bool]] = field(default_factory=dict)
     """Job id -> one entry per replay: True when it reset the budget, False for one more attempt."""
+    replayed_at: dict[str, list[float]] = field(default_factory=dict)
+    """Job id -> the time of each replay, in the order of ``replays``."""
     runs: dict[str, list[Run]] = field(default_factory=dict)
     """Job id -> its runs, in the order they started."""
     torn: list[str] = field(default_factory=list)
@@ -106,6 +108,7 @@ def parse(lines: Iterable[str]) -> Ledger:
             ledger.enqueued_at[job_id] = rec.get("t", 0.0)
         elif event == REPLAY:
             ledger.replays.setdefault(job_id, []).append(bool(rec.get("reset")))
+            ledger.replayed_at.setdefault(job_id, []).append(float(rec.get("t", 0.0)))
         elif event == START:
             ledger.runs.setdefault(job_id, []).append(
                 Run(rec["r"], job_id, rec.get("k", ""), int(rec.get("a", 0)), int(rec.get("p", 0)),

@@ -183,12 +183,15 @@ def judge(ev: Evidence) -> Verdict:
         dead = dead_by_job.get(job_id, [])
 
         def flag(what: str, detail: str, kind_name=kind_name, job_id=job_id, runs=runs, dead=dead) -> None:
-            replays = ledger.replays.get(job_id, [])
-            lines = tuple(r.line() for r in runs) + tuple(
-                f"replayed ({'whole budget again' if reset else 'one more attempt'})" for reset in replays) + tuple(
-                f"dead-letter entry {d.entry_id} on {d.queue}: {d.reason}, {d.error_class}: {d.error[:120]}"
-                + (f" (entry delivered {d.deliveries} times)" if d.deliveries else "")
-                for d in dead)
+            # the job's story in time order: runs, replays, its dead-letter entries (whose ids are times)
+            story = [(r.started, r.line()) for r in runs]
+            story += [(at, f"replayed at {at:.3f} ({'whole budget again' if reset else 'one more attempt'})")
+                      for reset, at in zip(ledger.replays.get(job_id, []), ledger.replayed_at.get(job_id, []),
+                                           strict=False)]
+            story += [(int(d.entry_id.split("-")[0]) / 1000,
+                       f"dead-letter entry {d.entry_id} on {d.queue}: {d.reason}, {d.error_class}: {d.error[:120]}"
+                       + (f" (entry delivered {d.deliveries} times)" if d.deliveries else "")) for d in dead]
+            lines = tuple(text for _, text in sorted(story, key=lambda item: item[0]))
             found.append(Discrepancy(what, job_id, kind_name or "?", detail, lines))
             if kind_name in rows:
                 rows[kind_name].discrepancies += 1
