@@ -25,6 +25,7 @@ The rules, and why:
   reload, its supervisor gone) settles what it ran before it exits. A
   hanging job's run normally has no end (its timeout abandons it): it is
   lost only if its process died before the timeout.
+- **A replay gives the job a new run.**
 - **Every dead-letter reason is the one its kind gets**, and a hanging
   job's last error is a ``...JobTimeout``. ``panic`` is right for any kind
   whose job the ledger shows lost at two process deaths (that is what the
@@ -225,6 +226,10 @@ def judge(ev: Evidence) -> Verdict:
             flag("unaccounted", "neither succeeded nor dead-lettered after the drain")
         if len(dead) > 1:
             flag("dead twice", f"{len(dead)} dead-letter entries for one job")
+
+        if replays and len(runs) < 1 + len(replays) and not any(d.reason == "panic" for d in dead):
+            flag("replay not run", f"replayed {len(replays)} time(s) but ran only {len(runs)} time(s): each replay "
+                                   "must give the job a new run")
 
         allowed = _allowed_runs(kind, replays, lost)
         if len(runs) > allowed:

@@ -172,6 +172,18 @@ def test_replays_add_to_the_budget_a_whole_budget_or_one_run():
     assert what(b.judge()) == [("over budget", "fix-1")]
 
 
+def test_a_replay_must_give_the_job_a_new_run():
+    b = a_clean_book()
+    b.replay("fail-1", "always_fail", reset=False)
+    b.replay("fail-1", "always_fail", reset=False)
+    b.run("fail-1", "always_fail", at=20, outcome="error", error_class="SoakFailure")
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    b.replay("fail-1", "always_fail", reset=False)
+    b.replay("fail-1", "always_fail", reset=False)
+    assert what(b.judge()) == [("replay not run", "fail-1")]
+
+
 def test_a_panic_without_two_lost_runs_is_a_false_panic():
     b = a_clean_book()
     b.enqueue("ok-2", "ok")
