@@ -4,9 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEV_STAMP := $(VENV)/.installed-dev
 ARGS ?=
 
-.PHONY: help venv run test lint bench
+.PHONY: help venv dev-venv run test lint bench
 
 help:
 	@echo "make run    start the dev stack on http://127.0.0.1:8000 (Ctrl+C stops it)"
@@ -33,7 +34,15 @@ $(STAMP): requirements.txt | $(BIN)/python
 	$(BIN)/python -m pip install -r requirements.txt
 	@touch $@
 
+# Tests and checks need their tools too (requirements-dev.txt, which includes
+# requirements.txt); `make run` installs only what runs.
+$(DEV_STAMP): requirements.txt requirements-dev.txt | $(BIN)/python
+	$(BIN)/python -m pip install -r requirements-dev.txt
+	@touch $(STAMP) $@
+
 venv: $(STAMP)
+
+dev-venv: $(DEV_STAMP)
 
 run: venv
 	$(BIN)/python manage.py migrate --noinput
@@ -41,8 +50,8 @@ run: venv
 	$(BIN)/python manage.py devstack
 
 # The console's browser tests drive Debian's Chromium (Playwright comes from
-# requirements.txt); install it when missing.
-test: venv
+# requirements-dev.txt); install it when missing.
+test: dev-venv
 	@test -x /usr/bin/chromium || { \
 		if [ "$$(id -u)" = 0 ]; then echo "Installing Chromium for the browser tests..."; \
 			apt-get update && apt-get install -y chromium; \
@@ -50,7 +59,7 @@ test: venv
 			"(sudo apt-get install -y chromium to run them)."; fi; }
 	$(BIN)/pytest $(ARGS)
 
-lint: venv
+lint: dev-venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 

@@ -20,15 +20,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from api.audit import router as audit_router
-from api.auth import ApiKeyAuth, SessionAuth, TooManyAttempts
-from api.delayed import router as delayed_router
-from api.dlq import router as dlq_router
-from api.jobs import router as jobs_router
-from api.operations import router as operations_router
-from api.queues import router as queues_router
-from api.schedules import router as schedules_router
-from api.workers import router as workers_router
+from .audit import router as audit_router
+from .auth import ApiKeyAuth, SessionAuth, TooManyAttempts
+from .delayed import router as delayed_router
+from .dlq import router as dlq_router
+from .jobs import router as jobs_router
+from .operations import router as operations_router
+from .queues import router as queues_router
+from .schedules import router as schedules_router
+from .workers import router as workers_router
 from chasqui_core.services.common import Conflict, InvalidInput, NotFound
 
 logger = logging.getLogger("chasqui.api")
@@ -42,7 +42,7 @@ api = NinjaAPI(
         "Authenticate with `Authorization: Bearer <key>` (`manage.py chasqui apikey create`) or a "
         "Django session (changes need the CSRF token). See docs/api.md."
     ),
-    urls_namespace="api",
+    urls_namespace="chasqui_api",
     docs_url="/docs",
     openapi_url="/openapi.json",
     auth=[ApiKeyAuth(), SessionAuth()],

@@ -3,9 +3,9 @@
 from django.http import HttpRequest
 from ninja import Query, Router
 
-from api.auth import needs
-from api.errors import READ
-from api.schemas import AuditOut, AuditPageOut, AuditQuery
+from .auth import needs
+from .errors import READ
+from .schemas import AuditOut, AuditPageOut, AuditQuery
 from chasqui_core.services import audit as audit_service
 
 router = Router(tags=["audit"])

@@ -3,9 +3,9 @@
 from django.http import HttpRequest
 from ninja import Query, Router
 
-from api.auth import needs
-from api.errors import CHANGE, READ
-from api.schemas import CancelledOut, DelayedJobOut, DelayedPageOut, RunNowOut
+from .auth import needs
+from .errors import CHANGE, READ
+from .schemas import CancelledOut, DelayedJobOut, DelayedPageOut, RunNowOut
 from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services.common import MAX_PAGE
 

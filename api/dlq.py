@@ -4,9 +4,9 @@ from django.http import HttpRequest
 from ninja import Query, Router
 from ninja.responses import Status
 
-from api.auth import needs
-from api.errors import CHANGE, READ, WITH_BODY
-from api.schemas import (
+from .auth import needs
+from .errors import CHANGE, READ, WITH_BODY
+from .schemas import (
     BulkIn,
     BulkOut,
     DeadJobOut,

@@ -1,6 +1,6 @@
 """The error responses every endpoint documents (all share ErrorOut's shape)."""
 
-from api.schemas import ErrorOut
+from .schemas import ErrorOut
 
 READ = {401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 422: ErrorOut, 503: ErrorOut}
 """Reads: not authenticated, no view permission, unknown queue or item, bad parameters, Redis unreachable."""

@@ -4,9 +4,9 @@ from django.http import HttpRequest
 from ninja import Router
 from ninja.responses import Status
 
-from api.auth import needs
-from api.errors import READ, WITH_BODY
-from api.schemas import EnqueueIn, EnqueueOut, JobResultOut, TaskOut
+from .auth import needs
+from .errors import READ, WITH_BODY
+from .schemas import EnqueueIn, EnqueueOut, JobResultOut, TaskOut
 from chasqui_core.services import jobs as jobs_service
 
 router = Router(tags=["jobs"])

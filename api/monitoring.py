@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from api.auth import TooManyAttempts, user_for_key
+from .auth import TooManyAttempts, user_for_key
 from chasqui_core import access, health, prometheus, schedules
 from chasqui_core.services.common import redis_client
 from chasqui_core.conf import chasqui_settings

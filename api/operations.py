@@ -6,9 +6,9 @@ from typing import Literal
 from django.http import HttpRequest
 from ninja import Query, Router
 
-from api.auth import needs
-from api.errors import CHANGE, READ
-from api.schemas import OperationListOut, OperationOut
+from .auth import needs
+from .errors import CHANGE, READ
+from .schemas import OperationListOut, OperationOut
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services.common import MAX_PAGE
 

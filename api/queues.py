@@ -5,9 +5,9 @@ from typing import Literal
 from django.http import HttpRequest
 from ninja import Query, Router
 
-from api.auth import needs
-from api.errors import CHANGE, READ
-from api.schemas import MetricsOut, QueueListOut, QueueStatsOut, SwitchOut
+from .auth import needs
+from .errors import CHANGE, READ
+from .schemas import MetricsOut, QueueListOut, QueueStatsOut, SwitchOut
 from chasqui_core.engine.metrics import FIELDS
 from chasqui_core.services import queues as queues_service
 

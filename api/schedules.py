@@ -3,9 +3,9 @@
 from django.http import HttpRequest
 from ninja import Router
 
-from api.auth import needs
-from api.errors import CHANGE, READ
-from api.schemas import FireOut, ScheduleListOut, ScheduleOut, ScheduleSwitchOut
+from .auth import needs
+from .errors import CHANGE, READ
+from .schemas import FireOut, ScheduleListOut, ScheduleOut, ScheduleSwitchOut
 from chasqui_core.services import schedules as schedules_service
 
 router = Router(tags=["schedules"])

@@ -3,9 +3,9 @@
 from django.http import HttpRequest
 from ninja import Query, Router
 
-from api.auth import needs
-from api.errors import READ
-from api.schemas import WorkerListOut, WorkerOut
+from .auth import needs
+from .errors import READ
+from .schemas import WorkerListOut, WorkerOut
 from chasqui_core.services import workers as workers_service
 
 router = Router(tags=["workers"])

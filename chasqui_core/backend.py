@@ -20,6 +20,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
+from redis.exceptions import RedisError
 from django.db import connection, transaction
 from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
@@ -39,6 +40,7 @@ from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
 from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import BuiltJob, JobSpec, Queue
+from chasqui_core.engine.registry import check_timeout
 from chasqui_core.engine.results import decode_result, encode_result
 from chasqui_core.task_signals import TaskSignal
 
@@ -67,6 +69,11 @@ class ChasquiTask(Task):
     True for the job's own id: ``.using(idempotency_key=...)``, or ``@task(idempotency_key=True)``."""
     idempotency_ttl: int | None = None
     """Seconds its completed key is remembered; None: settings.CHASQUI['IDEMPOTENCY_TTL']."""
+    timeout: float | None = None
+    """Seconds a run may take (an async run is cancelled, a sync run's process replaced); None: the worker's
+    default (``runworker --timeout`` or settings.CHASQUI['JOB_TIMEOUT'])."""
+    job_timeout: float | None = None
+    """Per-job override of timeout, set with ``.using(timeout=...)``."""
 
     def __post_init__(self) -> None:
         for name in ("max_attempts", "job_attempts"):
@@ -76,6 +83,11 @@ class ChasquiTask(Task):
         ttl = self.job_result_ttl
         if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= MAX_RESULT_TTL):
             raise InvalidTask(f"result_ttl must be a whole number of seconds from 0 to {MAX_RESULT_TTL}, got {ttl!r}")
+        for name in ("timeout", "job_timeout"):
+            try:
+                check_timeout(getattr(self, name), name)
+            except ValueError as exc:
+                raise InvalidTask(str(exc)) from None
         for name in ("backoff", "job_backoff"):
             try:
                 coerce_backoff(getattr(self, name))
@@ -94,9 +106,9 @@ class ChasquiTask(Task):
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
               attempts: int | None = None, backoff: Any = None, job_id: str | None = None,
               result_ttl: int | None = None, idempotency_key: str | bool | None = None,
-              idempotency_ttl: int | None = None) -> ChasquiTask:
+              idempotency_ttl: int | None = None, timeout: float | None = None) -> ChasquiTask:
         """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``, ``result_ttl``,
-        ``idempotency_key``, ``idempotency_ttl``."""
+        ``idempotency_key``, ``idempotency_ttl``, ``timeout``."""
         task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
         changes: dict[str, Any] = {}
         if attempts is not None:
@@ -111,6 +123,8 @@ class ChasquiTask(Task):
             changes["idempotency_key"] = idempotency_key
         if idempotency_ttl is not None:
             changes["idempotency_ttl"] = idempotency_ttl
+        if timeout is not None:
+            changes["job_timeout"] = timeout
         return replace(task, **changes) if changes else task
 
     def get_backend(self) -> BaseTaskBackend:
@@ -252,6 +266,7 @@ class ChasquiBackend(BaseTaskBackend):
         self.supports_get_result = self.result_ttl > 0
         self._client = None
         self._queues: dict[str, Queue] = {}
+        self._outbox_queues: dict[str, Queue] = {}
         self._plans: dict[int, _Plan] = {}
 
     # --- plumbing -----------------------------------------------------------------
@@ -268,6 +283,8 @@ class ChasquiBackend(BaseTaskBackend):
         """
         if self._client is None:
             conf = chasqui_settings()
+            if conf.redis_url_problem is not None:  # a process that ran no system checks (chasqui.E003)
+                raise ImproperlyConfigured(conf.redis_url_problem)
             try:
                 client = connect(conf.redis_url)
             except RedisConfigError as exc:  # credentials refused, a database on a cluster...
@@ -279,30 +296,49 @@ class ChasquiBackend(BaseTaskBackend):
 
     def reset_connections(self) -> None:
         """Forget clients and queues, so the next call connects with the current settings."""
-        for queue in self._queues.values():
+        for queue in [*self._queues.values(), *self._outbox_queues.values()]:
             queue.close()
         self._client = None
         self._queues = {}
+        self._outbox_queues = {}
         self._plans = {}
 
     def queue(self, name: str) -> Queue:
         queue = self._queues.get(name)
         if queue is None:
             conf = chasqui_settings()
-            queue = Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
-                          retry_for=conf.ENQUEUE_RETRY_SECONDS,
-                          signing_key=conf.SIGNING_KEYS[0] if conf.SIGNING_KEYS else None,
-                          idempotency_ttl=conf.IDEMPOTENCY_TTL)
+            queue = self._new_queue(name, conf.ENQUEUE_RETRY_SECONDS)
             if self._client is not None:  # else Redis did not answer yet: a queue for this call only
                 self._queues[name] = queue
         return queue
+
+    def outbox_queue(self, name: str) -> Queue:
+        """A queue for the outbox's relay right after a commit: one try, no waiting out an outage.
+
+        The committed rows already hold the jobs and every worker relays what
+        is left, so a request must not stall for ENQUEUE_RETRY_SECONDS while
+        Redis is down.
+        """
+        queue = self._outbox_queues.get(name)
+        if queue is None:
+            queue = self._new_queue(name, 0)
+            if self._client is not None:
+                self._outbox_queues[name] = queue
+        return queue
+
+    def _new_queue(self, name: str, retry_for: float) -> Queue:
+        conf = chasqui_settings()
+        return Queue(name, redis_client=self.client, max_payload_bytes=conf.MAX_PAYLOAD_BYTES, retry_for=retry_for,
+                     signing_key=conf.SIGNING_KEYS[0] if conf.SIGNING_KEYS else None,
+                     idempotency_ttl=conf.IDEMPOTENCY_TTL)
 
     def _options(self, task: Task) -> dict[str, Any]:
         options: dict[str, Any] = {"run_at": task.run_after, "result_ttl": self.result_ttl,
                                    "meta": {"backend": self.alias}}
         if isinstance(task, ChasquiTask):
             options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff,
-                           idempotency_key=task.idempotency_key, idempotency_ttl=task.idempotency_ttl)
+                           idempotency_key=task.idempotency_key, idempotency_ttl=task.idempotency_ttl,
+                           timeout=task.job_timeout)
             if task.job_result_ttl is not None:
                 options["result_ttl"] = task.job_result_ttl
         return options
@@ -380,7 +416,12 @@ class ChasquiBackend(BaseTaskBackend):
     def _defer(self, queue: Queue, task: Task, built: list, results: list[TaskResult]) -> None:
         """Inside ``transaction.atomic()``: stage the jobs in the outbox, or send them on commit."""
         if self.outbox:
-            outbox.stage(queue.name, built, queue_for=self.queue, after_commit=lambda: self._sent(queue, task, results))
+            def committed(relayed: bool) -> None:
+                # Not relayed: Redis is down, and a READY record would meet the same outage; the workers'
+                # relay sends the jobs, and get_result() finds each once its worker records it.
+                self._sent(queue, task, results, store=relayed)
+
+            outbox.stage(queue.name, built, queue_for=self.outbox_queue, after_commit=committed)
             return
 
         def send() -> None:
@@ -424,9 +465,23 @@ class ChasquiBackend(BaseTaskBackend):
         return [ready_result(task, job.job_id, args, kwargs, alias)
                 for job, (args, kwargs) in zip(built, checked, strict=True)]
 
-    def _sent(self, queue: Queue, task: Task, results: list[TaskResult]) -> None:
-        if self.result_ttl:
+    def _sent(self, queue: Queue, task: Task, results: list[TaskResult], *, store: bool | None = None) -> None:
+        """Record the jobs as sent: their READY records (with RESULT_TTL), ``enqueued_at``, the signal.
+
+        ``store`` is None when the caller just sent the jobs (a failure to
+        record them raises, as the send would have); True or False after an
+        outbox relay, whose jobs are safe whatever Redis does now: a READY
+        record is then written only if the relay reached Redis, and a failure
+        to write it is logged, never raised into the committing code.
+        """
+        if self.result_ttl and store is None:
             self._store_ready(queue, task, results)
+        elif self.result_ttl and store:
+            try:
+                self._store_ready(queue, task, results)
+            except RedisError as exc:
+                logger.warning("READY record(s) of %d outbox job(s) not written (%s); get_result() finds them "
+                               "once a worker runs them", len(results), exc)
         now = timezone.now()
         wanted = _enqueued.wanted(TaskResultStatus.READY)
         for result in results:

@@ -1,4 +1,9 @@
-"""Django system checks of Chasqui's settings that are warnings, not errors (those stop the start in conf.py).
+"""Django system checks of Chasqui's settings and installation.
+
+Most mistakes in ``settings.CHASQUI`` stop the start in conf.py; these are the
+warnings, and the errors that ``check`` (and every command that runs checks)
+reports rather than a start-up traceback: an unusable Redis URL scheme, and a
+``runworker`` command shadowed by another app's.
 
 Registered by the app (apps.py), so ``manage.py check``, ``runserver`` and
 ``runworker`` report them.
@@ -7,8 +12,10 @@ Registered by the app (apps.py), so ``manage.py check``, ``runserver`` and
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Warning
+from django.apps import apps
+from django.core.checks import CheckMessage, Error, Warning
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import get_commands
 
 from chasqui_core.conf import chasqui_settings
 
@@ -38,3 +45,33 @@ def signing_keys(app_configs=None, **kwargs) -> list[CheckMessage]:
                 hint=f"Use {MIN_KEY_BYTES} random bytes or more, e.g. secrets.token_urlsafe(32).",
                 id="chasqui.security.W002"))
     return out
+
+
+def redis_url(app_configs=None, **kwargs) -> list[CheckMessage]:
+    """An error for a Redis URL no client can use, naming the setting it came from and the schemes we accept."""
+    try:
+        problem = chasqui_settings().redis_url_problem
+    except ImproperlyConfigured:
+        return []  # reported by chasqui.E001
+    return [] if problem is None else [Error(problem, id="chasqui.E003")]
+
+
+def runworker_command(app_configs=None, **kwargs) -> list[CheckMessage]:
+    """An error when another app's ``runworker`` (Channels') would run instead of Chasqui's.
+
+    Django takes a command from the first installed app that has one, and
+    Channels ships a ``runworker`` of its own: with ``channels`` listed above
+    ``chasqui_core``, ``manage.py runworker emails`` would silently start a
+    Channels worker, which fails later on with a Redis timeout. This check
+    runs before any command, Channels' ``runworker`` included, so the mistake
+    stops it with the fix instead.
+    """
+    owner = get_commands().get("runworker")
+    ours = apps.get_containing_app_config(__name__)
+    if ours is None or owner is None or owner == ours.name:
+        return []
+    return [Error(
+        f"'manage.py runworker' would run the command of the {owner!r} app, not Chasqui's worker: Django takes a "
+        f"command from the first app in INSTALLED_APPS that has it, and {owner!r} is listed above {ours.name!r}.",
+        hint=f"Move {ours.name!r} above {owner!r} in INSTALLED_APPS.",
+        id="chasqui.E004")]

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -38,6 +39,8 @@ class ChasquiSettings:
     PROMOTER_POLL_INTERVAL: float = 0.1
     PROMOTER_LOCK_TTL_MS: int = 5_000
     SHUTDOWN_TIMEOUT: float = 25.0
+    JOB_TIMEOUT: float | None = None
+    """Seconds a run may take when neither the job nor its task sets a timeout; None: no limit."""
     DEAD_WORKER_GRACE_MS: int = 600_000
     """Workers silent this long leave the consumer group and the workers list, once their jobs are reclaimed."""
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
@@ -89,8 +92,37 @@ class ChasquiSettings:
         return f"the default Redis URL ({DEFAULT_URL}; set REDIS_URL)"
 
     @property
+    def redis_url_problem(self) -> str | None:
+        """Why ``redis_url`` cannot name a server, in words naming its setting; None when its scheme is one we use.
+
+        Reported by the ``chasqui.E003`` system check, and raised by the first
+        connection in a process that ran no checks.
+        """
+        return scheme_problem(self.redis_url, self.redis_url_setting)
+
+    @property
     def backoff(self) -> BackoffSpec:
         return coerce_backoff(self.BACKOFF) or DEFAULT_BACKOFF
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+"""The URL schemes a Chasqui client connects with (chasqui_core.engine.connection)."""
+
+
+def scheme_problem(url: str, setting: str) -> str | None:
+    """The one message for a Redis URL whose scheme no client uses, or None when its scheme is accepted.
+
+    redis-py's own complaint for ``http://...`` is a bare ValueError at the
+    first enqueue, and a URL missing its colon (``redis//host``) reads as a
+    bad database number; both are the scheme, and this says so first.
+    """
+    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    if scheme in REDIS_SCHEMES:
+        return None
+    accepted = ", ".join(f"{s}://" for s in REDIS_SCHEMES)
+    found = f"its scheme is {scheme + '://'!r}" if scheme else "it has no scheme"
+    return (f"{setting} is {redact.mask_text(url)!r}, and {found}: a Redis URL starts with one of {accepted} "
+            "(e.g. redis://127.0.0.1:6379/0; rediss:// for TLS).")
 
 
 _POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE", "MAX_ATTEMPTS", "VISIBILITY_TIMEOUT_MS", "PROMOTER_LOCK_TTL_MS",
@@ -118,6 +150,11 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
             raise ImproperlyConfigured(
                 f"settings.CHASQUI['ENQUEUE_RETRY_SECONDS'] must be a number of seconds from 0 to 3600, got {value!r}")
+    if raw.get("JOB_TIMEOUT") is not None:
+        value = raw["JOB_TIMEOUT"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 366 * 24 * 3600:
+            raise ImproperlyConfigured(
+                f"settings.CHASQUI['JOB_TIMEOUT'] must be a number of seconds above 0 (or None), got {value!r}")
     if "REDIS_URL" in raw and not isinstance(raw["REDIS_URL"], str):
         raise ImproperlyConfigured("settings.CHASQUI['REDIS_URL'] must be a string such as 'redis://127.0.0.1:6379/0'")
     if "MASKED_KEYS" in raw:
@@ -150,6 +187,8 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"settings.CHASQUI['BACKOFF'] is not valid: {exc}") from None
     loaded = ChasquiSettings(**raw)
+    if loaded.redis_url_problem is not None:
+        return loaded  # the chasqui.E003 system check reports it, and the first connection refuses it
     try:  # what can be checked without a server: the URL's shape, the TLS files it names
         check_url(loaded.redis_url)
     except RedisConfigError as exc:

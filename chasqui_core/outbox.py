@@ -51,11 +51,15 @@ def _entries() -> type[OutboxEntry]:
 
 
 def stage(queue_name: str, built: Sequence[BuiltJob], *, queue_for: QueueFor,
-          after_commit: Callable[[], None]) -> None:
+          after_commit: Callable[[bool], None]) -> None:
     """Write the jobs as outbox rows in the caller's transaction, and relay them once it commits.
 
-    ``after_commit`` runs after that first relay attempt, whether or not Redis
-    answered: the jobs are safe in the database either way.
+    ``queue_for`` gives the queues of that one relay attempt: they should try
+    once and not wait out an outage, since the rows already hold the jobs and
+    the workers' relay sends what this attempt could not. ``after_commit``
+    runs after it, whether or not Redis answered, told whether every job
+    reached Redis: the jobs are safe in the database either way, so nothing
+    here raises into the code that committed.
     """
     OutboxEntry = _entries()
     now = now_ms()
@@ -73,8 +77,7 @@ def stage(queue_name: str, built: Sequence[BuiltJob], *, queue_for: QueueFor,
         ids = list(OutboxEntry.objects.filter(job_id__in=[b.job_id for b in built]).values_list("id", flat=True))
 
     def relay_now() -> None:
-        _relay_after_commit(ids, queue_for)
-        after_commit()
+        after_commit(_relay_after_commit(ids, queue_for))
 
     transaction.on_commit(relay_now)
 
@@ -120,14 +123,17 @@ def relay(queue_for: QueueFor, ids: list[int] | None = None, *, limit: int = REL
     return len(sent)
 
 
-def _relay_after_commit(row_ids: list[int], queue_for: QueueFor) -> None:
-    """The fast path: try to send rows as soon as their transaction commits."""
+def _relay_after_commit(row_ids: list[int], queue_for: QueueFor) -> bool:
+    """The fast path: try to send rows as soon as their transaction commits; True when all of them went."""
+    sent = 0
     try:
         for start in range(0, len(row_ids), RELAY_BATCH):
-            relay(queue_for, row_ids[start:start + RELAY_BATCH])
+            sent += relay(queue_for, row_ids[start:start + RELAY_BATCH])
     except Exception:
         logger.warning("outbox: relaying %d job row(s) after commit failed; the relay will retry", len(row_ids),
                        exc_info=True)
+        return False
+    return sent == len(row_ids)
 
 
 class OutboxRelay:

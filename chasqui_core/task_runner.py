@@ -49,7 +49,7 @@ def build_registry() -> HandlerRegistry:
     registry = HandlerRegistry()
     for name, task in discover_tasks().items():
         registry.register(name, task_handler(task), takes_context=True, max_attempts=task.max_attempts,
-                          backoff=task.backoff, is_async=iscoroutinefunction(task.func))
+                          backoff=task.backoff, is_async=iscoroutinefunction(task.func), timeout=task.timeout)
     return registry
 
 

@@ -32,7 +32,7 @@ SOURCE = "console"
 
 
 def _dlq_url(queue: str, params: dict[str, str] | None = None) -> str:
-    url = reverse("dashboard:dlq", args=[queue])
+    url = reverse("chasqui_console:dlq", args=[queue])
     return f"{url}?{urlencode(params)}" if params else url
 
 
@@ -56,14 +56,14 @@ def pause(request: HttpRequest, name: str) -> HttpResponse:
     changed = queues_service.pause(request.user, name, source=SOURCE)
     messages.success(request, f"Queue {name} is paused: workers stop reading it within a heartbeat. Nothing is lost."
                      if changed else f"Queue {name} was already paused.")
-    return _back(request, reverse("dashboard:queue", args=[name]))
+    return _back(request, reverse("chasqui_console:queue", args=[name]))
 
 
 @console_action
 def resume(request: HttpRequest, name: str) -> HttpResponse:
     changed = queues_service.resume(request.user, name, source=SOURCE)
     messages.success(request, f"Queue {name} is running again." if changed else f"Queue {name} was not paused.")
-    return _back(request, reverse("dashboard:queue", args=[name]))
+    return _back(request, reverse("chasqui_console:queue", args=[name]))
 
 
 # --- schedules ----------------------------------------------------------------------------
@@ -74,7 +74,7 @@ def schedule_pause(request: HttpRequest, name: str) -> HttpResponse:
     changed = schedules_service.pause(request.user, name, source=SOURCE)
     messages.success(request, f"Schedule {name} is paused: its due times pass without a job until it is resumed."
                      if changed else f"Schedule {name} was already paused.")
-    return HttpResponseRedirect(reverse("dashboard:schedules"))
+    return HttpResponseRedirect(reverse("chasqui_console:schedules"))
 
 
 @console_action
@@ -82,14 +82,14 @@ def schedule_resume(request: HttpRequest, name: str) -> HttpResponse:
     changed = schedules_service.resume(request.user, name, source=SOURCE)
     messages.success(request, f"Schedule {name} fires again from its next due time." if changed
                      else f"Schedule {name} was not paused.")
-    return HttpResponseRedirect(reverse("dashboard:schedules"))
+    return HttpResponseRedirect(reverse("chasqui_console:schedules"))
 
 
 @console_action
 def schedule_run(request: HttpRequest, name: str) -> HttpResponse:
     fire = schedules_service.run_now(request.user, name, source=SOURCE)
     messages.success(request, f"Schedule {name}: job {fire.job_id} is on queue {fire.queue} now.")
-    return HttpResponseRedirect(reverse("dashboard:schedules"))
+    return HttpResponseRedirect(reverse("chasqui_console:schedules"))
 
 
 # --- the delayed set ----------------------------------------------------------------------
@@ -103,7 +103,7 @@ def delayed_run(request: HttpRequest, name: str) -> HttpResponse:
         messages.success(request, f"Job {job_id} is on the queue now.")
     except (NotFound, InvalidInput) as exc:
         messages.error(request, str(exc))
-    return _back(request, reverse("dashboard:queue", args=[name]))
+    return _back(request, reverse("chasqui_console:queue", args=[name]))
 
 
 @console_action
@@ -114,7 +114,7 @@ def delayed_cancel(request: HttpRequest, name: str) -> HttpResponse:
         messages.success(request, f"Delayed job {job_id} is cancelled: it will not run.")
     except (NotFound, InvalidInput) as exc:
         messages.error(request, str(exc))
-    return _back(request, reverse("dashboard:queue", args=[name]))
+    return _back(request, reverse("chasqui_console:queue", args=[name]))
 
 
 # --- replay and discard ------------------------------------------------------------------------
@@ -157,7 +157,7 @@ def confirm(request: HttpRequest, name: str) -> HttpResponse:
         "replay_form": ReplayOptionsForm(), "back": _dlq_url(name, params),
         "background": bulk.scope == "matching" and count > dlq_service.background_threshold(),
     }
-    return render(request, "dashboard/confirm.html", ctx)
+    return render(request, "chasqui_console/confirm.html", ctx)
 
 
 @console_action
@@ -200,7 +200,7 @@ def bulk(request: HttpRequest, name: str, action: str) -> HttpResponse:
 
     if isinstance(result, Operation):
         messages.info(request, f"The {action} runs in the background; you can leave this page.")
-        return HttpResponseRedirect(reverse("dashboard:operation", args=[result.pk]))
+        return HttpResponseRedirect(reverse("chasqui_console:operation", args=[result.pk]))
     if action == "replay":
         when = options.cleaned_data.get("run_at") if options is not None else None
         where = f"scheduled for {when:%Y-%m-%d %H:%M} UTC" if when else "back on the queue"
@@ -218,7 +218,7 @@ def bulk(request: HttpRequest, name: str, action: str) -> HttpResponse:
 @console_action
 def entry_replay(request: HttpRequest, name: str, entry_id: str) -> HttpResponse:
     options = ReplayOptionsForm(request.POST)
-    entry_url = reverse("dashboard:entry", args=[name, entry_id])
+    entry_url = reverse("chasqui_console:entry", args=[name, entry_id])
     if not options.is_valid():
         messages.error(request, " ".join(str(e) for errs in options.errors.values() for e in errs))
         return HttpResponseRedirect(entry_url)
@@ -248,4 +248,4 @@ def operation_cancel(request: HttpRequest, op_id: str) -> HttpResponse:
         messages.success(request, f"Stopping the {op.kind} after its current chunk; what is done stays done.")
     except Conflict as exc:
         messages.info(request, str(exc))
-    return HttpResponseRedirect(reverse("dashboard:operation", args=[op_id]))
+    return HttpResponseRedirect(reverse("chasqui_console:operation", args=[op_id]))

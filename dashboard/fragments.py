@@ -121,10 +121,10 @@ def operation_context(op: Operation | None) -> dict[str, Any]:
 
 
 TEMPLATES = {
-    "overview": "dashboard/live/overview.html",
-    "queue": "dashboard/live/queue.html",
-    "dlq": "dashboard/live/dlq.html",
-    "operation": "dashboard/live/operation.html",
+    "overview": "chasqui_console/live/overview.html",
+    "queue": "chasqui_console/live/queue.html",
+    "dlq": "chasqui_console/live/dlq.html",
+    "operation": "chasqui_console/live/operation.html",
 }
 
 

@@ -26,7 +26,7 @@ from chasqui_core.services.common import NotFound
 
 
 def forbidden(request: HttpRequest, message: str) -> HttpResponse:
-    return render(request, "dashboard/forbidden.html", {"message": message}, status=403)
+    return render(request, "chasqui_console/forbidden.html", {"message": message}, status=403)
 
 
 def console_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -51,9 +51,9 @@ def console_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
         except PermissionDenied as exc:
             return forbidden(request, str(exc) or "You do not have permission to do this.")
         except NotFound as exc:
-            return render(request, "dashboard/not_found.html", {"message": str(exc)}, status=404)
+            return render(request, "chasqui_console/not_found.html", {"message": str(exc)}, status=404)
         except (RedisConnectionError, RedisTimeoutError) as exc:
-            return render(request, "dashboard/unavailable.html", {"message": str(exc)}, status=503)
+            return render(request, "chasqui_console/unavailable.html", {"message": str(exc)}, status=503)
 
     return wrapper
 

@@ -30,7 +30,7 @@ class EntryId:
 register_converter(QueueName, "queue")
 register_converter(EntryId, "entry")
 
-app_name = "dashboard"
+app_name = "chasqui_console"
 
 urlpatterns = [
     path("", views.overview, name="overview"),

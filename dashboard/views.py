@@ -37,7 +37,7 @@ DELAYED_PAGE_SIZE = 25
 
 
 def _live(topic: Topic) -> dict[str, Any]:
-    return {"topic": topic, "live_ws": topic.ws_url, "live_poll": reverse("dashboard:live", args=[topic.path])}
+    return {"topic": topic, "live_ws": topic.ws_url, "live_poll": reverse("chasqui_console:live", args=[topic.path])}
 
 
 def _base(request: HttpRequest, section: str, queue: str | None = None) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     topic = Topic("overview")
     reading = get_sampler().read([topic])
     ctx = {**_base(request, "overview"), **_live(topic), **fragments.overview_context(reading)}
-    return render(request, "dashboard/overview.html", ctx)
+    return render(request, "chasqui_console/overview.html", ctx)
 
 
 @console_page
@@ -72,7 +72,7 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
         **_base(request, "queue", name), **_live(topic), **fragments.queue_context(reading, name),
         "delayed": delayed, "delayed_error": delayed_error, "delayed_cursor": cursor,
     }
-    return render(request, "dashboard/queue.html", ctx)
+    return render(request, "chasqui_console/queue.html", ctx)
 
 
 # --- the dead-letter queue ----------------------------------------------------------------
@@ -94,7 +94,7 @@ class FilterChip:
 
 def filter_chips(request: HttpRequest, name: str, params: dict[str, str]) -> list[FilterChip]:
     """A chip per active filter; its link is the same view without that filter (and back at the newest page)."""
-    base = reverse("dashboard:dlq", args=[name])
+    base = reverse("chasqui_console:dlq", args=[name])
     chips = []
     for key, (label, value) in zip(params, describe_filter(params), strict=False):
         query = request.GET.copy()
@@ -131,7 +131,7 @@ def dlq(request: HttpRequest, name: str) -> HttpResponse:
         "view": view, "page": page, "groups": groups, "error": error, "cursor": cursor,
         "tasks": _task_names(request), "filter_chips": filter_chips(request, name, params),
     }
-    return render(request, "dashboard/dlq.html", ctx)
+    return render(request, "chasqui_console/dlq.html", ctx)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +190,7 @@ def entry(request: HttpRequest, name: str, entry_id: str) -> HttpResponse:
         **_base(request, "dlq", name), "dead": dead, "job": dead.job, "generations": generations(dead),
         "replay_form": ReplayOptionsForm(),
     }
-    return render(request, "dashboard/entry.html", ctx)
+    return render(request, "chasqui_console/entry.html", ctx)
 
 
 # --- operations, audit -----------------------------------------------------------------------
@@ -202,7 +202,7 @@ def operation(request: HttpRequest, op_id: str) -> HttpResponse:
     topic = Topic("operation", str(op.pk))
     ctx = {**_base(request, "dlq", op.queue), **_live(topic), **fragments.operation_context(op),
            "filter_summary": describe_filter(op.filter or {})}
-    return render(request, "dashboard/operation.html", ctx)
+    return render(request, "chasqui_console/operation.html", ctx)
 
 
 @console_page
@@ -224,7 +224,7 @@ def audit(request: HttpRequest) -> HttpResponse:
         "actions": AuditEntry.Action.choices, "sources": AuditEntry.Source.choices,
         "selected": {"action": action or "", "queue": queue_name or "", "source": source or ""},
     }
-    return render(request, "dashboard/audit.html", ctx)
+    return render(request, "chasqui_console/audit.html", ctx)
 
 
 @console_page
@@ -237,8 +237,8 @@ def schedules(request: HttpRequest) -> HttpResponse:
         items, error = [], str(exc)
     ctx = {**_base(request, "schedules"), "schedules": items, "error": error, "now": timezone.now()}
     if request.htmx:
-        return render(request, "dashboard/parts/schedules_table.html", ctx)
-    return render(request, "dashboard/schedules.html", ctx)
+        return render(request, "chasqui_console/parts/schedules_table.html", ctx)
+    return render(request, "chasqui_console/schedules.html", ctx)
 
 
 # --- live fragments over plain HTTP (the websocket fallback) -------------------------------------

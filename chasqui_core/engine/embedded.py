@@ -46,10 +46,13 @@ class EmbeddedValkey:
         *,
         port: int | None = None,
         appendonly: bool = True,
+        extra_args: list[str] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.extra_args = list(extra_args or [])
+        """More server options (``--enable-debug-command local`` for tests that fill it quickly...)."""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -67,6 +70,7 @@ class EmbeddedValkey:
             "--save", "",
             "--protected-mode", "yes",
             "--logfile", str((self.data_dir / "valkey.log").resolve()),
+            *self.extra_args,
         ]
         # its own process group: a Ctrl-C meant for the run command must not stop
         # the server before the workers have settled their last jobs

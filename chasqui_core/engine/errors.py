@@ -34,6 +34,18 @@ class RetryAfter(Exception):
         super().__init__(message or f"retry after {self.seconds:g}s")
 
 
+class JobTimeout(Exception):
+    """A run passed its timeout: an async job is cancelled, a sync job's thread is abandoned.
+
+    Recorded as the run's error and retried by the job's budget like any
+    failure (not unrecoverable: a timeout is often a slow dependency).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        super().__init__(f"the job ran past its timeout of {seconds:g} s")
+
+
 class JobNotFound(ChasquiError):
     """The job or entry asked for is not (or no longer) there."""
 

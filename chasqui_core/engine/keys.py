@@ -99,6 +99,14 @@ class QueueKeys:
             console_depth=p + "console:depth",
         )
 
+    def alive(self, worker_id: str) -> str:
+        """A worker's alive key on this queue: set with a TTL by each lease pass (recovery.py, lease.lua)."""
+        return f"{self.prefix}alive:{worker_id}"
+
+    def running(self, worker_id: str) -> str:
+        """A worker's start journal on this queue: entry id -> start ms of each run under way (journal.py)."""
+        return f"{self.prefix}running:{worker_id}"
+
 
 QUEUES_REGISTRY = "chasqui:queues"
 """A set of every queue name ever used, so operators can list queues without SCAN."""

@@ -25,6 +25,7 @@ import msgpack
 
 from .envelope import Job, error_record, now_ms
 from .idempotency import ttl_ms
+from .inflight import DeliveryTag
 from .keys import QueueKeys
 from .log_budget import LogBudget
 from .registry import Handler, JobContext
@@ -36,26 +37,37 @@ from .tracebacks import class_path, describe, message
 logger = logging.getLogger("chasqui.worker")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Delivery:
-    """A job fetched from a stream and accepted for running, until its outcome is written."""
+    """A job fetched from a stream and accepted for running, until its outcome is written.
+
+    Compared by identity: a delivery is one read of one entry, whatever it holds.
+    """
 
     keys: QueueKeys
     entry_id: bytes
     payload: bytes
+    """The envelope as the stream holds it, or with this read's lost runs charged (what a requeue writes back)."""
     job: Job
     handler: Handler
-    deliveries: int = 1
+    tag: DeliveryTag
     max_attempts: int = 0
     """The job's budget of runs (see retry.budget), for the JobContext."""
     idempotency_key: str | None = None
     """The job's idempotency key, when it has one: its success marks the key completed (idempotency.py)."""
+    timeout: float | None = None
+    """Seconds this run may take (the job's, its task's or the worker's); None: no limit."""
+    started: int = 0
+    """When the handler started (epoch ms); 0 while the job waits in the worker."""
+    timed_out: bool = False
+    """Set when the run passed its timeout: an async run is being cancelled, a sync run was abandoned."""
+    timer: Any = None
+    """The loop's timer that cancels an async run at its timeout, while the run waits on something."""
 
     def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
         """Positional arguments for the handler: a JobContext first when it asked for one."""
         if self.handler.takes_context:
-            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), self.deliveries,
-                             self.max_attempts)
+            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), 1, self.max_attempts)
             return (ctx, *self.job.args)
         return self.job.args
 
@@ -112,15 +124,14 @@ class Outcomes:
         """Record the error in the job's history, then retry it after its backoff or dead-letter it."""
         job = d.job
         finished = now_ms()
-        runs_made = job.attempt + d.deliveries
+        runs_made = job.attempt + 1
         error_class, text, traceback = describe(exc)
         decision = decide(job, exc, runs_made, d.handler, self.policy)
         record = error_record(
             attempt=runs_made, exc_class=error_class, message=text, traceback=traceback, worker=self.worker_id,
             started_at=started, finished_at=finished, backoff_ms=decision.delay_ms if decision.retry else None,
         )
-        # Deliveries past the first were crashes of the worker running it: they count as deaths.
-        deaths = job.deaths + d.deliveries - 1
+        deaths = job.deaths  # runs lost with their workers were charged when the job was picked up
         payload = job.encode_after_failure(runs_made, record, deaths)
         text = text or type(exc).__name__
         stored = None

@@ -36,6 +36,7 @@ from .idempotency import DEFAULT_TTL, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, check_ke
 from .keys import QUEUES_REGISTRY, QueueKeys
 from .link import Lane, Link, Retrier, unavailable
 from .scripts import Scripts, source
+from .registry import TIMEOUT_META, check_timeout
 from .signing import SIGNATURE, Signer
 
 DEFAULT_UNIQUE_TTL_MS = 24 * 3600 * 1000
@@ -53,7 +54,7 @@ _EMPTY_BULK = b"$0\r\n\r\n"
 
 
 _pack_items = msgpack.Packer(use_bin_type=False).pack
-_RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL})
+_RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, TIMEOUT_META})
 
 
 class PayloadTooLarge(ValueError):
@@ -79,6 +80,8 @@ class JobSpec:
     True uses the job's id. See idempotency.py."""
     idempotency_ttl: int | None = None
     """Seconds the completed key is remembered; None: the queue's ``idempotency_ttl``."""
+    timeout: float | None = None
+    """Seconds a run of this job may take, over its task's and the worker's timeout; None: theirs."""
 
 
 class Enqueued(NamedTuple):
@@ -214,7 +217,7 @@ class Queue:
             check_json_types(meta, "meta")
             if not _RESERVED_META.isdisjoint(meta):
                 raise ValueError(f"meta keys {', '.join(sorted(_RESERVED_META))} are the queue's own; "
-                                 "pass idempotency_key= and idempotency_ttl= instead")
+                                 "pass idempotency_key=, idempotency_ttl= and timeout= instead")
         jid = job_id or new_job_id()
         key = spec.idempotency_key
         if key is not None and key is not False:
@@ -225,6 +228,8 @@ class Queue:
             key = None
             if spec.idempotency_ttl is not None:
                 raise ValueError("idempotency_ttl is only meaningful with an idempotency_key")
+        if spec.timeout is not None:
+            meta[TIMEOUT_META] = check_timeout(spec.timeout)
         created = now_ms()
         if self._signer is not None:
             meta[SIGNATURE] = self._signer.sign(jid, task, args, kwargs, created, key)
@@ -424,7 +429,7 @@ class Queue:
         **options: Any,
     ) -> Enqueued:
         """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta, idempotency_key,
-        idempotency_ttl (see JobSpec)."""
+        idempotency_ttl, timeout (see JobSpec)."""
         return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
 
     def add_built(self, built: BuiltJob) -> Enqueued:

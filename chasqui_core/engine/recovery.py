@@ -1,17 +1,21 @@
-"""Crash recovery: leases on running jobs, and reclaiming the jobs of dead workers.
+"""Crash recovery: a live worker keeps its jobs, a dead worker's jobs go back to the stream.
 
-A stream entry stays pending until it is settled. While its worker lives, the
-worker renews the lease on every entry it holds (XCLAIM ... JUSTID, which
-resets the idle time without counting a delivery), so a long job is never
-taken over. Entries idle past the visibility timeout belong to a worker that
-died: ``reclaim.lua`` claims them (XAUTOCLAIM) for a live worker, and routes
-an entry already delivered too often to the DLQ as a poison pill.
+A stream entry stays pending on the consumer that read it until it is
+settled. While a worker lives it runs ``lease.lua`` on each queue every third
+of the visibility timeout: the script refreshes the worker's *alive* key,
+renews the lease of every entry it holds and finds entries of its own it no
+longer holds (``Leases``). Any worker's reclaim pass (``reclaim_abandoned``,
+``reclaim.lua``) takes the entries idle past the visibility timeout whose
+owner's alive key is gone, and puts them back at the stream's tail: those the
+owner was running (its start journal, journal.py, says so) with a ``lost``
+line that the reader charges to the job as a run; the others exactly as they
+were. Liveness is judged by the alive key, on the server's clock, and never by
+idle time alone: a worker slowed down by CPU load keeps its leases.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +23,7 @@ import msgpack
 from redis.exceptions import ResponseError
 
 from .connection import Client
-from .events import EVENTS_MAXLEN
+from .envelope import error_record
 from .keys import GROUP, QueueKeys
 from .scripts import Scripts
 from .stats import add_clock_read
@@ -27,97 +31,105 @@ from .stats import add_clock_read
 logger = logging.getLogger("chasqui.worker")
 
 PANIC_AFTER_DEATHS = 2
-"""A job in flight during this many worker deaths is a poison pill."""
+"""A job that was running when this many workers died is a poison pill (reason ``panic``)."""
+
+LOST_FIELD = b"lost"
+"""The stream field reclaim.lua writes on a dead worker's running entries: one line per lost run."""
+
+LOST_CLASS = "WorkerLost"
+"""The error class a lost run leaves in the job's error history."""
+
+ORPHANS_PER_PASS = 500
+"""At most this many of a worker's own unheld entries are taken back in per queue and lease pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class LostRun:
+    """One run of a job that ended with its worker: who ran it, from when, and when that was noticed."""
+
+    worker: str
+    started_at: int
+    lost_at: int
+
+    def record(self, attempt: int, replays: int) -> dict[str, Any]:
+        """The line this run leaves in the job's error history (``replays`` as the DLQ reader's own records)."""
+        record = error_record(attempt=attempt, exc_class=LOST_CLASS,
+                              message=f"worker lost: {self.worker} stopped answering while it ran this job",
+                              traceback="", worker=self.worker, started_at=self.started_at, finished_at=self.lost_at)
+        record["replays"] = replays
+        return record
+
+
+def lost_runs(field: bytes | None) -> list[LostRun]:
+    """Read an entry's ``lost`` field; lines that cannot be read still count as a lost run each."""
+    if not field:
+        return []
+    runs = []
+    for line in field.decode(errors="replace").split("\n"):
+        worker, _, rest = line.partition("\t")
+        started, _, lost_at = rest.partition("\t")
+        runs.append(LostRun(worker or "unknown", int(started) if started.isdigit() else 0,
+                            int(lost_at) if lost_at.isdigit() else 0))
+    return runs
+
+
+@dataclass(frozen=True, slots=True)
+class LeasePass:
+    lost: list[bytes]
+    """Held entries this worker no longer owns: reclaimed while it held them (it was silent too long)."""
+    orphans: list[tuple[bytes, list[bytes]]]
+    """Entries pending on this worker that it does not hold, with their fields: to take in again."""
+
+
+class Leases:
+    """One worker's side of recovery: its alive key and the leases of what it holds, per queue."""
+
+    def __init__(self, scripts: Scripts, consumer: str, visibility_timeout_ms: int) -> None:
+        self.scripts = scripts
+        self.consumer = consumer
+        self.visibility_timeout_ms = visibility_timeout_ms
+        self.every = max(0.05, visibility_timeout_ms / 3000)
+        """Seconds between passes: three passes fit in a visibility timeout, so one late pass loses nothing."""
+
+    async def keep(self, keys: QueueKeys, held: list[bytes]) -> LeasePass:
+        """Run ``lease.lua`` on one queue: alive key, renewals, journal sweep, orphans."""
+        orphan_idle_ms = max(2 * int(self.every * 1000), 1000)
+        lost, orphans = await self.scripts.lease(
+            keys=[keys.stream, keys.alive(self.consumer), keys.running(self.consumer)],
+            args=[GROUP, self.consumer, self.visibility_timeout_ms, orphan_idle_ms, ORPHANS_PER_PASS, *held])
+        for entry_id in lost:
+            logger.warning("entry %s on %s was taken back from this worker while it held it (it did not renew its "
+                           "alive key for %d ms: the event loop was blocked?)", entry_id.decode(), keys.queue,
+                           self.visibility_timeout_ms)
+        return LeasePass(list(lost), [(orphans[i], orphans[i + 1]) for i in range(0, len(orphans), 2)])
 
 
 @dataclass(frozen=True, slots=True)
 class Reclaimed:
     entry_id: bytes
-    fields: list[bytes]
-    """The entry's fields as the server sends them: [name, value, ...]."""
-    deliveries: int
-
-
-async def extend_leases(scripts: Scripts, keys: QueueKeys, consumer: str, entry_ids: Iterable[bytes]) -> list[bytes]:
-    """Renew the lease of entries this consumer still owns; return the ones it lost."""
-    ids = list(entry_ids)
-    lost: list[bytes] = []
-    for start in range(0, len(ids), 1000):
-        lost += await scripts.lease(keys=[keys.stream], args=[GROUP, consumer, *ids[start:start + 1000]])
-    return lost
-
-
-class Leases:
-    """The entries one worker holds, and when it last renewed each one's lease.
-
-    A held entry is renewed once a third of the visibility timeout has passed,
-    so a live worker's jobs never look abandoned however long they run.
-    """
-
-    def __init__(self, scripts: Scripts, consumer: str, visibility_timeout_ms: int) -> None:
-        self.scripts = scripts
-        self.consumer = consumer
-        self.horizon = visibility_timeout_ms / 3000
-        self.held: dict[bytes, tuple[QueueKeys, float]] = {}
-        """Entry id -> (its queue's keys, when its lease was last renewed, monotonic seconds).
-
-        The worker adds and removes entries here directly, once per job: a
-        method call each way would cost the hot path more than the dict does.
-        """
-
-    async def renew(self, now: float) -> None:
-        """Renew every lease older than the horizon; log the entries another worker took meanwhile."""
-        stale: dict[str, list[bytes]] = {}
-        keys_by_queue: dict[str, QueueKeys] = {}
-        for entry_id, (keys, since) in list(self.held.items()):
-            if now - since >= self.horizon:
-                stale.setdefault(keys.queue, []).append(entry_id)
-                keys_by_queue[keys.queue] = keys
-                self.held[entry_id] = (keys, now)
-        for queue, ids in stale.items():
-            for entry_id in await extend_leases(self.scripts, keys_by_queue[queue], self.consumer, ids):
-                logger.warning("entry %s on %s was reclaimed by another worker while this one held it "
-                               "(the event loop was blocked past the visibility timeout?)", entry_id.decode(), queue)
+    new_id: bytes
+    charged: bool
+    """True when the dead worker was running it: the new entry carries a lost run."""
 
 
 async def reclaim_abandoned(scripts: Scripts, keys: QueueKeys, consumer: str, *, min_idle_ms: int,
-                            room: Callable[[], int], accept: Callable[[QueueKeys, list[Any], int], Awaitable[None]],
-                            rounds: int = 10) -> None:
-    """Take over entries idle past the visibility timeout, as much as ``room()`` allows, bounded per call."""
-    cursor: bytes | str = b"0-0"
+                            limit: int = 500, rounds: int = 10) -> list[Reclaimed]:
+    """Put the entries of dead workers back on the stream, bounded per call; returns what was moved."""
+    start: bytes | str = "-"
+    moved: list[Reclaimed] = []
     for _ in range(rounds):
-        free = room()
-        if free <= 0:
-            return
-        cursor, entries = await reclaim(scripts, keys, consumer, min_idle_ms=min_idle_ms, limit=min(free, 500),
-                                        cursor=cursor)
-        for e in entries:
-            logger.warning("reclaimed job entry %s on %s from a worker that stopped answering (delivery %d)",
-                           e.entry_id.decode(), keys.queue, e.deliveries)
-            await accept(keys, [(e.entry_id, e.fields)], e.deliveries)
-        if cursor in (b"0-0", "0-0"):
-            return
-
-
-async def reclaim(
-    scripts: Scripts,
-    keys: QueueKeys,
-    consumer: str,
-    *,
-    min_idle_ms: int,
-    limit: int,
-    cursor: bytes | str = b"0-0",
-) -> tuple[bytes, list[Reclaimed]]:
-    """Claim up to ``limit`` abandoned entries; returns (next cursor, entries)."""
-    next_cursor, flat = await scripts.reclaim(
-        keys=[keys.stream, keys.dlq, keys.events],
-        args=[GROUP, consumer, min_idle_ms, limit, cursor, PANIC_AFTER_DEATHS,
-              keys.metrics, EVENTS_MAXLEN],
-    )
-    out = []
-    for i in range(0, len(flat), 3):
-        out.append(Reclaimed(flat[i], flat[i + 1], int(flat[i + 2])))
-    return next_cursor, out
+        last, flat = await scripts.reclaim(
+            keys=[keys.stream], args=[GROUP, consumer, min_idle_ms, limit, start, keys.prefix, keys.metrics])
+        for i in range(0, len(flat), 3):
+            moved.append(Reclaimed(flat[i], flat[i + 1], bool(int(flat[i + 2]))))
+        if not last:
+            break
+        start = b"(" + last
+    for r in moved:
+        logger.warning("put back entry %s on %s (now %s) from a worker that stopped answering: %s", r.entry_id.decode(),
+                       keys.queue, r.new_id.decode(), "it was running, the run is charged" if r.charged
+                       else "it had not started, uncharged")
+    return moved
 
 
 async def forget_dead_workers(client: Client, keys: QueueKeys, own_id: str, *, grace_ms: int) -> list[str]:
@@ -167,7 +179,8 @@ async def forget_dead_workers(client: Client, keys: QueueKeys, own_id: str, *, g
     pipe = client.pipeline(transaction=False)
     for name in gone:
         pipe.xgroup_delconsumer(keys.stream, GROUP, name)
-    if gone or stale_beats:
-        pipe.hdel(keys.workers, *gone, *stale_beats)
+    for name in gone + stale_beats:
+        pipe.delete(keys.running(name), keys.alive(name))
+    pipe.hdel(keys.workers, *gone, *stale_beats)
     await pipe.execute()
     return gone + stale_beats

@@ -31,7 +31,7 @@ class JobContext:
     worker_id: str
     entry_id: str
     deliveries: int
-    """How many times this stream entry was delivered (more than 1 after a crash)."""
+    """Always 1: runs lost to crashes are charged to ``job.attempt`` when the job is picked up."""
     max_attempts: int = 0
     """The job's budget of runs, from the job, its task or the worker (0: not known)."""
 
@@ -57,6 +57,21 @@ class Handler:
     takes_context: bool = False
     max_attempts: int | None = None
     backoff: BackoffSpec | None = None
+    timeout: float | None = None
+    """Seconds a run may take; None defers to the worker's default (a job's own timeout wins over both)."""
+
+
+TIMEOUT_META = "timeout"
+"""The key of a job's own timeout (seconds) in its envelope's ``meta``: ``Queue.add(timeout=...)``."""
+
+
+def check_timeout(value: object, name: str = "timeout") -> float | None:
+    """A timeout in seconds, or None; anything else raises ValueError in words."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 366 * 24 * 3600:
+        raise ValueError(f"{name} must be a number of seconds above 0 (and below a year), got {value!r}")
+    return float(value)
 
 
 class HandlerRegistry:
@@ -72,6 +87,7 @@ class HandlerRegistry:
         max_attempts: int | None = None,
         backoff: BackoffSpec | int | dict[str, Any] | str | None = None,
         is_async: bool | None = None,
+        timeout: float | None = None,
     ) -> Handler:
         if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int)
                                          or max_attempts < 1):
@@ -83,6 +99,7 @@ class HandlerRegistry:
             takes_context=takes_context,
             max_attempts=max_attempts,
             backoff=coerce_backoff(backoff),
+            timeout=check_timeout(timeout, f"timeout for {name!r}"),
         )
         self._handlers[name] = handler
         return handler

@@ -1,9 +1,12 @@
-"""What happens to a job whose run failed: another attempt, or the DLQ.
+"""The attempt rules: whether a job may start, and what follows a failed run.
 
 The budget is ``max_attempts`` total runs (default 3), taken from the job
-first, then its task, then the worker. Runs lost to a crashed worker count.
-An exception named ``UnrecoverableError`` (its class or any base) skips the
-budget.
+first, then its task, then the worker. A job's envelope says how many runs it
+has made (``attempt``); a run lost with its worker is charged as one when the
+job is picked up again (recovery.py). The rules are applied in two places
+only, both here: ``at_pickup`` before a job starts (as Oban checks attempt <
+max_attempts at fetch), and ``decide`` after a run fails. An exception named
+``UnrecoverableError`` (its class or any base) skips the budget.
 """
 
 from __future__ import annotations
@@ -12,10 +15,16 @@ from dataclasses import dataclass
 
 from .backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
 from .envelope import Job
-from .errors import is_unrecoverable
+from .errors import RetryAfter, is_unrecoverable
 from .registry import Handler
 
 DEFAULT_MAX_ATTEMPTS = 3
+
+PANIC_AFTER_DEATHS = 2
+"""A job that was running when this many workers died is a poison pill: dead-lettered as ``panic``."""
+
+CLOCK_AHEAD_MS = 24 * 3600 * 1000
+"""A job created further than this in the future (by its producer's clock) is not a job anyone sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +76,42 @@ def decide(job: Job, exc: BaseException, runs_made: int, handler: Handler | None
         return Decision(False, reason="unrecoverable")
     if runs_made >= budget(job, handler, policy):
         return Decision(False, reason="retries_exhausted")
+    if isinstance(exc, RetryAfter):  # the server named its wait: honoured whatever the job's strategy
+        return Decision(True, max(0, round(exc.seconds * 1000)))
     previous = job.errors[-1].get("backoff_ms") if job.errors else None
     spec = backoff_for(job, handler, policy)
     return Decision(True, spec.delay_ms(runs_made, error=exc, previous_ms=previous))
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a job picked up must not start: the DLQ reason, an error class and the words for it."""
+
+    reason: str
+    error_class: str
+    error: str
+
+
+def at_pickup(job: Job, max_attempts: int, *, lost: int, now: int) -> Refusal | None:
+    """May ``job`` start now? ``lost`` runs of it ended with their workers and were just charged to it.
+
+    A job charged a lost run that has now died with ``PANIC_AFTER_DEATHS``
+    workers is a poison pill; one with no run left ends with the lost run as
+    its last error. An envelope that arrives with its budget already spent,
+    or created in the future, was not written by a producer or a retry: it is
+    refused as ``invalid``, not run.
+    """
+    if lost:
+        if job.deaths >= PANIC_AFTER_DEATHS:
+            return Refusal("panic", "WorkerLost", f"the job was running when its worker died {job.deaths} times")
+        if job.attempt >= max_attempts:
+            return Refusal("retries_exhausted", "WorkerLost",
+                           f"its worker died during run {job.attempt} of {max_attempts}; no run is left")
+        return None
+    if job.attempt >= max_attempts:
+        return Refusal("invalid", "InvalidEnvelope",
+                       f"the envelope says {job.attempt} runs were made, and the budget is {max_attempts}")
+    if job.created_at > now + CLOCK_AHEAD_MS:
+        return Refusal("invalid", "InvalidEnvelope",
+                       f"created_at {job.created_at} is more than a day ahead of this worker's clock ({now})")
+    return None

@@ -33,7 +33,7 @@ _duration_of = itemgetter(2)
 """Of a row of ``_Batch.completed``: [job id, task, duration ms]."""
 
 SETTLE_TRIES = 30
-"""About a minute of retries (capped exponential waits) before outcomes are left to reclaim."""
+"""About a minute of retries (capped exponential waits) per flush; then the outcomes wait for the next flush."""
 
 
 @dataclass(slots=True)
@@ -58,10 +58,27 @@ class _Batch:
     n_dead: int = 0
     n_requeues: int = 0
     n_skipped: int = 0
+    n_fetched: int = 0
+    """Entries read since the last flush (the ``fetched`` counter): written with the outcomes, not alone."""
     local_events: list[Event] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.done) + self.n_retries + self.n_dead + self.n_requeues + self.n_skipped
+
+    def absorb(self, newer: _Batch) -> None:
+        """Add the outcomes of a batch started while this one was being flushed (this one failed): order kept."""
+        for name in ("done", "completed", "results", "retries", "retry_events", "dead", "requeues", "markers",
+                     "skipped", "failed_tasks", "failed_ms", "local_events"):
+            getattr(self, name).extend(getattr(newer, name))
+        self.n_retries += newer.n_retries
+        self.n_dead += newer.n_dead
+        self.n_requeues += newer.n_requeues
+        self.n_skipped += newer.n_skipped
+        self.n_fetched += newer.n_fetched
+
+
+class SettleFailed(Exception):
+    """A queue's outcomes could not be written after every try; the settler keeps them and tries again."""
 
 
 class Settler:
@@ -73,13 +90,18 @@ class Settler:
         flush_size: int = 500,
         flush_interval: float = 0.002,
         on_retry_scheduled: Callable[[str, int, int], None] | None = None,
+        worker_id: str = "",
     ) -> None:
         self.client = client
+        self.worker_id = worker_id
+        """Whose start journal the settled entries are struck from (journal.py); "" for none."""
         self.scripts = scripts
         self.flush_size = flush_size
         self.flush_interval = flush_interval
         self.on_retry_scheduled = on_retry_scheduled
         self._batches: dict[str, _Batch] = {}
+        self._flushing: dict[str, _Batch] = {}
+        """Batches whose settle.lua call is under way, by queue."""
         self._keys: dict[str, QueueKeys] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -164,6 +186,18 @@ class Settler:
                                             error_class=error_class, error_message=error))
         self._added()
 
+    def unsettled(self, keys: QueueKeys) -> list[bytes]:
+        """Entry ids of a queue whose outcome waits here: their leases must be kept until it is written."""
+        ids: list[bytes] = []
+        for b in (self._batches.get(keys.queue), self._flushing.get(keys.queue)):
+            if b is not None:
+                ids += [*b.done, *b.retries[::3], *b.dead[::9], *b.requeues[::2], *b.skipped[::5]]
+        return ids
+
+    def fetched(self, keys: QueueKeys, count: int) -> None:
+        """Count entries read from a queue; the count rides along with that queue's next flush."""
+        self._batch(keys).n_fetched += count
+
     def requeue(self, keys: QueueKeys, entry_id: bytes, payload: bytes) -> None:
         batch = self._batch(keys)
         batch.requeues += [entry_id, payload]
@@ -191,19 +225,44 @@ class Settler:
                 await self.flush()
             except asyncio.CancelledError:
                 raise
+            except SettleFailed as exc:  # kept: the next flush tries again
+                logger.error("%s", exc)
             except Exception:  # never let the settler die: a worker that cannot settle runs jobs twice
-                logger.exception("settling failed")
+                logger.exception("settling failed; the outcomes are kept and tried again")
 
     async def flush(self) -> None:
-        batches, self._batches = self._batches, {}
+        """Write every queue's outcomes, one ``settle.lua`` call per queue.
+
+        Each queue's batch is kept until its own call returns: outcomes
+        arriving meanwhile start a new batch, and a batch whose call failed
+        goes back in front of them, so one queue's trouble drops nothing of
+        its own nor of any other queue. The first failure is raised once the
+        other queues have been tried.
+        """
         self._pending = 0
-        try:
-            for queue, batch in batches.items():
-                if len(batch):
-                    await self._flush_one(self._keys[queue], batch)
-        finally:
-            if not self._pending:
-                self._idle.set()
+        failure: BaseException | None = None
+        for queue in list(self._batches):
+            batch = self._batches.pop(queue)
+            if not len(batch) and not batch.n_fetched:
+                continue
+            self._flushing[queue] = batch
+            try:
+                await self._flush_one(self._keys[queue], batch)
+            except BaseException as exc:
+                newer = self._batches.get(queue)
+                if newer is not None:
+                    batch.absorb(newer)
+                self._batches[queue] = batch
+                self._pending += len(batch)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                failure = failure or exc
+            finally:
+                self._flushing.pop(queue, None)
+        if not self._pending:
+            self._idle.set()
+        if failure is not None:
+            raise failure
 
     async def drained(self) -> None:
         await self._idle.wait()
@@ -234,7 +293,9 @@ class Settler:
         argv.append(b.n_skipped)
         if b.n_skipped:
             argv.append(_pack_items(b.skipped))
-        kwargs = dict(keys=[keys.stream, keys.delayed, keys.dlq, keys.events], args=argv)
+        argv.append(b.n_fetched)
+        kwargs = dict(keys=[keys.stream, keys.delayed, keys.dlq, keys.events, keys.running(self.worker_id)],
+                      args=argv)
         for attempt in range(SETTLE_TRIES):
             try:
                 reply = await self.scripts.settle(**kwargs)
@@ -247,9 +308,8 @@ class Settler:
                                type(exc).__name__, exc)
                 await asyncio.sleep(min(0.05 * 2 ** attempt, 2.0))
         else:
-            logger.error("gave up settling %d outcomes on %s after %d tries; their entries stay pending and "
-                         "will be reclaimed after the visibility timeout", len(b), keys.queue, SETTLE_TRIES)
-            return
+            raise SettleFailed(f"settling {len(b)} outcomes on {keys.queue} failed {SETTLE_TRIES} times; "
+                               "they are kept and tried again")
         server_ms, _, _, _, _, earliest, problems, _ = reply
         for problem in problems:
             logger.error("settling on %s: %s", keys.queue, problem.decode(errors="replace")

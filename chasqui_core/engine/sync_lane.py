@@ -5,11 +5,19 @@ event loop. Handing each job to a thread pool costs a Future and two thread
 wake-ups per job; instead, the reader feeds sync jobs straight into a queue
 that a fixed set of threads drain, and the threads hand outcomes back in
 batches: one loop wake-up carries every outcome that finished meanwhile.
+
+A thread writes its job to the start journal (journal.py) just before the
+handler starts, so a crash charges the jobs that were running and none of
+those still queued. A job that passes its timeout cannot be stopped: the
+worker writes its outcome (``abandon``), and the thread running it leaves the
+lane once the handler returns, if it ever does; ``replace`` starts another
+in its place.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
@@ -18,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .envelope import check_json_types, now_ms
+from .journal import StartJournal
 from .outcomes import Delivery
 
 OK, FAILED, REQUEUE = 0, 1, 2
@@ -28,23 +37,23 @@ Outcome = tuple[int, Delivery, Any, int, int]
 
 class SyncLane:
     def __init__(self, size: int, worker_id: str, on_outcomes: Callable[[list[Outcome]], None],
-                 running: dict[bytes, tuple[str, str, int]]) -> None:
+                 journal: StartJournal) -> None:
         self.worker_id = worker_id
-        self.running = running
-        """The worker's record of jobs running now (entry id -> task, job id, started at ms), for its heartbeat."""
+        self.journal = journal
         self.outstanding = 0
-        """Jobs handed to the lane and not yet reported back (updated on the loop only)."""
+        """Jobs handed to the lane and not yet reported back nor abandoned (updated on the loop only)."""
         self.stopping = False
+        self.abandoned = 0
+        """Runs given up at their timeout, whose threads may still be stuck in them."""
         self._loop = asyncio.get_running_loop()
         self._on_outcomes = on_outcomes
         self._queue: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
         self._done: deque[Outcome] = deque()
         self._notified = False
-        self._threads = [
-            threading.Thread(target=self._run, name=f"chasqui-sync-{i}", daemon=True) for i in range(size)
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._names = itertools.count()
+        self._threads: list[threading.Thread] = []
+        for _ in range(size):
+            self.replace()
 
     def submit(self, delivery: Delivery) -> None:
         self.outstanding += 1
@@ -62,6 +71,18 @@ class SyncLane:
                 taken.append(delivery)
         self.outstanding -= len(taken)
         return taken
+
+    def abandon(self, delivery: Delivery) -> None:
+        """Stop counting a job whose run passed its timeout (its outcome was written already; on the loop)."""
+        delivery.timed_out = True
+        self.outstanding -= 1
+        self.abandoned += 1
+
+    def replace(self) -> None:
+        """Start one more thread: at start, and in place of one stuck in a job that passed its timeout."""
+        thread = threading.Thread(target=self._run, name=f"chasqui-sync-{next(self._names)}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def close(self) -> None:
         for _ in self._threads:
@@ -86,12 +107,18 @@ class SyncLane:
             # before it drains, so an outcome is never left behind
             if not self._notified:
                 self._notified = True
-                self._loop.call_soon_threadsafe(self._drain)
+                try:
+                    self._loop.call_soon_threadsafe(self._drain)
+                except RuntimeError:  # the loop is closed: the worker is gone (an abandoned run ending late)
+                    return
+            if d.timed_out:  # abandoned while it ran: another thread took this one's place
+                return
 
     def _call(self, d: Delivery) -> Outcome:
         job, handler = d.job, d.handler
         started = now_ms()
-        self.running[d.entry_id] = (job.task, job.id, started)
+        self.journal.started({d.keys.queue: [d.entry_id]}, started)
+        d.started = started
         t0 = time.perf_counter()
         try:
             result = handler.fn(*d.handler_args(self.worker_id), **job.kwargs)
@@ -99,8 +126,6 @@ class SyncLane:
                 check_json_types(result, "return value")
         except BaseException as exc:  # SystemExit from a handler fails its job, not the thread
             return (FAILED, d, exc, started, int((time.perf_counter() - t0) * 1000))
-        finally:
-            self.running.pop(d.entry_id, None)
         return (OK, d, result, started, int((time.perf_counter() - t0) * 1000))
 
     # --- on the loop ----------------------------------------------------------------
@@ -111,6 +136,8 @@ class SyncLane:
         items = []
         while done:
             items.append(done.popleft())
-        self.outstanding -= len(items)
+        for item in items:
+            if not item[1].timed_out:
+                self.outstanding -= 1
         if items:
             self._on_outcomes(items)

@@ -21,6 +21,7 @@ check without anyone watching.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
@@ -29,36 +30,47 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
-from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgainError
+from redis.exceptions import ResponseError
 
-from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, node_url
-from .envelope import DecodeError, check_json_types, decode, now_ms
-from .idempotency import IDEMPOTENCY_KEY, completed_by, key_of
+from .admission import Admission
+from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, masked
+from .envelope import check_json_types, now_ms
+from .errors import JobTimeout, RedisConfigError
+from .idempotency import completed_by
+from .inflight import InFlight
+from .journal import StartJournal
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from .link import unavailable
+from .outcomes import Delivery, Outcomes
 from .promoter import Promoter
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES
-from .recovery import PANIC_AFTER_DEATHS, Leases, forget_dead_workers, reclaim_abandoned
-from .registry import HandlerRegistry
-from .retry import RetryPolicy, budget
+from .reader import Reader
+from .recovery import Leases, forget_dead_workers, reclaim_abandoned
+from .registry import HandlerRegistry, check_timeout
+from .retry import RetryPolicy
 from .scheduler import Fire, Scheduler, queue_fire
 from .schedules import Schedule
 from .scripts import Scripts
-from .signing import Signer
-from .outcomes import Delivery, Outcomes
 from .settler import Settler
+from .signing import Signer
 from .sync_lane import FAILED, REQUEUE, SyncLane
 from .tracebacks import class_path, message
-import contextlib
 
 logger = logging.getLogger("chasqui.worker")
 
 CURRENT_JOBS_SHOWN = 20
 """How many running jobs a heartbeat lists (the oldest first): enough to spot a stuck one."""
+
+DEADLINE_TICK_S = 0.2
+"""How often sync jobs are checked against their timeouts (async jobs have a timer each)."""
+
+CONNECT_BACKOFF_S = (0.5, 10.0)
+"""First and longest wait between tries while Redis cannot be reached at start."""
 
 
 def resident_kb() -> int:
@@ -105,6 +117,7 @@ class Worker:
         schedules: Sequence[Schedule] = (),
         fire: Fire | None = None,
         signing_keys: Sequence[bytes | str] = (),
+        job_timeout: float | None = None,
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
@@ -132,6 +145,8 @@ class Worker:
                 raise ValueError(f"{name} must be 1 or more, got {limit}")
         self.max_jobs = max_jobs
         self.max_memory_mb = max_memory_mb
+        self.job_timeout = check_timeout(job_timeout, "job_timeout")
+        """Seconds a run may take when neither the job nor its task says; None: no limit."""
         self.supervisor_pid = supervisor_pid
         """The pid of the supervisor that started this process, shown with its heartbeat; None when standalone."""
         self.signer = Signer(signing_keys) if signing_keys else None
@@ -139,7 +154,7 @@ class Worker:
         """With signing keys, only jobs signed with one of them run; the others are dead-lettered as
         ``bad_signature`` before their task is looked up (see signing.py)."""
         self.recycle_reason = ""
-        """Why the worker stopped itself (``max_jobs`` or ``max_memory_mb`` reached); "" when it did not."""
+        """Why the worker stopped itself (``max_jobs``, ``max_memory_mb``, a sync job past its timeout); "" if not."""
         self.schedules = list(schedules)
         """Schedules this worker fires while it leads the scheduler (every worker may; one leads)."""
         self.fire = fire
@@ -149,20 +164,31 @@ class Worker:
         self.stats = WorkerStats()
         self.prefetch = max(batch_size, concurrency * 2)
         self.unfinished_sync_jobs = 0
-        """Sync jobs still running in threads when run() returned (they cannot be cancelled)."""
+        """Sync jobs still running in threads when run() returned, abandoned ones included (they cannot be
+        cancelled: the process must exit without waiting for them)."""
         self.problem = ""
         """What went wrong inside the worker itself, if anything (shown with its heartbeat)."""
+        self.paused: dict[str, bool] = {k.queue: False for k in self.keys}
+        self.held = InFlight()
+        """Every delivery read and not yet handed to the settler, by (queue, entry id)."""
         self._stop = asyncio.Event()  # made anew by each run()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._paused: dict[str, bool] = {k.queue: False for k in self.keys}
+        self._running = 0
+        self._lane: SyncLane | None = None  # started on the first sync job
+        self._inbox: deque[Delivery] = deque()
 
     # --- public -------------------------------------------------------------
 
     @property
+    def stopping(self) -> asyncio.Event:
+        """Set once the worker is asked to stop (or stops itself)."""
+        return self._stop
+
+    @property
     def in_flight(self) -> int:
         """Jobs running now, on the loop and in the sync threads."""
-        lane = getattr(self, "_lane", None)
-        return getattr(self, "_running", 0) + (lane.outstanding if lane is not None else 0)
+        lane = self._lane
+        return self._running + (lane.outstanding if lane is not None else 0)
 
     @property
     def buffered(self) -> int:
@@ -182,7 +208,8 @@ class Worker:
         if on_loop:
             stop.set()
         else:
-            loop.call_soon_threadsafe(stop.set)
+            with contextlib.suppress(RuntimeError):  # its loop is closed: the worker has stopped already
+                loop.call_soon_threadsafe(stop.set)
 
     def run_sync(self) -> None:
         asyncio.run(self.run())
@@ -190,300 +217,217 @@ class Worker:
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        await ais_cluster(self.url or DEFAULT_URL)  # asked once, without blocking the loop
-        self.client = aconnect(self.url, health_check_interval=30)
-        self.cluster = is_cluster_client(self.client)
-        """A Redis Cluster client: each queue is read on a connection to the master serving its slot."""
-        self.scripts = Scripts(self.client)
-        self.settler = Settler(self.client, self.scripts, flush_size=max(100, self.batch_size),
-                               flush_interval=self.flush_interval, on_retry_scheduled=self._on_retry_scheduled)
+        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._stop.set)
+        self.journal = StartJournal(self.id, self.url)
+        for k in self.keys:
+            self.journal.use(k.queue, k.running(self.id))
+        if not await self._connect():
+            self.journal.close()
+            return
         self.outcomes = Outcomes(self.settler, self.policy, self.id)
+        self.admission = Admission(self.registry, self.outcomes, self.policy, self.held, signer=self.signer,
+                                   max_payload_bytes=self.max_payload_bytes, default_timeout=self.job_timeout)
         self.promoters = {
             k.queue: Promoter(self.client, self.scripts, k, self.id, poll_interval=self.promoter_poll_interval,
                               lock_ttl_ms=self.promoter_lock_ttl_ms)
             for k in self.keys
         }
-        self._inbox: deque[Delivery] = deque()
         self._jobs: set[asyncio.Task[None]] = set()
         """Tasks of the jobs waiting on something now (see ``_dispatch``); a job that never waits is never kept."""
+        self._timed_sync: set[Delivery] = set()
+        """Sync deliveries with a timeout, until their outcome: the deadline watcher walks these."""
         self._context = contextvars.copy_context()
         """What each job's context starts as: the worker's own, copied per job."""
         self._room = asyncio.Event()
         self._room.set()
         self._leases = Leases(self.scripts, self.id, self.visibility_timeout_ms)
-        self._held = self._leases.held
-        self._running = 0
-        self._running_jobs: dict[bytes, tuple[str, str, int]] = {}
-        """Entry id -> (task, job id, started at ms) of each job running now, for the heartbeat."""
-        self._lane: SyncLane | None = None  # started on the first sync job
-        self._reader_ids: dict[str, tuple[int, Any]] = {}
-        """Queue -> (client id of its reader's connection, the cluster node it is on or None)."""
+        self.readers = [Reader(self, k) for k in self.keys]
 
-        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._loop.add_signal_handler(sig, self._stop.set)
-
-        await self._setup()
         logger.info("worker %s started on %s (concurrency %d)", self.id,
                     ", ".join(k.queue for k in self.keys), self.concurrency)
-        settler_task = asyncio.create_task(self.settler.run(self._stop), name="settler")
-        readers = [asyncio.create_task(self._read_loop(k), name=f"reader:{k.queue}") for k in self.keys]
-        promoters = [asyncio.create_task(p.run(self._stop), name=f"promoter:{q}") for q, p in self.promoters.items()]
+        settler_task = self._spawn("settler", lambda: self.settler.run(self._stop))
+        reader_tasks = [self._spawn(f"reader:{r.keys.queue}", r.run) for r in self.readers]
+        leaders = [self._spawn(f"promoter:{q}", self._leading(p)) for q, p in self.promoters.items()]
         self.scheduler = None
         if self.schedules:
             fire = self.fire or queue_fire(self.url, self._signing_keys[0] if self._signing_keys else None)
             self.scheduler = Scheduler(self.client, self.scripts, self.schedules, fire, self.id,
                                        lock_ttl_ms=self.promoter_lock_ttl_ms)
-            promoters.append(asyncio.create_task(self.scheduler.run(self._stop), name="scheduler"))
-        housekeeping = asyncio.create_task(self._housekeeping(), name="housekeeping")
+            leaders.append(self._spawn("scheduler", self._leading(self.scheduler)))
+        chores = [self._spawn("housekeeping", self._housekeeping),
+                  self._spawn("deadlines", self._watch_deadlines)]
         try:
             await self._stop.wait()
         finally:
-            logger.info("worker %s stopping", self.id)
-            await self._unblock_readers(readers)
-            await asyncio.gather(*readers, return_exceptions=True)
-            # jobs fetched but never started go back to the stream, as they were
-            unstarted = list(self._inbox)
-            self._inbox.clear()
-            if self._lane is not None:
-                self._lane.stopping = True
-                unstarted += self._lane.take_unstarted()
-            for d in unstarted:
-                self._requeue(d)
-            deadline = time.monotonic() + self.shutdown_timeout
-            while self.in_flight and time.monotonic() < deadline:
-                await asyncio.sleep(0.01)
-            if self.in_flight:
-                logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
-                               "reclaimed by another worker", self.id, self.in_flight, self.shutdown_timeout)
-            jobs = list(self._jobs)
-            for task in jobs:
-                task.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
-            if self._lane is not None:
-                self.unfinished_sync_jobs = self._lane.outstanding
-                self._lane.close()
-            housekeeping.cancel()
-            await asyncio.gather(housekeeping, return_exceptions=True)
-            await self.settler.flush()
-            await asyncio.gather(settler_task, *promoters, return_exceptions=True)
-            await self._unregister()
-            await self.client.aclose()
-            logger.info("worker %s stopped (%d processed)", self.id, self.stats.processed)
+            await self._shut_down(settler_task, reader_tasks, leaders, chores)
 
-    # --- set-up ---------------------------------------------------------------
+    # --- start and stop -----------------------------------------------------------
 
-    async def _setup(self) -> None:
-        for k in self.keys:
+    async def _connect(self) -> bool:
+        """Reach Redis and join every queue's group, trying again while it cannot be reached; False if stopped."""
+        url = self.url or DEFAULT_URL
+        wait = CONNECT_BACKOFF_S[0]
+        while True:
             try:
-                await self.client.xgroup_create(k.stream, GROUP, id="0", mkstream=True)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
+                await ais_cluster(url)  # asked once, without blocking the loop
+                self.client = aconnect(self.url, health_check_interval=30)
+                self.cluster = is_cluster_client(self.client)
+                """A Redis Cluster client: each queue is read on a connection to the master serving its slot."""
+                self.scripts = Scripts(self.client)
+                self.settler = Settler(self.client, self.scripts, flush_size=max(100, self.batch_size),
+                                       flush_interval=self.flush_interval,
+                                       on_retry_scheduled=self._on_retry_scheduled, worker_id=self.id)
+                for k in self.keys:
+                    await self.create_group(k)
+                await self.client.sadd(QUEUES_REGISTRY, *[k.queue for k in self.keys])
+                await self._heartbeat()
+                self.journal.connect()
+                return True
+            except RedisConfigError:
+                raise
+            except Exception as exc:
+                if not unavailable(exc) and not isinstance(exc, TimeoutError):
                     raise
-        await self.client.sadd(QUEUES_REGISTRY, *[k.queue for k in self.keys])
-        await self._heartbeat()
+                logger.warning("worker %s: Redis at %s cannot be reached (%s: %s); trying again in %.0f s",
+                               self.id, masked(url), type(exc).__name__, message(exc), wait)
+                with contextlib.suppress(Exception):
+                    await self.client.aclose()
+                await self.sleep_unless_stopped(wait)
+                if self._stop.is_set():
+                    return False
+                wait = min(wait * 2, CONNECT_BACKOFF_S[1])
+
+    async def create_group(self, keys: QueueKeys) -> None:
+        """Join (or create) a queue's consumer group, making its stream if needed."""
+        try:
+            await self.client.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _leading(self, leader: Promoter | Scheduler) -> Callable[[], Awaitable[None]]:
+        return lambda: leader.run(self._stop)
+
+    def _spawn(self, name: str, work: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        """Run a long-lived part of the worker, restarting it if it fails: a part that died silently would leave
+        the worker heartbeating and holding locks while it reads or settles nothing."""
+        async def keep() -> None:
+            wait = 0.5
+            while not self._stop.is_set() or name == "settler":
+                try:
+                    await work()
+                    return
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self.problem = f"{name} failed ({class_path(exc)}: {message(exc)}); restarted"
+                    logger.error("worker %s: %s stopped with an error; starting it again in %.1f s", self.id, name,
+                                 wait, exc_info=exc)
+                    await asyncio.sleep(wait)
+                    wait = min(wait * 2, 10.0)
+        return asyncio.create_task(keep(), name=name)
+
+    async def _shut_down(self, settler_task: asyncio.Task[None], readers: list[asyncio.Task[None]],
+                         leaders: list[asyncio.Task[None]], chores: list[asyncio.Task[None]]) -> None:
+        logger.info("worker %s stopping", self.id)
+        while not all(r.done() for r in readers):  # cut blocked reads short rather than wait out BLOCK
+            for reader in self.readers:
+                await reader.unblock()
+            await asyncio.wait(readers, timeout=0.05)
+        # jobs fetched but never started go back to the stream, as they were
+        unstarted = list(self._inbox)
+        self._inbox.clear()
+        if self._lane is not None:
+            self._lane.stopping = True
+            unstarted += self._lane.take_unstarted()
+        for d in unstarted:
+            self._requeue(d)
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self.in_flight:
+            logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
+                           "reclaimed by another worker, their runs charged", self.id, self.in_flight,
+                           self.shutdown_timeout)
+        jobs = list(self._jobs)
+        for task in jobs:
+            task.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        if self._lane is not None:
+            self.unfinished_sync_jobs = self._lane.outstanding + self._lane.abandoned
+            self._lane.close()
+        for chore in chores:
+            chore.cancel()
+        await asyncio.gather(*chores, return_exceptions=True)
+        try:
+            await asyncio.wait_for(self.settler.flush(), timeout=max(5.0, self.shutdown_timeout))
+        except Exception as exc:
+            logger.error("worker %s: the last outcomes could not be settled (%s: %s); their entries stay pending "
+                         "and are reclaimed", self.id, type(exc).__name__, exc)
+        settler_task.cancel()
+        await asyncio.gather(settler_task, *leaders, return_exceptions=True)
+        await self._unregister()
+        self.journal.close()
+        await self.client.aclose()
+        logger.info("worker %s stopped (%d processed)", self.id, self.stats.processed)
 
     def _on_retry_scheduled(self, queue: str, due_ms: int, server_ms: int) -> None:
         promoter = self.promoters.get(queue)
         if promoter is not None:
             promoter.hint(due_ms, server_ms)
 
-    # --- reading ----------------------------------------------------------------
+    # --- what the readers call ----------------------------------------------------
 
-    async def _read_loop(self, keys: QueueKeys) -> None:
-        """Fetch batches for one queue on a connection of its own.
+    def room_to_read(self) -> int | None:
+        """How many entries a reader may fetch now; None when the inbox is too full to read."""
+        room = self.prefetch - self.buffered
+        if room < min(self.batch_size, self.prefetch) // 2 + 1:
+            self._room.clear()
+            return None
+        return min(self.batch_size, room)
 
-        The connection is the reader's alone, so shutdown can cut its BLOCK
-        short with CLIENT UNBLOCK, and the XREADGROUP command is packed once
-        per batch size and its raw reply read without redis-py's reply
-        reshaping: this runs once per batch on the hot path. On a cluster the
-        connection goes to the master serving the queue's slot; after a
-        failover or a resharding (``MOVED``, or a node that stopped
-        answering) the reader reads the cluster's layout again and follows.
-        """
-        reader: Any = None
-        node: Any = None
-        packed: dict[int, Any] = {}
-        try:
-            while not self._stop.is_set():
-                if self._paused[keys.queue]:
-                    await self._sleep_unless_stopped(0.5)
-                    continue
-                room = self.prefetch - self.buffered
-                if room < min(self.batch_size, self.prefetch) // 2 + 1:
-                    self._room.clear()
-                    await self._wait_room()
-                    continue
-                count = min(self.batch_size, room)
-                try:
-                    if reader is None:
-                        reader, node = await self._open_reader(keys)
-                    conn = reader.connection
-                    if conn is None or keys.queue not in self._reader_ids:
-                        self._reader_ids[keys.queue] = (await reader.client_id(), node)
-                        conn = reader.connection
-                        packed.clear()
-                    assert conn is not None  # client_id() above connected it
-                    command = packed.get(count)
-                    if command is None:
-                        command = packed[count] = conn.pack_command(
-                            "XREADGROUP", "GROUP", GROUP, self.id, "COUNT", count, "BLOCK", self.block_ms,
-                            "STREAMS", keys.stream, ">")
-                    await conn.send_packed_command(command, check_health=False)
-                    reply = await conn.read_response()
-                except ResponseError as exc:
-                    if "NOGROUP" in str(exc):  # the stream was deleted under us: recreate it
-                        await self._setup()
-                        continue
-                    if self.cluster and isinstance(exc, (AskError, ClusterDownError, TryAgainError)):  # MOVED is an ASK
-                        logger.info("reading %s: %s; following the cluster's new layout", keys.queue, exc)
-                        await self._drop_reader(keys, reader, refresh=True)
-                        reader = None
-                        await self._sleep_unless_stopped(0.1)
-                        continue
-                    raise
-                except Exception as exc:
-                    if isinstance(exc, (ConnectionError, OSError)) or "Connection" in type(exc).__name__ \
-                            or "Timeout" in type(exc).__name__:
-                        logger.warning("reading %s failed (%s); retrying", keys.queue, exc)
-                        await self._drop_reader(keys, reader, refresh=self.cluster)
-                        reader = None
-                        await self._sleep_unless_stopped(1.0)
-                        continue
-                    raise
-                if reply:
-                    # a map of stream -> entries under RESP3, a list of pairs under RESP2
-                    for entries in reply.values() if type(reply) is dict else (pair[1] for pair in reply):
-                        keyed = self._accept(keys, entries, 1)
-                        if keyed:
-                            await self._screen(keys, keyed)
-        finally:
-            self._reader_ids.pop(keys.queue, None)
-            if reader is not None:
-                await reader.aclose()
-
-    async def _open_reader(self, keys: QueueKeys) -> tuple[Any, Any]:
-        """A single-connection client for one queue's reader, and the cluster node it talks to (None off a cluster)."""
-        if not self.cluster:
-            return aconnect(self.url, cluster=False, single_connection_client=True), None
-        await self.client.initialize()
-        node = self.client.get_node_from_key(keys.stream)
-        return aconnect(node_url(self.client.chasqui_url, node.host, node.port), cluster=False,
-                        single_connection_client=True), node
-
-    async def _drop_reader(self, keys: QueueKeys, reader: Any, *, refresh: bool) -> None:
-        """Close a reader that failed; on a cluster, read the layout again so the next one finds the slot's master."""
-        self._reader_ids.pop(keys.queue, None)
-        if reader is not None:
-            with contextlib.suppress(Exception):
-                await reader.aclose()
-        if refresh:
-            with contextlib.suppress(Exception):
-                await self.client.nodes_manager.initialize()
-
-    async def _unblock_readers(self, readers: list[asyncio.Task[None]]) -> None:
-        """Wake readers blocked in XREADGROUP so shutdown does not wait out BLOCK."""
-        while not all(r.done() for r in readers):
-            for client_id, node in list(self._reader_ids.values()):
-                with contextlib.suppress(Exception):
-                    if node is None:
-                        await self.client.client_unblock(client_id)
-                    else:
-                        await self.client.client_unblock(client_id, target_nodes=node)
-            await asyncio.wait(readers, timeout=0.05)
-
-    async def _wait_room(self) -> None:
+    async def wait_room(self) -> None:
         waiter = asyncio.ensure_future(self._room.wait())
         stopper = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()
         stopper.cancel()
 
-    async def _sleep_unless_stopped(self, seconds: float) -> None:
+    async def sleep_unless_stopped(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
-    def _accept(self, keys: QueueKeys, entries: list[Any], deliveries: int) -> list[Delivery] | None:
-        """Decode fetched entries; refuse the ones no handler may run, and start the others.
-
-        Refused: what cannot be decoded, a job without a valid signature when
-        the worker has signing keys (checked before its task is looked up),
-        a poison pill, an unknown task. Jobs carrying an idempotency key are
-        returned instead of run, for the caller to screen all of them with
-        one round trip (``_screen``); a batch without any costs nothing more.
-        """
-        now = time.monotonic()
-        accepted = 0
-        held = self._held
-        signer = self.signer
+    async def take(self, keys: QueueKeys, entries: list[Any]) -> None:
+        """Take in entries read from a queue: admit them, then start or queue each one."""
+        self.settler.fetched(keys, len(entries))
         keyed: list[Delivery] | None = None
-        for entry_id, fields in entries:
-            if fields is None:  # deleted while pending
-                continue
-            if entry_id in held:
-                continue  # already ours: a lease that lapsed while this worker still held the entry
-            if type(fields) is list:  # raw reply: [field, value, ...]
-                payload = fields[1] if len(fields) == 2 and fields[0] == b"j" else None
-                if payload is None:
-                    fields = dict(zip(fields[::2], fields[1::2], strict=False))
-                    payload = fields.get(b"j")
-            else:
-                payload = fields.get(b"j")
-            refuse = self.outcomes.refuse
-            if payload is None:
-                self.outcomes.refuse_foreign(keys, entry_id, fields)
-                continue
-            if len(payload) > self.max_payload_bytes:
-                refuse(keys, entry_id, payload, "oversize", "PayloadTooLarge",
-                       f"payload is {len(payload)} bytes; this worker accepts at most {self.max_payload_bytes}")
-                continue
-            try:
-                job = decode(payload)
-            except DecodeError as exc:
-                refuse(keys, entry_id, payload, "decode_failed", "DecodeError", str(exc))
-                continue
-            if signer is not None and not signer.verify(job):
-                self.outcomes.bad_signature(keys, entry_id, payload, job, signer.refusal(job))
-                continue
-            if deliveries > 1 and job.deaths + deliveries - 1 >= PANIC_AFTER_DEATHS:
-                refuse(keys, entry_id, payload, "panic", "WorkerLost",
-                       f"the job was running when its worker died {job.deaths + deliveries - 1} times", job)
-                continue
-            handler = self.registry.get(job.task)
-            if handler is None:
-                refuse(keys, entry_id, payload, "unknown_task", "UnknownTask",
-                       f"no task named {job.task!r} is registered in this worker", job)
-                continue
-            marker = None
-            if IDEMPOTENCY_KEY in job.meta:
-                try:
-                    marker = key_of(job)
-                except DecodeError as exc:
-                    refuse(keys, entry_id, payload, "decode_failed", "DecodeError", str(exc), job)
-                    continue
-            held[entry_id] = (keys, now)
-            delivery = Delivery(keys, entry_id, payload, job, handler, deliveries,
-                                budget(job, handler, self.policy), marker)
-            if marker is not None:
+        to_dispatch = False
+        stopping = self._stop.is_set()
+        for d in self.admission.admit(keys, entries):
+            if stopping:  # read while stopping (a lease pass's orphans): it must not start now
+                self._requeue(d)
+            elif d.idempotency_key is not None:
                 if keyed is None:
                     keyed = []
-                keyed.append(delivery)
-            elif handler.is_async:
-                self._inbox.append(delivery)
-                accepted += 1
+                keyed.append(d)
+            elif d.handler.is_async:
+                self._inbox.append(d)
+                to_dispatch = True
             else:
-                if self._lane is None:
-                    self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self._running_jobs)
-                self._lane.submit(delivery)
-        if accepted:
+                self._to_lane(d)
+        if to_dispatch:
             self._dispatch()
-        return keyed
-
-    async def _accept_screened(self, keys: QueueKeys, entries: list[Any], deliveries: int) -> None:
-        """``_accept``, then ``_screen`` what it returned (for entries reclaimed from dead workers)."""
-        keyed = self._accept(keys, entries, deliveries)
         if keyed:
             await self._screen(keys, keyed)
+
+    def _to_lane(self, d: Delivery) -> None:
+        if self._lane is None:
+            self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal)
+        if d.timeout is not None:
+            self._timed_sync.add(d)
+        self._lane.submit(d)
 
     async def _screen(self, keys: QueueKeys, keyed: list[Delivery]) -> None:
         """Run the keyed jobs whose key has not completed; acknowledge the others without running them.
@@ -506,7 +450,7 @@ class Worker:
         accepted = False
         for d, by in zip(keyed, done, strict=True):
             if by is not None:
-                self._held.pop(d.entry_id, None)
+                self.held.remove(d)
                 try:
                     self.outcomes.skipped(d, by)
                 except Exception as exc:  # whatever goes wrong touches this job only
@@ -517,9 +461,7 @@ class Worker:
                 self._inbox.append(d)
                 accepted = True
             else:
-                if self._lane is None:
-                    self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self._running_jobs)
-                self._lane.submit(d)
+                self._to_lane(d)
         if accepted:
             self._dispatch()
 
@@ -528,28 +470,57 @@ class Worker:
     def _dispatch(self) -> None:
         """Start waiting jobs, up to ``concurrency`` running at once, each as a task of its own.
 
-        A job's task starts eagerly: it runs in this call until the handler
-        first waits on something, so a job that never waits finishes here,
-        without a trip through the event loop (parked slot coroutines, woken
-        per batch, cost a quarter of a retried job's CPU when retries came
-        back in small batches). A job that does wait goes on as an ordinary
-        task, and the next job starts when it ends. Each job runs in its own
-        copy of the worker's context: a context variable a task sets (an
-        activated language, a logging field) ends with that job.
+        Jobs start in rounds: as many as there are free slots, announced
+        together in the start journal (one send for the round) just before
+        the first of them starts. A job's task starts eagerly: it runs in
+        this call until the handler first waits on something, so a job that
+        never waits finishes here, without a trip through the event loop
+        (parked slot coroutines, woken per batch, cost a quarter of a retried
+        job's CPU when retries came back in small batches). A job that does
+        wait goes on as an ordinary task, and the next job starts when it
+        ends. Each job runs in its own copy of the worker's context: a
+        context variable a task sets (an activated language, a logging
+        field) ends with that job.
         """
         inbox = self._inbox
         base = self._context
+        loop = self._loop
+        assert loop is not None  # set by run()
         while inbox and self._running < self.concurrency and not self._stop.is_set():
-            delivery = inbox.popleft()
-            self._running += 1
+            batch = [inbox.popleft() for _ in range(min(len(inbox), self.concurrency - self._running))]
+            started = now_ms()
+            marks: dict[str, list[bytes]] = {}
+            for d in batch:
+                d.started = started
+                ids = marks.get(d.keys.queue)
+                if ids is None:
+                    marks[d.keys.queue] = [d.entry_id]
+                else:
+                    ids.append(d.entry_id)
+            self.journal.started(marks, started)
+            for i, d in enumerate(batch):
+                if self._stop.is_set():  # a job stopped the worker: the rest of the round never started
+                    for rest in reversed(batch[i:]):
+                        rest.started = 0
+                        inbox.appendleft(rest)
+                    break
+                self._running += 1
+                run = asyncio.Task(self._run_job(d), loop=loop, context=base.copy(), eager_start=True)
+                if run.done():  # the job finished inside this call
+                    self._job_ended(run, dispatch=False)
+                else:
+                    self._jobs.add(run)
+                    run.add_done_callback(self._job_ended)
+                    if d.timeout is not None:
+                        d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000),
+                                                  self._time_out, d, run)
             if self.buffered <= self.prefetch // 2:
                 self._room.set()
-            run = asyncio.Task(self._run_job(delivery), loop=self._loop, context=base.copy(), eager_start=True)
-            if run.done():  # the job finished inside this call
-                self._job_ended(run, dispatch=False)
-            else:
-                self._jobs.add(run)
-                run.add_done_callback(self._job_ended)
+
+    def _time_out(self, d: Delivery, run: asyncio.Task[None]) -> None:
+        if not run.done():
+            d.timed_out = True
+            run.cancel()
 
     async def _run_job(self, delivery: Delivery) -> None:
         try:
@@ -560,6 +531,8 @@ class Worker:
             self._internal(delivery, "running the job", exc)
         finally:
             self._running -= 1
+            if delivery.timer is not None:
+                delivery.timer.cancel()
 
     def _job_ended(self, run: asyncio.Task[None], dispatch: bool = True) -> None:
         """Start the next waiting job; a job task that died of the worker's own error is logged and reported."""
@@ -574,26 +547,31 @@ class Worker:
 
     async def _execute(self, d: Delivery) -> None:
         job, handler = d.job, d.handler
-        started = now_ms()
-        running = self._running_jobs
-        running[d.entry_id] = (job.task, job.id, started)
+        started = d.started
         t0 = time.perf_counter()
         try:
             result = await handler.fn(*d.handler_args(self.id), **job.kwargs)
             if job.result_ttl:
                 check_json_types(result, "return value")
         except asyncio.CancelledError:
-            raise
+            task = asyncio.current_task()
+            if not d.timed_out or task is None:
+                raise
+            task.uncancel()
+            self._outcome(d, JobTimeout(d.timeout or 0), started, int((time.perf_counter() - t0) * 1000),
+                          failed=True)
+            return
         except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler fail its job, not the worker
-            running.pop(d.entry_id, None)
             self._outcome(d, exc, started, int((time.perf_counter() - t0) * 1000), failed=True)
             return
-        running.pop(d.entry_id, None)
         self._outcome(d, result, started, int((time.perf_counter() - t0) * 1000), failed=False)
 
     def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
         """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
-        self._held.pop(d.entry_id, None)
+        if not self.held.remove(d):
+            return  # written already: a sync run that passed its timeout, reporting at last
+        if d.timeout is not None:
+            self._timed_sync.discard(d)
         self.stats.processed += 1
         if self.stats.processed == self.max_jobs:
             self._recycle(f"{self.max_jobs} jobs processed (max_jobs {self.max_jobs})")
@@ -608,11 +586,11 @@ class Worker:
             self.outcomes.internal(d, "recording the outcome", exc)
 
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
-        self._held.pop(d.entry_id, None)
+        self.held.remove(d)
         self.outcomes.internal(d, doing, exc)
 
     def _requeue(self, d: Delivery) -> None:
-        self._held.pop(d.entry_id, None)
+        self.held.remove(d)
         self.outcomes.requeue(d)
 
     def _on_sync_outcomes(self, outcomes: list[Any]) -> None:
@@ -626,6 +604,31 @@ class Worker:
                 self._outcome(d, value, started, duration, failed=kind == FAILED)
         if self.buffered <= self.prefetch // 2:
             self._room.set()
+
+    async def _watch_deadlines(self) -> None:
+        """Time out sync runs past their deadline: write their outcome, and give up their thread."""
+        while True:
+            await asyncio.sleep(DEADLINE_TICK_S)
+            if not self._timed_sync:
+                continue
+            now = now_ms()
+            for d in list(self._timed_sync):
+                if d.started and d.timeout is not None and now - d.started >= d.timeout * 1000:
+                    self._sync_timed_out(d, now)
+
+    def _sync_timed_out(self, d: Delivery, now: int) -> None:
+        lane = self._lane
+        assert lane is not None  # only sync deliveries are watched
+        lane.abandon(d)
+        self._outcome(d, JobTimeout(d.timeout or 0), d.started, now - d.started, failed=True)
+        what = f"sync job {d.job.id} ({d.job.task}) ran past its timeout of {d.timeout:g} s"
+        if self.supervisor_pid is not None:
+            self._recycle(f"{what}; its thread cannot be stopped, so a fresh process takes this one's place")
+        else:
+            logger.warning("worker %s: %s; its thread cannot be stopped: it is abandoned and another takes its "
+                           "place (run under a supervisor, runworker --processes, to have the process replaced)",
+                           self.id, what)
+            lane.replace()
 
     # --- recycling --------------------------------------------------------------------
 
@@ -647,14 +650,16 @@ class Worker:
     # --- housekeeping -----------------------------------------------------------------
 
     async def _housekeeping(self) -> None:
-        last_heartbeat = last_reclaim = last_forget = 0.0
-        lease_every = max(0.05, self.visibility_timeout_ms / 3000)
+        last_lease = last_heartbeat = last_reclaim = last_forget = 0.0
+        lease_every = self._leases.every
         reclaim_every = max(0.05, min(self.visibility_timeout_ms / 2000, 15.0))
         forget_every = max(0.5, min(self.dead_worker_grace_ms / 4000, 60.0))
         while True:
             now = time.monotonic()
             try:
-                await self._leases.renew(now)
+                if now - last_lease >= lease_every:
+                    await self._keep_leases()
+                    last_lease = now
                 if now - last_heartbeat >= self.heartbeat_interval:
                     await self._heartbeat()
                     self._check_memory()
@@ -668,15 +673,25 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning("housekeeping: %s", exc)
+                logger.warning("housekeeping: %s: %s", type(exc).__name__, exc)
             self.outcomes.summarise_logs()
+            self.admission.summarise_logs()
+            self.journal.summarise_logs()
             await asyncio.sleep(min(lease_every, reclaim_every, self.heartbeat_interval))
+
+    async def _keep_leases(self) -> None:
+        """Alive keys, renewals and orphans, queue by queue (see recovery.Leases)."""
+        for keys in self.keys:
+            kept = await self._leases.keep(keys, [*self.held.by_queue(keys), *self.settler.unsettled(keys)])
+            if kept.orphans:
+                logger.warning("worker %s: %d entries on %s were pending on this worker but not held by it; taking "
+                               "them in now", self.id, len(kept.orphans), keys.queue)
+                await self.take(keys, kept.orphans)
 
     async def _reclaim(self) -> None:
         for keys in self.keys:
-            if not self._paused[keys.queue]:
-                await reclaim_abandoned(self.scripts, keys, self.id, min_idle_ms=self.visibility_timeout_ms,
-                                        room=lambda: self.prefetch - self.buffered, accept=self._accept_screened)
+            if not self.paused[keys.queue]:
+                await reclaim_abandoned(self.scripts, keys, self.id, min_idle_ms=self.visibility_timeout_ms)
 
     async def _forget_dead_workers(self) -> None:
         for keys in self.keys:
@@ -699,24 +714,26 @@ class Worker:
             pipe.exists(k.paused)
         replies = await pipe.execute()
         for k, paused in zip(self.keys, replies[1::2], strict=False):
-            if self._paused[k.queue] and not paused:
+            if self.paused[k.queue] and not paused:
                 logger.info("queue %s resumed", k.queue)
-            elif paused and not self._paused[k.queue]:
+            elif paused and not self.paused[k.queue]:
                 logger.info("queue %s is paused: not reading from it", k.queue)
-            self._paused[k.queue] = bool(paused)
+            self.paused[k.queue] = bool(paused)
 
     def _current_jobs(self) -> list[list[Any]]:
         """The longest-running jobs (task, job id, started at ms), at most CURRENT_JOBS_SHOWN of them."""
-        running = list(self._running_jobs.values())  # a copy: sync threads add and remove meanwhile
-        running.sort(key=lambda job: job[2])
-        return [list(job) for job in running[:CURRENT_JOBS_SHOWN]]
+        return [[d.job.task, d.job.id, d.started] for d in self.held.running()[:CURRENT_JOBS_SHOWN]]
 
     async def _unregister(self) -> None:
+        """Leave the workers list and drop the alive key; the start journal too, unless runs are still under way
+        (then another worker reclaims their entries, charged)."""
         try:
             pipe = self.client.pipeline(transaction=False)
             for k in self.keys:
                 pipe.hdel(k.workers, self.id)
+                pipe.delete(k.alive(self.id))
+                if not self.in_flight:
+                    pipe.delete(k.running(self.id))
             await pipe.execute()
         except Exception:
             pass
-

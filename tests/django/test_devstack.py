@@ -100,6 +100,10 @@ def test_devstack_serves_the_console_runs_a_worker_and_stops_cleanly(tmp_path, s
     client = redis_lib.Redis(port=redis_port, socket_connect_timeout=1)
     started: dict[int, str] = {}
     try:
+        # The console's address is printed once the web server answers, so a connection made then succeeds.
+        _wait(lambda: "Chasqui's console is at" in log.read_text(), 90, "the console's address", proc, log)
+        socket.create_connection(("127.0.0.1", web_port), timeout=1).close()
+        assert f"Chasqui's console is at http://127.0.0.1:{web_port}/" in log.read_text()
         assert _wait(lambda: _login_page_status(web_port), 90, "the console's login page", proc, log) == 200
         workers_key = QueueKeys.for_queue("emails").workers
 

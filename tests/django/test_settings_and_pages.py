@@ -170,7 +170,7 @@ def test_ensure_admin_creates_the_user_once(db, django_user_model, tmp_path: Pat
     output = _ensure_admin(password_file)
     first_line = output.splitlines()[0]
     assert first_line.startswith("Admin login: admin / ")
-    assert first_line.endswith("  (http://127.0.0.1:8000/admin/)")
+    assert first_line.endswith("  (for the console; `make run` prints its address once it answers)")
     password = first_line.removeprefix("Admin login: admin / ").split("  (")[0]
 
     admin = django_user_model.objects.get(username="admin")

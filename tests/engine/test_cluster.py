@@ -102,7 +102,7 @@ def test_one_worker_runs_queues_on_three_masters_with_retries_delays_and_the_dlq
         # pause one queue: its jobs wait; replay its dead job once it is resumed
         paused = names[0]
         assert stats.pause(client, paused)
-        wait_for(lambda: worker.worker._paused[paused], 10, "the worker to see the pause")
+        wait_for(lambda: worker.worker.paused[paused], 10, "the worker to see the pause")
         time.sleep(0.5)  # a read already blocked when the pause was seen ends (block_ms 200)
         Queue(paused, redis_client=client).add("flaky", [f"{paused}:while-paused"])
         time.sleep(0.5)

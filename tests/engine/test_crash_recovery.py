@@ -116,7 +116,9 @@ def test_job_that_kills_its_worker_twice_is_dead_lettered_as_panic(redis, worker
     assert [(r.job_id, r.attempt) for r in runs] == [(job.job_id, 1), (job.job_id, 2)]
     [entry] = dlq_entries(redis, "c-panic")
     assert entry["reason"] == b"panic"
-    assert entry["source_id"].decode() == job.entry_id
+    assert entry["job_id"].decode() == job.job_id
     assert entry["error_class"] == b"WorkerLost"
-    assert decode(entry["j"]).id == job.job_id
+    dead = decode(entry["j"])
+    assert dead.id == job.job_id and (dead.attempt, dead.deaths) == (2, 2)
+    assert [(e["attempt"], e["class"]) for e in dead.errors] == [(1, "WorkerLost"), (2, "WorkerLost")]
     assert started[-1].poll() is None, "the third worker never ran it"

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.connection import aconnect, connect
 from chasqui_core.engine.dlq.entries import REASONS
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.fingerprint import fingerprint
@@ -21,8 +21,10 @@ from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, 
 from chasqui_core.engine.errors import JobNotFound, UnrecoverableError
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.recovery import reclaim_abandoned
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy
+from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.worker import Worker
 
 Q = "dlqtest"
@@ -88,6 +90,19 @@ def dl(redis):
 
 
 # --- running a real worker --------------------------------------------------------
+
+
+def reclaim_abandoned_now(redis_url, keys, *, min_idle_ms):
+    """One reclaim pass, as any live worker runs it, by a consumer of its own."""
+
+    async def main():
+        client = aconnect(redis_url)
+        try:
+            return await reclaim_abandoned(Scripts(client), keys, "reclaimer", min_idle_ms=min_idle_ms)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
 
 
 def run_worker(redis_url, registry, until, *, timeout=20.0, **options):
@@ -178,31 +193,38 @@ def test_replay_granting_one_more_attempt(redis, redis_url, dl):
     assert again.job.replays == 1
 
 
-def test_panic_from_a_dead_worker_gets_a_worker_lost_record(redis, redis_url, dl):
+def test_panic_from_dead_workers_is_dead_lettered_with_a_worker_lost_record_per_lost_run(redis, redis_url, dl):
     enq = Queue(Q, redis_client=redis).add("media.transcode", ["big.mov"])
     redis.xgroup_create(KEYS.stream, GROUP, id="0", mkstream=True)
-    # Two workers took the job and vanished: two deliveries, never settled.
-    redis.xreadgroup(GROUP, "ghost-1", {KEYS.stream: ">"}, count=1)
-    redis.xclaim(KEYS.stream, GROUP, "ghost-2", 0, [enq.entry_id])
-    run_worker(redis_url, HandlerRegistry(), lambda: redis.xlen(KEYS.dlq) == 1, visibility_timeout_ms=200)
+    # Two workers ran the job in turn and vanished mid-run: each wrote its start journal, neither is alive.
+    for ghost in ("ghost-1", "ghost-2"):
+        [(_, [(entry_id, _)])] = redis.xreadgroup(GROUP, ghost, {KEYS.stream: ">"}, count=1)
+        redis.hset(KEYS.running(ghost), entry_id, now_ms() - 1000)
+        time.sleep(0.25)
+        reclaim_abandoned_now(redis_url, KEYS, min_idle_ms=200)
+    ran = []
+    registry = HandlerRegistry()
+    registry.register("media.transcode", lambda *a: ran.append(a))
+    run_worker(redis_url, registry, lambda: redis.xlen(KEYS.dlq) == 1, visibility_timeout_ms=200)
 
+    assert ran == [], "a poison pill never runs a third time"
     [raw_id] = [eid for eid, _ in redis.xrange(KEYS.dlq)]
-    assert redis.xrange(KEYS.dlq)[0][1][b"job_id"] == b""  # written by reclaim.lua without a job id
     dead = dl.get(raw_id.decode())
     assert (dead.reason, dead.job_id, dead.task) == ("panic", enq.job_id, "media.transcode")
-    last = dead.errors[-1]
-    assert last["class"] == "WorkerLost" and last["message"] == dead.error and last["deliveries"] == 3
-    assert len(dead.errors) == 1
+    assert [(e["attempt"], e["class"], e["worker"]) for e in dead.errors] == [
+        (1, "WorkerLost", "ghost-1"), (2, "WorkerLost", "ghost-2")]
+    assert dead.error == "the job was running when its worker died 2 times"
     assert DLQFilter(task="media.transcode").matches(dead)
     assert dl.page(filter=DLQFilter(task="media.transcode")).items[0].entry_id == dead.entry_id
     assert dl.find_by_job_id(enq.job_id).entry_id == dead.entry_id
 
-    # The record travels with the replay, and a second death adds a second one.
+    # The records travel with the replay; a panic entry of an older release (written by reclaim.lua, with a
+    # delivery count and no record) gets one synthesised.
     assert dl.replay([dead.entry_id]) == 1
     [back] = stream_jobs(redis)
-    assert [e["class"] for e in back.errors] == ["WorkerLost"]
+    assert [e["class"] for e in back.errors] == ["WorkerLost", "WorkerLost"]
     second = dl.get(add_dead(redis, back, lua_panic=True))
-    assert [(e["class"], e["replays"]) for e in second.errors] == [("WorkerLost", 0), ("WorkerLost", 1)]
+    assert [(e["class"], e["replays"]) for e in second.errors] == [("WorkerLost", 0)] * 2 + [("WorkerLost", 1)]
 
     # A history that already ends with this death's record is not extended.
     recorded = dead_job(messages=("lost",), cls="WorkerLost")

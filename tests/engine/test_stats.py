@@ -209,7 +209,8 @@ def test_real_worker_shows_up_with_its_running_job(redis, redis_url):
         assert started.wait(15), "the worker never started the job"
         deadline = time.monotonic() + 15
         qs = stats.queue_stats(redis, "live")
-        while qs.in_flight != 1 and time.monotonic() < deadline:
+        # a heartbeat may be written between the job's hand-over and its start: wait for one that lists it
+        while (qs.in_flight != 1 or not stats.workers(redis, "live")[0].current) and time.monotonic() < deadline:
             time.sleep(0.05)
             qs = stats.queue_stats(redis, "live")
         assert (qs.workers, qs.in_flight, qs.pending, qs.stream_length) == (1, 1, 1, 1)

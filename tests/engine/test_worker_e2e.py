@@ -204,7 +204,8 @@ async def test_events_and_counters_add_up(redis, redis_url):
         for key in redis.scan_iter(f"{prefix}*"):
             totals.update({k.decode(): int(v) for k, v in redis.hgetall(key).items()})
         assert totals == Counter(enqueued=45, completed=successes, retried=retries, failed=retries + dead,
-                                 dlq=dead, promoted=retries), prefix
+                                 dlq=dead, promoted=retries, fetched=45 + retries,
+                                 **{"dlq:retries_exhausted": dead}), prefix
 
     # the in-process subscriber
     scheduled = [e for e in received if e.type == events.RETRY_SCHEDULED]

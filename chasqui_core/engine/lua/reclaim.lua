@@ -1,57 +1,88 @@
--- Take over deliveries whose worker stopped answering (crash recovery).
+-- Take back the entries of workers that died (crash recovery).
 --
--- XAUTOCLAIM claims entries idle longer than the visibility timeout; their
--- delivery counts say how many runs were lost. An entry delivered more than
--- the allowed number of times killed its workers: it goes to the dead-letter
--- queue as a poison pill ("panic") in the same call, never to a worker again.
+-- An entry pending on a consumer idle past the visibility timeout is taken
+-- only when that consumer's alive key is gone (lease.lua keeps it while the
+-- worker lives): a slow worker keeps its jobs. Each entry taken goes back to
+-- the stream's tail as a new entry, in one step (XACK, XDEL, XADD), so any
+-- worker reads it as an ordinary job.
 --
--- KEYS[1] stream   KEYS[2] dlq   KEYS[3] events
--- ARGV[1] consumer group    ARGV[2] claiming consumer
--- ARGV[3] min idle ms       ARGV[4] most entries to claim
--- ARGV[5] scan cursor (start id, "0-0" at first)
--- ARGV[6] deliveries allowed before an entry counts as a poison pill
--- ARGV[7] prefix of the metrics counters   ARGV[8] approximate cap of the events stream
--- Returns {next cursor, flat list of claimed entries: id, fields (array), deliveries}
+-- Only a run that was under way is lost: the dead worker's start journal
+-- (its running hash, written before each handler started) says which. Such
+-- an entry carries a `lost` field, one line per lost run appended to any it
+-- had: "<worker>\t<started ms>\t<lost at ms>". The worker that reads it
+-- charges each line to the job as a run (attempt, deaths, error history)
+-- and applies the attempt budget and the poison-pill rule (see retry.py):
+-- one rule, in one place. An entry fetched but never started goes back
+-- exactly as it was, uncharged.
+--
+-- KEYS[1] stream
+-- ARGV[1] consumer group   ARGV[2] claiming consumer (its own entries are the lease pass's)
+-- ARGV[3] min idle ms      ARGV[4] most pending entries to look at
+-- ARGV[5] first id to look at ('-' at first, then '(' .. the last id returned)
+-- ARGV[6] the queue's key prefix ({chasqui:<q>}:), for <prefix>alive:<worker> and <prefix>running:<worker>
+-- ARGV[7] prefix of the metrics counters
+-- Returns {last id looked at or '' when the scan is done,
+--          flat list of entries put back: old id, new id, 1 when a lost run was charged else 0}
 --
 -- Calls server_ms and bump_counters from prelude.lua.
 
-local stream, dlq, events = KEYS[1], KEYS[2], KEYS[3]
-local group, consumer = ARGV[1], ARGV[2]
-local max_deliveries = tonumber(ARGV[6])
-local mprefix, evcap = ARGV[7], ARGV[8]
-local res = redis.call('XAUTOCLAIM', stream, group, consumer, ARGV[3], ARGV[5], 'COUNT', ARGV[4])
+local stream = KEYS[1]
+local group, me, prefix = ARGV[1], ARGV[2], ARGV[6]
+local pending = redis.call('XPENDING', stream, group, 'IDLE', ARGV[3], ARGV[5], '+', ARGV[4])
+local now = server_ms()
+local alive = {}
 local out = {}
-local panics = 0
-for _, entry in ipairs(res[2]) do
-  local id, fields = entry[1], entry[2]
-  if not fields or fields == false then
-    -- entry deleted while pending (Redis 6.2 reports it this way): nothing to run
-    redis.call('XACK', stream, group, id)
-  else
-    local p = redis.call('XPENDING', stream, group, id, id, 1)
-    local deliveries = 1
-    if #p > 0 then deliveries = tonumber(p[1][4]) end
-    if deliveries > max_deliveries then
-      local payload, task, job_id = '', '', ''
-      for k = 1, #fields, 2 do
-        if fields[k] == 'j' then payload = fields[k + 1] end
-      end
+local recovered, lost = 0, 0
+local last = ''
+for _, p in ipairs(pending) do
+  local id, owner = p[1], p[2]
+  last = id
+  if owner ~= me then
+    if alive[owner] == nil then
+      alive[owner] = redis.call('EXISTS', prefix .. 'alive:' .. owner) == 1
+    end
+    if not alive[owner] then
+      local e = redis.call('XRANGE', stream, id, id)
       redis.call('XACK', stream, group, id)
-      redis.call('XDEL', stream, id)
-      redis.call('XADD', dlq, '*', 'j', payload, 'reason', 'panic', 'task', '', 'job_id', '',
-        'source_id', id, 'error_class', 'WorkerLost',
-        'error', 'the job was running when its worker died ' .. (deliveries - 1) .. ' times',
-        'deliveries', deliveries)
-      redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'reason', 'panic', 'source_id', id)
-      panics = panics + 1
-    else
-      out[#out + 1] = id
-      out[#out + 1] = fields
-      out[#out + 1] = deliveries
+      if #e > 0 then
+        local running = prefix .. 'running:' .. owner
+        local started = redis.call('HGET', running, id)
+        local fields, line, had = e[1][2], nil, false
+        if started then
+          line = owner .. '\t' .. started .. '\t' .. now
+          redis.call('HDEL', running, id)
+        end
+        local copy = {}
+        for k = 1, #fields, 2 do
+          local name, value = fields[k], fields[k + 1]
+          if name == 'lost' then
+            had = true
+            if line then value = value .. '\n' .. line end
+          end
+          copy[#copy + 1] = name
+          copy[#copy + 1] = value
+        end
+        if line and not had then
+          copy[#copy + 1] = 'lost'
+          copy[#copy + 1] = line
+        end
+        redis.call('XDEL', stream, id)
+        local new_id = redis.call('XADD', stream, '*', unpack(copy))
+        out[#out + 1] = id
+        out[#out + 1] = new_id
+        if line then
+          out[#out + 1] = 1
+          lost = lost + 1
+        else
+          out[#out + 1] = 0
+          recovered = recovered + 1
+        end
+      end
     end
   end
 end
-if panics > 0 then
-  bump_counters(mprefix, server_ms(), {'dlq', panics})
+if recovered + lost > 0 then
+  bump_counters(ARGV[7], now, {'recovered', recovered, 'lost', lost})
 end
-return {res[1], out}
+if #pending < tonumber(ARGV[4]) then last = '' end
+return {last, out}

@@ -11,6 +11,8 @@
 -- one XDEL at the end: a command per entry costs more than the deletion.
 --
 -- KEYS[1] stream   KEYS[2] delayed   KEYS[3] dlq   KEYS[4] events
+-- KEYS[5] the settling worker's start journal ({chasqui:<q>}:running:<worker>):
+--         every entry this call settles loses its mark there
 -- ARGV[1] consumer group
 -- ARGV[2] prefix of the metrics counters ({chasqui:<q>}:m:): the time buckets,
 --         the all-time counters and the run-duration histogram <prefix>durations
@@ -41,12 +43,13 @@
 -- then    number of skipped jobs K and, when K > 0, one msgpack array of 5 items
 --         per job laid flat: stream id, job id, task, idempotency key, id of the
 --         job that completed the key
+-- then    number of entries fetched since the last call (the `fetched` counter)
 -- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1,
 --          problems: a list of "stream id or result key: what went wrong" for items
 --          that could not be applied as asked, skipped}
 --
--- Dead jobs whose reason is bad_signature are also counted as `bad_signature`,
--- skipped ones as `skipped`, beside the usual counters.
+-- Dead jobs are counted as `dlq` and per reason as `dlq:<reason>`; those whose
+-- reason is bad_signature also as `bad_signature`, skipped ones as `skipped`.
 --
 -- One bad item never fails the batch: a result that cannot be stored is
 -- skipped and reported, and a retry whose delay is not a number goes to the
@@ -56,7 +59,7 @@
 --
 -- Calls server_ms, bump_counters and durations_key from prelude.lua.
 
-local stream, delayed, dlq, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local stream, delayed, dlq, events, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
 local now = server_ms()
 local i = 5
@@ -72,11 +75,18 @@ local function settle(id)
   return false
 end
 
--- XDEL the ids, in chunks to stay clear of Lua's unpack limit
+-- XDEL the ids and drop their journal marks, in chunks to stay clear of Lua's unpack limit
 local function delete(ids)
   for s = 1, #ids, 4000 do
     redis.call('XDEL', stream, unpack(ids, s, math.min(s + 3999, #ids)))
+    redis.call('HDEL', running, unpack(ids, s, math.min(s + 3999, #ids)))
   end
+end
+
+-- dead jobs per reason, for the dlq:<reason> counters
+local reasons = {}
+local function count_reason(reason)
+  reasons[reason] = (reasons[reason] or 0) + 1
 end
 
 
@@ -91,6 +101,7 @@ if c > 0 then
     local e = math.min(s + 3999, #ids)
     completed = completed + redis.call('XACK', stream, group, unpack(ids, s, e))
     redis.call('XDEL', stream, unpack(ids, s, e))
+    redis.call('HDEL', running, unpack(ids, s, e))
   end
   i = i + 1
   if ARGV[4] ~= '' and completed > 0 then
@@ -136,6 +147,7 @@ if n > 0 then
         redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', job_id, 'task', task,
           'reason', 'internal', 'error_class', 'InvalidRetry', 'error', why, 'duration_ms', duration)
         internal = internal + 1
+        count_reason('internal')
       end
     elseif settle(id) then
       local at = now + delay
@@ -173,6 +185,7 @@ if d > 0 then
       dead = dead + 1
       failed_dead = failed_dead + (tonumber(r[j + 7]) or 0)
       if r[j + 2] == 'bad_signature' then bad_signature = bad_signature + 1 end
+      count_reason(r[j + 2])
       redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', r[j + 4], 'task', r[j + 3],
         'reason', r[j + 2], 'error_class', r[j + 5], 'error', r[j + 6], 'duration_ms', r[j + 8])
     end
@@ -234,9 +247,17 @@ if s > 0 then
   end
 end
 
+local fetched = tonumber(ARGV[i]) or 0
+i = i + 1
+
 delete(acked)
 
 local failed = retried + failed_dead
-bump_counters(mprefix, now, {'completed', completed, 'failed', failed, 'retried', retried, 'dlq', dead,
-  'skipped', skipped, 'bad_signature', bad_signature})
+local counts = {'completed', completed, 'failed', failed, 'retried', retried, 'dlq', dead,
+  'skipped', skipped, 'bad_signature', bad_signature, 'fetched', fetched}
+for reason, n in pairs(reasons) do
+  counts[#counts + 1] = 'dlq:' .. reason
+  counts[#counts + 1] = n
+end
+bump_counters(mprefix, now, counts)
 return {now, completed, retried, dead, requeued, earliest, problems, skipped}

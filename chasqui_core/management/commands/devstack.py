@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +27,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from chasqui_core.engine.embedded import EmbeddedValkey
 
 POLL_INTERVAL = 0.2
+WEB_START_TIMEOUT = 60.0
+"""Seconds to wait for the web server to answer before saying so (printing the console's address waits for it)."""
 SAME_REQUEST_WINDOW = 1.0
 """Seconds within which a repeated stop signal is taken as the same request, not as "stop now".
 
@@ -65,6 +68,11 @@ class Child:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+
+def _browsable(host: str) -> str:
+    """The address a browser on this machine opens for a server bound to ``host`` (any interface: loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
 def start_ignoring_ctrl_c(server: EmbeddedValkey) -> str:
@@ -158,13 +166,16 @@ class Command(BaseCommand):
             for child in children:
                 if self._stop_signal is None:
                     child.start(env, settings.BASE_DIR)
-            self.stdout.write(
-                self.style.SUCCESS(
-                    f"Chasqui is running on http://{options['host']}:{options['port']}/ "
-                    f"with a worker for {', '.join(queues)}. Press Ctrl+C to stop."
-                )
-            )
-            failed = self._supervise(children)
+            failed = self._wait_for_web(children[0], options["host"], options["port"])
+            if failed is None:
+                if self._stop_signal is None:
+                    self.stdout.write(
+                        self.style.SUCCESS(
+                            f"Chasqui's console is at http://{_browsable(options['host'])}:{options['port']}/ "
+                            f"(a worker runs for {', '.join(queues)}). Press Ctrl+C to stop."
+                        )
+                    )
+                failed = self._supervise(children)
             self._stop_children(children, options["shutdown_timeout"])
             if failed is not None:
                 raise CommandError(
@@ -189,6 +200,29 @@ class Command(BaseCommand):
         elif time.monotonic() - self._stop_requested_at >= SAME_REQUEST_WINDOW:
             # A second Ctrl+C means "now": skip the graceful wait.
             self._force = True
+
+    def _wait_for_web(self, web: Child, host: str, port: int) -> Child | None:
+        """Wait until the web server accepts connections, so the address printed next answers at once.
+
+        Returns the web server if it died first, None once it answers (or a stop
+        signal came). A server still silent after ``WEB_START_TIMEOUT`` is
+        reported, and waited for no longer: it may be busy, not broken.
+        """
+        deadline = time.monotonic() + WEB_START_TIMEOUT
+        while self._stop_signal is None:
+            if not web.running:
+                return web
+            try:
+                socket.create_connection((_browsable(host), port), timeout=POLL_INTERVAL).close()
+                return None
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stderr.write(f"The web server has not answered on port {port} after {WEB_START_TIMEOUT:g}s; "
+                                  "still waiting for it.")
+                return None
+            time.sleep(POLL_INTERVAL)
+        return None
 
     def _supervise(self, children: list[Child]) -> Child | None:
         """Wait for a stop signal (return None) or a child's death (return it)."""

@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 USERNAME = "admin"
-ADMIN_URL = "http://127.0.0.1:8000/admin/"
+WHERE = "for the console; `make run` prints its address once it answers"
 
 
 def default_password_file() -> Path:
@@ -53,7 +53,7 @@ class Command(BaseCommand):
         if User._default_manager.filter(**{User.USERNAME_FIELD: USERNAME}).exists():
             if password_file.exists():
                 self.stdout.write(
-                    f"Admin login: {USERNAME} / password saved in {password_file}  ({ADMIN_URL})"
+                    f"Admin login: {USERNAME} / password saved in {password_file}  ({WHERE})"
                 )
             else:
                 self.stdout.write(
@@ -71,6 +71,6 @@ class Command(BaseCommand):
             )
         write_private_file(password_file, password + "\n")
         self.stdout.write(
-            self.style.SUCCESS(f"Admin login: {USERNAME} / {password}  ({ADMIN_URL})")
+            self.style.SUCCESS(f"Admin login: {USERNAME} / {password}  ({WHERE})")
         )
         self.stdout.write(f"(password saved in {password_file})")

@@ -5,8 +5,9 @@ becomes a supervisor (chasqui_core/supervisor.py) and runs the worker itself in
 N child processes: the same command, with ``--processes 1``, told by its
 environment who supervises it.
 
-Channels ships a ``runworker`` command too; ours wins because chasqui_core comes
-first in INSTALLED_APPS.
+Channels ships a ``runworker`` command too; ours wins when chasqui_core is listed
+above channels in INSTALLED_APPS, and the ``chasqui.E004`` system check stops
+every command (Channels' ``runworker`` included) with that fix when it is not.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, SupervisedChild, Supervi
 from chasqui_core.task_runner import build_registry
 
 WORKER_OPTIONS = ("concurrency", "batch_size", "max_attempts", "backoff", "visibility_timeout", "poll_interval",
-                  "shutdown_timeout", "max_jobs", "max_memory")
+                  "shutdown_timeout", "timeout", "max_jobs", "max_memory")
 """Options a supervisor hands on to its children as they were given."""
 
 
@@ -86,6 +87,10 @@ class Command(BaseCommand):
                             help="Milliseconds before a silent worker's jobs are reclaimed")
         parser.add_argument("--poll-interval", type=float, help="Promoter poll interval in seconds (default 0.1)")
         parser.add_argument("--shutdown-timeout", type=float, help="Seconds to let running jobs finish on SIGTERM")
+        parser.add_argument("--timeout", type=float,
+                            help="Seconds a run may take when neither the job nor its task sets a timeout "
+                                 "(default: settings.CHASQUI['JOB_TIMEOUT'], else no limit). An async run is "
+                                 "cancelled; a sync run is charged and its process replaced under a supervisor")
         parser.add_argument("--no-schedules", action="store_true",
                             help="Do not fire settings.CHASQUI['SCHEDULES'] from this worker (by default every "
                                  "worker may, and one at a time does)")
@@ -123,8 +128,9 @@ class Command(BaseCommand):
                 backoff = coerce_backoff(int(raw) if raw.isdigit() else raw) or backoff
             except (TypeError, ValueError) as exc:
                 raise CommandError(f"--backoff: {exc}") from None
-        if options["shutdown_timeout"] is not None and options["shutdown_timeout"] <= 0:
-            raise CommandError(f"--shutdown-timeout must be above 0, got {options['shutdown_timeout']}")
+        for key in ("shutdown_timeout", "timeout"):
+            if options[key] is not None and options[key] <= 0:
+                raise CommandError(f"--{key.replace('_', '-')} must be above 0, got {options[key]}")
         try:
             schedules = [] if options["no_schedules"] else list(configured_schedules().values())
         except ImproperlyConfigured as exc:
@@ -151,6 +157,7 @@ class Command(BaseCommand):
             promoter_poll_interval=options["poll_interval"] or conf.PROMOTER_POLL_INTERVAL,
             promoter_lock_ttl_ms=conf.PROMOTER_LOCK_TTL_MS,
             shutdown_timeout=options["shutdown_timeout"] or conf.SHUTDOWN_TIMEOUT,
+            job_timeout=options["timeout"] or conf.JOB_TIMEOUT,
             max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
             dead_worker_grace_ms=conf.DEAD_WORKER_GRACE_MS,
             max_jobs=options["max_jobs"],

@@ -1,0 +1,326 @@
+"""Every job accounted for: delivery identity, crash charges, liveness, pickup rules and timeouts.
+
+Each test here failed on the worker as it was before deliveries were named by
+(queue, entry id), crashes were charged from the start journal and liveness
+was judged by alive keys. Dead workers are played by "ghost" consumers: a
+plain client that reads entries (XREADGROUP) and, for a run under way, writes
+the start journal as a worker does, then never answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from contextlib import contextmanager, suppress
+
+import pytest
+
+from chasqui_core.engine.backoff import BackoffSpec
+from chasqui_core.engine.connection import aconnect
+from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, now_ms
+from chasqui_core.engine.errors import RetryAfter
+from chasqui_core.engine.keys import GROUP, QueueKeys
+from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.recovery import reclaim_abandoned
+from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.retry import RetryPolicy, decide
+from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.worker import Worker
+from tests.engine.worker_app import wait_for
+
+
+@contextmanager
+def running(redis_url, queues, registry, **options):
+    """A real worker on its own thread and loop for the block's length; stopped (and checked) at the end."""
+    options = {"concurrency": 4, "block_ms": 50, "install_signal_handlers": False, "heartbeat_interval": 0.2,
+               "promoter_poll_interval": 0.05, "shutdown_timeout": 5, **options}
+    worker = Worker(list(queues), registry, url=redis_url, **options)
+    thread = threading.Thread(target=worker.run_sync, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive(), "the worker did not stop"
+
+
+def recorder():
+    """A registry whose tasks record each run: (task, job id, attempt)."""
+    runs: list[tuple[str, str, int]] = []
+    registry = HandlerRegistry()
+
+    def make(name, fail=False):
+        def handler(ctx, *args):
+            runs.append((name, ctx.job.id, ctx.attempt))
+            if fail:
+                raise ValueError(f"{name} fails")
+        registry.register(name, handler, takes_context=True)
+
+    return runs, registry, make
+
+
+def reclaim_now(redis_url, keys: QueueKeys, *, min_idle_ms: int):
+    """One reclaim pass, as any live worker runs it (a consumer that reads nothing itself)."""
+
+    async def main():
+        client = aconnect(redis_url)
+        try:
+            return await reclaim_abandoned(Scripts(client), keys, "mover", min_idle_ms=min_idle_ms)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+def payload(queue: str, task: str, **options) -> bytes:
+    return Queue(queue, url="redis://unused").build(JobSpec(task, **options)).payload
+
+
+def pending(redis, keys: QueueKeys) -> int:
+    try:
+        return int(redis.xpending(keys.stream, GROUP)["pending"])
+    except Exception:
+        return 0
+
+
+def ghost_reads(redis, keys: QueueKeys, ghost: str, count: int = 100, *, running: int = 0) -> list[bytes]:
+    """A consumer that reads entries and dies; the first ``running`` of them it had started (journal written)."""
+    with suppress(Exception):
+        redis.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
+    reply = redis.xreadgroup(GROUP, ghost, {keys.stream: ">"}, count=count)
+    ids = [entry_id for _, entries in reply for entry_id, _ in entries]
+    for entry_id in ids[:running]:
+        redis.hset(keys.running(ghost), entry_id, now_ms() - 500)
+    return ids
+
+
+def dlq(redis, keys: QueueKeys) -> list[dict[bytes, bytes]]:
+    return [fields for _, fields in redis.xrange(keys.dlq)]
+
+
+# --- 1. delivery identity ---------------------------------------------------------------------------------
+
+
+def test_two_queues_holding_the_same_entry_ids_both_run_at_first_delivery(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    a, b = QueueKeys.for_queue("same-a"), QueueKeys.for_queue("same-b")
+    for keys in (a, b):
+        for seq in range(1, 6):
+            redis.xadd(keys.stream, {"j": payload(keys.queue, "t")}, id=f"1-{seq}")
+    with running(redis_url, ["same-a", "same-b"], registry, visibility_timeout_ms=30_000):
+        # far sooner than any reclaim pass (visibility 30 s): each entry ran on its first delivery
+        wait_for(lambda: len(runs) == 10, 10, "all ten jobs to run")
+        wait_for(lambda: pending(redis, a) == pending(redis, b) == 0, 5, "nothing left pending")
+        assert redis.xlen(a.stream) == redis.xlen(b.stream) == 0
+    assert len({job_id for _, job_id, _ in runs}) == 10
+    assert dlq(redis, a) == dlq(redis, b) == []
+
+
+def test_two_reclaimed_entries_sharing_an_id_both_run_uncharged(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    a, b = QueueKeys.for_queue("reclaim-a"), QueueKeys.for_queue("reclaim-b")
+    for keys in (a, b):
+        redis.xadd(keys.stream, {"j": payload(keys.queue, "t")}, id="1-1")
+        ghost_reads(redis, keys, "ghost")  # fetched, never started
+    time.sleep(0.3)
+    with running(redis_url, ["reclaim-a", "reclaim-b"], registry, visibility_timeout_ms=250):
+        wait_for(lambda: len(runs) == 2, 10, "both reclaimed jobs to run")
+        wait_for(lambda: pending(redis, a) == pending(redis, b) == 0, 5, "nothing left pending")
+    assert sorted(attempt for _, _, attempt in runs) == [1, 1], "never started: not charged"
+    assert dlq(redis, a) == dlq(redis, b) == []
+
+
+# --- 2. crash charges --------------------------------------------------------------------------------------
+
+
+def test_a_lost_run_on_a_budget_of_one_is_dead_lettered_not_run_again(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("budget-1")
+    job_id = Queue(keys.queue, redis_client=redis).add("t", attempts=1).job_id
+    ghost_reads(redis, keys, "ghost", running=1)
+    time.sleep(0.3)
+    with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
+        wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the job to be dead-lettered")
+    assert runs == [], "its one run was the lost one"
+    [entry] = dlq(redis, keys)
+    assert (entry[b"reason"], entry[b"error_class"], entry[b"job_id"].decode()) == (
+        b"retries_exhausted", b"WorkerLost", job_id)
+    job = decode(entry[b"j"])
+    assert (job.attempt, job.deaths) == (1, 1)
+    [lost] = job.errors
+    assert (lost["attempt"], lost["class"], lost["worker"]) == (1, "WorkerLost", "ghost")
+    assert "worker lost" in lost["message"] and lost["finished_at"] >= lost["started_at"] > 0
+
+
+def test_two_failures_then_a_lost_run_spend_a_budget_of_three(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("budget-3")
+    errors = [error_record(attempt=n, exc_class="ValueError", message="no", traceback="", worker="w",
+                           started_at=1, finished_at=2, backoff_ms=0) for n in (1, 2)]
+    job = Job(new_job_id(), "t", [], {}, attempt=2, created_at=now_ms(), max_attempts=3, errors=errors)
+    redis.xadd(keys.stream, {"j": job.encode()})
+    ghost_reads(redis, keys, "ghost", running=1)
+    time.sleep(0.3)
+    with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
+        wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the job to be dead-lettered")
+    assert runs == [], "a fourth run would exceed the budget of three"
+    [entry] = dlq(redis, keys)
+    assert entry[b"reason"] == b"retries_exhausted"
+    assert [e["class"] for e in decode(entry[b"j"]).errors] == ["ValueError", "ValueError", "WorkerLost"]
+
+
+def test_only_the_jobs_a_dead_worker_was_running_are_charged(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("charged")
+    q = Queue(keys.queue, redis_client=redis)
+    ids = [q.add("t").job_id for _ in range(6)]
+    ghost_reads(redis, keys, "ghost", running=1)  # it had started the first of the six it fetched
+    time.sleep(0.3)
+    with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
+        wait_for(lambda: len(runs) == 6, 10, "all six jobs to run")
+        wait_for(lambda: pending(redis, keys) == 0, 5, "nothing left pending")
+    attempts = {job_id: attempt for _, job_id, attempt in runs}
+    assert attempts == {ids[0]: 2, **{job_id: 1 for job_id in ids[1:]}}
+    assert redis.hlen(keys.running("ghost")) == 0, "the dead worker's journal is emptied as it is reclaimed"
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.totals).items()}
+    assert (totals["lost"], totals["recovered"], totals["completed"]) == (1, 5, 6)
+
+
+def test_a_live_worker_keeps_its_entries_however_long_they_sit_idle(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("alive")
+    Queue(keys.queue, redis_client=redis).add("t")
+    ghost_reads(redis, keys, "busy", running=1)
+    redis.set(keys.alive("busy"), "1", px=60_000)  # its lease pass ran: it lives, only slowly
+    with running(redis_url, [keys.queue], registry, visibility_timeout_ms=200):
+        time.sleep(1.5)  # seven visibility timeouts
+        assert runs == [] and pending(redis, keys) == 1, "a live worker's job was taken over"
+        redis.delete(keys.alive("busy"))  # now it is gone
+        wait_for(lambda: len(runs) == 1, 10, "the job to be reclaimed once its worker died")
+    assert runs[0][2] == 2
+
+
+def test_a_crash_loop_becomes_a_panic_after_two_deaths_and_the_job_never_runs_again(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("panic")
+    Queue(keys.queue, redis_client=redis).add("t", attempts=5)
+    for ghost in ("ghost-1", "ghost-2"):
+        ghost_reads(redis, keys, ghost, running=1)
+        time.sleep(0.3)
+        [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
+        assert moved.charged
+    with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
+        wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the poison pill to be dead-lettered")
+    assert runs == []
+    [entry] = dlq(redis, keys)
+    assert entry[b"reason"] == b"panic"
+    assert [e["worker"] for e in decode(entry[b"j"]).errors] == ["ghost-1", "ghost-2"]
+
+
+# --- 5. pickup rules and small gaps --------------------------------------------------------------------------
+
+
+def test_envelopes_no_producer_wrote_are_dead_lettered_as_invalid(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("invalid")
+    spent = Job(new_job_id(), "t", [], {}, attempt=3, created_at=now_ms(), max_attempts=3)
+    future = Job(new_job_id(), "t", [], {}, created_at=now_ms() + 10 * 24 * 3600 * 1000)
+    for job in (spent, future):
+        redis.xadd(keys.stream, {"j": job.encode()})
+    with running(redis_url, [keys.queue], registry):
+        wait_for(lambda: redis.xlen(keys.dlq) == 2, 10, "both to be dead-lettered")
+    assert runs == []
+    reasons = {decode(e[b"j"]).id: (e[b"reason"], e[b"error"].decode()) for e in dlq(redis, keys)}
+    assert reasons[spent.id][0] == reasons[future.id][0] == b"invalid"
+    assert "3 runs were made, and the budget is 3" in reasons[spent.id][1]
+    assert "ahead of this worker's clock" in reasons[future.id][1]
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.totals).items()}
+    assert (totals["dlq"], totals["dlq:invalid"], totals["fetched"]) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("strategy", ["exponential", "fixed", "linear", "retry_after"])
+def test_a_retry_after_hint_is_honoured_whatever_the_backoff_strategy(strategy):
+    job = Job(new_job_id(), "t", attempt=0, backoff=BackoffSpec(strategy=strategy).to_dict())
+    decision = decide(job, RetryAfter(7.5), 1, None, RetryPolicy())
+    assert (decision.retry, decision.delay_ms) == (True, 7500)
+
+
+# --- 4. timeouts ---------------------------------------------------------------------------------------------
+
+
+def test_an_async_job_past_its_timeout_is_cancelled_charged_and_retried_by_its_budget(redis, redis_url):
+    starts = []
+    registry = HandlerRegistry()
+
+    async def hang(ctx):
+        starts.append(ctx.attempt)
+        await asyncio.sleep(3600)
+
+    registry.register("hang", hang, takes_context=True, timeout=0.3, max_attempts=2, backoff=0)
+    keys = QueueKeys.for_queue("timeout-async")
+    Queue(keys.queue, redis_client=redis).add("hang")
+    with running(redis_url, [keys.queue], registry):
+        wait_for(lambda: redis.xlen(keys.dlq) == 1, 15, "the job to run out of time twice")
+        assert redis.xlen(keys.stream) == 0
+    assert starts == [1, 2]
+    [entry] = dlq(redis, keys)
+    assert entry[b"reason"] == b"retries_exhausted"
+    errors = decode(entry[b"j"]).errors
+    assert [e["class"] for e in errors] == ["chasqui_core.engine.errors.JobTimeout"] * 2
+    assert all(250 <= e["duration_ms"] < 5000 for e in errors)
+
+
+def test_a_sync_job_past_its_timeout_is_charged_and_its_thread_replaced(redis, redis_url):
+    release = threading.Event()
+    done = []
+    registry = HandlerRegistry()
+
+    def hang():
+        release.wait(60)
+
+    registry.register("hang", hang, timeout=0.3, max_attempts=1)
+    registry.register("quick", lambda: done.append(1))
+    keys = QueueKeys.for_queue("timeout-sync")
+    q = Queue(keys.queue, redis_client=redis)
+    q.add("hang")
+    try:
+        with running(redis_url, [keys.queue], registry, concurrency=1) as worker:
+            wait_for(lambda: redis.xlen(keys.dlq) == 1, 15, "the hung job to be charged its timeout")
+            q.add("quick")  # the only thread is stuck: a replacement runs this
+            wait_for(lambda: done == [1], 10, "a job after the hung one")
+            assert worker.in_flight == 0
+    finally:
+        release.set()
+    [entry] = dlq(redis, keys)
+    assert (entry[b"reason"], entry[b"error_class"]) == (b"retries_exhausted",
+                                                         b"chasqui_core.engine.errors.JobTimeout")
+    assert worker.recycle_reason == "", "standalone: the thread is replaced, the process goes on"
+
+
+def test_a_supervised_worker_makes_way_for_a_fresh_process_when_a_sync_job_hangs(redis, redis_url):
+    release = threading.Event()
+    registry = HandlerRegistry()
+    registry.register("hang", lambda: release.wait(60), timeout=0.3, max_attempts=2)
+    keys = QueueKeys.for_queue("timeout-recycle")
+    Queue(keys.queue, redis_client=redis).add("hang")
+    try:
+        with running(redis_url, [keys.queue], registry, supervisor_pid=1) as worker:
+            wait_for(lambda: worker.recycle_reason, 15, "the worker to stop itself")
+            wait_for(lambda: redis.zcard(keys.delayed) + redis.xlen(keys.stream) == 1, 10, "the retry")
+    finally:
+        release.set()
+    assert "ran past its timeout of 0.3 s" in worker.recycle_reason
+    assert worker.unfinished_sync_jobs == 1, "the stuck thread is not waited for"
+    [(raw, _)] = redis.zrange(keys.delayed, 0, -1, withscores=True) or [
+        (f[b"j"], 0) for _, f in redis.xrange(keys.stream)]
+    assert [e["class"] for e in decode(raw).errors] == ["chasqui_core.engine.errors.JobTimeout"]
