@@ -1,17 +1,16 @@
-"""Jobs fetched beside a poison pill: found by the accounting soak (``python -m bench soak``), reproduced here.
+"""Jobs fetched beside a poison pill run; only the pill is dead-lettered as ``panic``.
 
-A worker fetches a batch; the first job of it kills the process
-(``os._exit``) before the others start. A live worker reclaims the whole
-batch with one XAUTOCLAIM, which counts a delivery for every entry, and
-the pill kills that worker too before the others start. At the next
-reclaim every entry of the batch has been delivered three times, and
-``reclaim.lua`` dead-letters all of them as ``panic`` ("the job was
+Found by the accounting soak (``python -m bench soak``) on the engine that
+counted deliveries rather than runs: a worker fetches a batch whose first
+job kills the process (``os._exit``) before the others start; a live worker
+reclaimed the whole batch, counting a delivery for every entry, and the
+pill killed it too; at the next reclaim every entry of the batch had been
+"delivered" three times and was dead-lettered as ``panic`` ("the job was
 running when its worker died 2 times"), although only the pill ever ran.
 
 docs/retries.md promises ``panic`` for a job that was *running* at two
-worker deaths, so the bystanders should run. Until the engine tells a run
-from a delivery, this test is expected to fail (strict: it reports when it
-starts passing, so the marker can go).
+worker deaths; the start journal (engine/journal.py) now charges only the
+runs that had started. This test keeps it that way.
 """
 
 import time
@@ -23,8 +22,6 @@ from chasqui_core.engine.queue import Queue
 from tests.engine.worker_app import dlq_entries, read_runs, settled, wait_for
 
 
-@pytest.mark.xfail(strict=True, reason="reclaim.lua counts deliveries, not runs: jobs fetched beside a poison pill "
-                                       "are dead-lettered as panic without ever running (found by the soak)")
 @pytest.mark.timeout(90)
 def test_jobs_fetched_beside_a_poison_pill_run_instead_of_dying_with_it(redis, workers):
     q = Queue("c-bystanders", redis_client=redis)
