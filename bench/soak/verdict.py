@@ -30,7 +30,14 @@ The rules, and why:
   job's last error is a ``...JobTimeout``. ``panic`` is right for any kind
   whose job the ledger shows lost at two process deaths (that is what the
   engine promises: a job in flight during two deaths is a poison pill);
-  a ``panic`` without two lost runs in the ledger is a *false panic*.
+  a ``panic`` without two lost runs in the ledger is a *false panic*, and
+  a job whose runs were lost at more than two deaths went *past the
+  poison-pill limit* (it killed a third worker). A job whose budget a lost
+  run spent is dead-lettered as ``retries_exhausted`` with a ``WorkerLost``
+  error: right for any kind, if the ledger shows a lost run.
+- **get_result() agrees**: SUCCESSFUL for a job that succeeded, FAILED for
+  one in the dead-letter queue, whatever the reason (READY would tell a
+  caller the job is still to run).
 """
 
 from __future__ import annotations
@@ -46,6 +53,10 @@ SETTLE_WINDOW = 1.0
 """Seconds after a run's end during which its process's death may have lost the outcome (a settle flush)."""
 
 SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
+POISON_PILL_DEATHS = 2
+"""Deaths of its workers after which a job is dead-lettered as ``panic`` (docs/retries.md)."""
+WORKER_LOST = "WorkerLost"
+"""The error class the engine records for a run lost with its worker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,11 +249,19 @@ def judge(ev: Evidence) -> Verdict:
 
         if kind.expect == "dead" and succeeded:
             flag("unexpected success", f"a {kind.name} job must end dead ({kind.reason})")
+        if fates[LOST] > POISON_PILL_DEATHS * (1 + len(replays)):
+            flag("past the poison-pill limit", f"lost {fates[LOST]} runs with their processes: a job in flight at "
+                                               f"{POISON_PILL_DEATHS} deaths must be dead-lettered as panic instead "
+                                               "of killing another worker")
         for d in dead:
             if d.reason == "panic":
                 if lost < 2:
                     flag("false panic", f"dead-lettered as panic, but the ledger shows {lost} lost or unsettled "
                                         "run(s): a poison pill must have been running at two process deaths")
+            elif d.reason == "retries_exhausted" and d.error_class.endswith(WORKER_LOST):
+                if not lost:
+                    flag("false worker lost", "its budget was spent by a run lost with its worker, but the ledger "
+                                              "shows no lost or unsettled run")
             elif kind.expect != "dead" or d.reason != kind.reason:
                 expected = f"reason {kind.reason}" if kind.expect == "dead" else "to succeed"
                 flag("wrong reason", f"dead-lettered as {d.reason} ({d.error_class}); a {kind.name} job is "
@@ -257,9 +276,9 @@ def judge(ev: Evidence) -> Verdict:
             status = ev.results.get(job_id)
             if succeeded and not dead and status != SUCCESSFUL:
                 flag("result", f"the ledger shows a success but get_result() says {status or 'nothing'}")
-            elif dead and not succeeded and dead[0].reason in ("retries_exhausted", "unrecoverable") \
-                    and status != FAILED:
-                flag("result", f"dead-lettered as {dead[0].reason} but get_result() says {status or 'nothing'}")
+            elif dead and not succeeded and status != FAILED:
+                flag("result", f"dead-lettered as {dead[0].reason} ({dead[0].error_class}) but get_result() says "
+                               f"{status or 'nothing'}")
 
     for name, fired in sorted(ev.schedule_fires.items()):
         seen = len(fired_seen.get(name, ()))

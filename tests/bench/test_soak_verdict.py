@@ -203,6 +203,28 @@ def test_a_job_never_run_but_dead_as_panic_is_a_false_panic():
     assert what(b.judge()) == [("false panic", "ok-2")]
 
 
+def test_a_job_whose_runs_were_lost_at_three_deaths_went_past_the_poison_pill_limit():
+    b = a_clean_book()
+    b.run("crash-1", "crash", at=15, outcome=None, pid=CRASHED_PID + 2)
+    b.process_died(CRASHED_PID + 2, 15.01)
+    verdict = b.judge()
+    assert what(verdict) == [("past the poison-pill limit", "crash-1")]
+    assert "lost 3 runs" in verdict.discrepancies[0].detail
+
+
+def test_a_budget_spent_by_a_lost_run_is_retries_exhausted_with_worker_lost_only_when_a_run_was_lost():
+    b = a_clean_book()
+    b.enqueue("hang-2", "hang_async")
+    b.run("hang-2", "hang_async", at=1, outcome="cancelled", error_class="CancelledError", took=2)
+    b.run("hang-2", "hang_async", at=4, outcome=None, pid=KILLED_PID)
+    b.process_died(KILLED_PID, 4.5, killed=True)
+    b.dies("hang-2", "retries_exhausted", "WorkerLost", "soak-c")
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=1, outcome="error", error_class="SoakFailure")
+    b.dies("ok-2", "retries_exhausted", "WorkerLost", "soak-a")
+    assert what(b.judge()) == [("false worker lost", "ok-2")]
+
+
 def test_a_wrong_dead_letter_reason_is_flagged():
     b = a_clean_book()
     b.enqueue("unrec-1", "unrecoverable")
@@ -256,10 +278,12 @@ def test_a_dead_job_the_ledger_never_saw_run_is_flagged():
 def test_stored_results_must_agree_with_the_ledger():
     b = a_clean_book()
     b.results = {"ok-1": "SUCCESSFUL", "fail-1": "FAILED", "once-1": "READY", "hang-1": "FAILED",
-                 "schedule:soak-tick:1795000000000": "SUCCESSFUL"}
+                 "crash-1": "READY", "schedule:soak-tick:1795000000000": "SUCCESSFUL"}
     verdict = b.judge()
-    assert what(verdict) == [("result", "once-1")]
+    assert what(verdict) == [("result", "crash-1"), ("result", "once-1")], "a dead job is FAILED, a panic too"
     assert "get_result() says READY" in verdict.discrepancies[0].detail
+    b.results["crash-1"] = b.results["once-1"] = None
+    assert what(b.judge()) == [("result", "crash-1"), ("result", "once-1")], "no result at all is flagged too"
 
 
 def test_leftovers_torn_lines_and_missing_fires_are_problems():
