@@ -18,9 +18,8 @@ import time
 import pytest
 
 from chasqui_core.engine.envelope import decode
-from tests.engine.worker_app import dlq_entries, read_runs, settled
-
 from chasqui_core.engine.queue import Queue
+from tests.engine.worker_app import dlq_entries, read_runs, settled
 
 
 @pytest.mark.xfail(strict=True, reason="the start journal announces a round of async jobs before they start: a "
