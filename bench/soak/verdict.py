@@ -35,6 +35,12 @@ The rules, and why:
   poison-pill limit* (it killed a third worker). A job whose budget a lost
   run spent is dead-lettered as ``retries_exhausted`` with a ``WorkerLost``
   error: right for any kind, if the ledger shows a lost run.
+- *The ledger's start is the task function's first line*; the engine
+  counts a run from a moment earlier (its own bookkeeping and Django's
+  wrapper run first). A process killed inside that moment, microseconds
+  wide, would be charged by the engine and not seen by the ledger: a false
+  alarm possible in principle, never observed; a discrepancy the soak
+  reports is worth reading against the job's ledger lines it prints.
 - **get_result() agrees**: SUCCESSFUL for a job that succeeded, FAILED for
   one in the dead-letter queue, whatever the reason (READY would tell a
   caller the job is still to run).
