@@ -39,8 +39,10 @@ The rules, and why:
   counts a run from a moment earlier (its own bookkeeping and Django's
   wrapper run first). A process killed inside that moment, microseconds
   wide, would be charged by the engine and not seen by the ledger: a false
-  alarm possible in principle, never observed; a discrepancy the soak
-  reports is worth reading against the job's ledger lines it prints.
+  alarm possible in principle. The false panics the soak has reported so
+  far were confirmed by tests/engine/test_start_journal.py, which records
+  runs its own way; read a discrepancy against the ledger lines printed
+  with it.
 - **get_result() agrees**: SUCCESSFUL for a job that succeeded, FAILED for
   one in the dead-letter queue, whatever the reason (READY would tell a
   caller the job is still to run).
