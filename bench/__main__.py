@@ -1,4 +1,8 @@
-"""``python -m bench [scenario ...] [--json out.json] [--markdown docs/benchmarks.md] [--smoke]``."""
+"""``python -m bench [scenario ...] [--json out.json] [--markdown docs/benchmarks.md] [--smoke]``.
+
+``python -m bench soak [--minutes N] ...`` is the accounting soak (bench/soak/): not a benchmark, a run under
+faults that must account for every job; it has options of its own, so it is dispatched before the scenarios' parser.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         prog="python -m bench",
         description="Chasqui's benchmarks. With no scenario (or --all), runs every one. "
                     "Uses a private Valkey server unless REDIS_URL is set.",
-        epilog=f"Scenarios: {names}.",
+        epilog=f"Scenarios: {names}. The accounting soak: python -m bench soak --help.",
     )
     parser.add_argument("scenarios", nargs="*", metavar="scenario", help="scenarios to run (default: all)")
     parser.add_argument("--all", action="store_true", help="run every scenario")
@@ -61,6 +65,10 @@ def _shown(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["soak"]:
+        from .soak.run import main as soak
+
+        return soak(argv[1:])
     args = parse(argv)
     if args.list:
         for s in SCENARIOS:

@@ -1,0 +1,179 @@
+"""The faults the soak injects, when, and the watcher that notes when each worker process died.
+
+The timeline is fixed by the seed before the run starts, so a failing run
+can be repeated: one fault every ``every`` seconds from ``first`` until the
+last sixth of the workload, each round going through every fault once in
+a shuffled order (a short run still sees each of them).
+
+The watcher polls the process table five times a second and remembers the
+pid of every worker process it saw, and when it stopped existing. That is
+what tells a run lost with its process from one that is still going (the
+verdict's ``dead_pids``); a worker process lives seconds at the very least
+(Django starts first), so none goes unseen.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from chasqui_core.engine import stats
+
+from .server import SoakServer
+from .workers import WorkerSupervisor, alive, process_table
+
+FAULTS = ("kill_child", "kill_supervisor", "sighup", "redis_restart", "pause_resume")
+PAUSE_SECONDS = 3.0
+REDIS_DOWN_SECONDS = 2.0
+"""How long Redis stays shut down: long enough for every worker and the producer to notice, short enough for an
+enqueue to ride it out within the engine's retry window (5 s)."""
+
+
+def timeline(seconds: float, rng: random.Random, *, first: float = 10.0, every: float = 12.0,
+             kinds: tuple[str, ...] = FAULTS) -> list[tuple[float, str]]:
+    """(offset in seconds, fault) pairs over the workload, every fault once per round, rounds shuffled."""
+    out: list[tuple[float, str]] = []
+    at, last = first, seconds * 5 / 6
+    while at <= last:
+        round_ = list(kinds)
+        rng.shuffle(round_)
+        for fault in round_:
+            if at > last:
+                break
+            out.append((at, fault))
+            at += every
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Injected:
+    at: float
+    """Seconds since the workload started."""
+    fault: str
+    detail: str
+
+
+class Watcher(threading.Thread):
+    """Notes every worker process (the supervisor's children, past and present) and when each one died."""
+
+    def __init__(self, supervisor: WorkerSupervisor, interval: float = 0.2) -> None:
+        super().__init__(name="soak-watcher", daemon=True)
+        self.supervisor = supervisor
+        self.interval = interval
+        self.seen: dict[int, float] = {}
+        self.died: dict[int, float] = {}
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self.poll()
+            self._halt.wait(self.interval)
+
+    def poll(self) -> None:
+        table = process_table()
+        now = time.time()
+        with self._lock:
+            for pid in self.supervisor.children(table):
+                self.seen.setdefault(pid, now)
+            for pid in self.seen:
+                if pid not in self.died and not alive(pid, table):
+                    self.died[pid] = now
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+        self.poll()
+
+    def dead_pids(self, ledger_pids: set[int]) -> dict[int, float | None]:
+        """Every process that is gone: with its time of death when it was watched, None otherwise."""
+        with self._lock:
+            out: dict[int, float | None] = dict(self.died)
+        table = process_table()
+        for pid in ledger_pids:
+            if pid not in out and not alive(pid, table):
+                out[pid] = None
+        return out
+
+
+class Injector:
+    """Carries out the faults of the timeline, noting each one; the run loop calls ``due`` often."""
+
+    def __init__(self, plan: list[tuple[float, str]], supervisor: WorkerSupervisor, server: SoakServer,
+                 client_factory: Callable[[], object], queues: list[str], rng: random.Random,
+                 say: Callable[[str], None]) -> None:
+        self.plan = list(plan)
+        self.supervisor = supervisor
+        self.server = server
+        self.client_factory = client_factory
+        self.queues = queues
+        self.rng = rng
+        self.say = say
+        self.done: list[Injected] = []
+        self.killed: set[int] = set()
+        """Worker processes killed with SIGKILL."""
+        self._resume: tuple[float, str] | None = None
+
+    def due(self, elapsed: float) -> None:
+        if self._resume is not None and elapsed >= self._resume[0]:
+            self._do_resume(elapsed)
+        while self.plan and self.plan[0][0] <= elapsed:
+            _, fault = self.plan.pop(0)
+            try:
+                detail = getattr(self, fault)(elapsed)
+            except Exception as exc:  # a fault that could not be carried out is reported, not fatal
+                detail = f"could not be injected: {type(exc).__name__}: {exc}"
+            self.done.append(Injected(elapsed, fault, detail))
+            self.say(f"  [{elapsed:6.1f} s] {fault}: {detail}")
+
+    def finish(self, elapsed: float) -> None:
+        """Undo what is still in effect (a paused queue) before the drain."""
+        self.plan.clear()
+        if self._resume is not None:
+            self._do_resume(elapsed)
+
+    def kill_child(self, elapsed: float) -> str:
+        kids = self.supervisor.children()
+        if not kids:
+            return "no worker process to kill (all restarting)"
+        pid = self.rng.choice(kids)
+        os.kill(pid, signal.SIGKILL)
+        self.killed.add(pid)
+        return f"SIGKILL to worker process {pid}"
+
+    def kill_supervisor(self, elapsed: float) -> str:
+        old = self.supervisor.pid
+        kids = self.supervisor.kill()
+        new = self.supervisor.start()
+        return f"SIGKILL to supervisor {old} (children {kids} stop by themselves); started supervisor {new}"
+
+    def sighup(self, elapsed: float) -> str:
+        kids = self.supervisor.children()
+        self.supervisor.signal(signal.SIGHUP)
+        return f"SIGHUP to supervisor {self.supervisor.pid} (rolling reload of {kids})"
+
+    def redis_restart(self, elapsed: float) -> str:
+        away = self.server.restart(down_for=REDIS_DOWN_SECONDS)
+        return f"SHUTDOWN, restarted on port {self.server.port} from its AOF: away {away:.2f} s"
+
+    def pause_resume(self, elapsed: float) -> str:
+        queue = self.rng.choice(self.queues)
+        stats.pause(self.client_factory(), queue)
+        self._resume = (elapsed + PAUSE_SECONDS, queue)
+        return f"paused {queue} for {PAUSE_SECONDS:.0f} s"
+
+    def _do_resume(self, elapsed: float) -> None:
+        assert self._resume is not None
+        queue = self._resume[1]
+        try:
+            stats.resume(self.client_factory(), queue)
+        except Exception as exc:  # Redis away at this instant: try again on the next call
+            self.say(f"  [{elapsed:6.1f} s] resume {queue} failed ({exc}); trying again")
+            return
+        self._resume = None
+        self.say(f"  [{elapsed:6.1f} s] resumed {queue}")

@@ -1,0 +1,355 @@
+"""The accounting: every job of the soak, judged against its kind and its ledger.
+
+A pure function of what was read at the end (the ledger, the dead-letter
+entries, the stored results, what is left in Redis, which worker processes
+died and when), so that tests can feed it made-up evidence and check that it
+flags each kind of discrepancy (tests/bench/test_soak_verdict.py).
+
+The rules, and why:
+
+- **Every job is accounted for.** After the drain, an enqueued job (or a
+  fire of a schedule) has either succeeded (an ``ok`` end in the ledger) or
+  is in the dead-letter queue, not both, and at most once there. Nothing is
+  left in a stream, a delayed set or a pending list.
+- **No job runs more often than its budget.** The engine counts every
+  delivery as a run, lost ones included, so the budget holds across
+  crashes. A replay adds the budget again (reset) or one run. The one
+  documented excess (retries.md, "Execution idempotency"): a run that ended
+  but whose process died before its outcome was settled is run again, so a
+  job with a *lost* run may run once more.
+- **A lost run** is one whose process died under it: a start without an
+  end in a process that is gone, or an end followed within
+  ``SETTLE_WINDOW`` by its process's *abrupt* death (killed with SIGKILL,
+  or gone with a run that never ended, as a crash leaves it): its outcome
+  may never have reached Redis. A process that stopped gracefully (a
+  reload, its supervisor gone) settles what it ran before it exits. A
+  hanging job's run normally has no end (its timeout abandons it): it is
+  lost only if its process died before the timeout.
+- **A replay gives the job a new run.**
+- **Every dead-letter reason is the one its kind gets**, and a hanging
+  job's last error is a ``...JobTimeout``. ``panic`` is right for any kind
+  whose job the ledger shows lost at two process deaths (that is what the
+  engine promises: a job in flight during two deaths is a poison pill);
+  a ``panic`` without two lost runs in the ledger is a *false panic*, and
+  a job whose runs were lost at more than two deaths went *past the
+  poison-pill limit* (it killed a third worker). A job whose budget a lost
+  run spent is dead-lettered as ``retries_exhausted`` with a ``WorkerLost``
+  error: right for any kind, if the ledger shows a lost run.
+- *The ledger's start is the task function's first line*; the engine
+  counts a run from a moment earlier (its own bookkeeping and Django's
+  wrapper run first). A process killed inside that moment, microseconds
+  wide, would be charged by the engine and not seen by the ledger: a false
+  alarm possible in principle. The false panics the soak has reported so
+  far were confirmed by tests/engine/test_start_journal.py, which records
+  runs its own way; read a discrepancy against the ledger lines printed
+  with it.
+- **get_result() agrees**: SUCCESSFUL for a job that succeeded, FAILED for
+  one in the dead-letter queue, whatever the reason (READY would tell a
+  caller the job is still to run).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .kinds import HANG_TIMEOUT, SCHEDULE_PREFIX, Kind, kind_of_job
+from .ledger import OK, Ledger, Run
+
+SETTLE_WINDOW = 1.0
+"""Seconds after a run's end during which its process's death may have lost the outcome (a settle flush)."""
+
+SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
+POISON_PILL_DEATHS = 2
+"""Deaths of its workers after which a job is dead-lettered as ``panic`` (docs/retries.md)."""
+WORKER_LOST = "WorkerLost"
+"""The error class the engine records for a run lost with its worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadEntry:
+    """One entry of a dead-letter queue, as much of it as the verdict needs."""
+
+    job_id: str
+    queue: str
+    reason: str
+    error_class: str
+    entry_id: str
+    error: str = ""
+    deliveries: str = ""
+    """How often the stream entry had been delivered when it died (panics only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Discrepancy:
+    what: str
+    """A short name: ``unaccounted``, ``over budget``, ``false panic``..."""
+    job_id: str
+    kind: str
+    detail: str
+    lines: tuple[str, ...] = ()
+    """The job's ledger lines and dead-letter entries, for the report."""
+
+
+@dataclass(slots=True)
+class Row:
+    kind: str
+    enqueued: int = 0
+    replays: int = 0
+    succeeded: int = 0
+    dead: Counter = field(default_factory=Counter)
+    max_runs: int = 0
+    lost_runs: int = 0
+    """Runs without an end in a process that is gone."""
+    unsettled: int = 0
+    """Runs that ended just before their process was killed: their outcome may have been lost."""
+    discrepancies: int = 0
+
+
+@dataclass(slots=True)
+class Evidence:
+    """What was read at the end of a soak."""
+
+    ledger: Ledger
+    kinds: Mapping[str, Kind]
+    dead: list[DeadEntry]
+    dead_pids: Mapping[int, float | None]
+    """Worker processes that are gone, with the time each died when it is known (None: some time)."""
+    killed: set[int] = field(default_factory=set)
+    """Worker processes the soak killed with SIGKILL."""
+    results: Mapping[str, str | None] | None = None
+    """Job id -> stored result status (``SUCCESSFUL``, ``FAILED``, ``READY``...; None: no result); None: not read."""
+    leftovers: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Queue -> {"stream": n, "delayed": n, "pending": n} after the drain."""
+    schedule_fires: Mapping[str, int] = field(default_factory=dict)
+    """Schedule name -> fires the scheduler recorded (its state's ``fired`` count)."""
+
+
+@dataclass(slots=True)
+class Verdict:
+    rows: dict[str, Row]
+    discrepancies: list[Discrepancy]
+    problems: list[str]
+    """Discrepancies that belong to no one job (a queue not drained, a torn ledger line)."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.discrepancies and not self.problems
+
+    def counts(self) -> Counter:
+        return Counter(d.what for d in self.discrepancies)
+
+
+LOST, UNSETTLED = "lost", "unsettled"
+
+
+def is_lost(run: Run, kind: Kind | None, dead_pids: Mapping[int, float | None], abrupt: set[int]) -> str | None:
+    """Did this run's process die under it (see the module's docstring)?
+
+    ``lost``: no end, its process gone. ``unsettled``: it ended, but its
+    process died abruptly so soon after that its outcome may not have been
+    settled. None: neither.
+    """
+    if run.pid not in dead_pids:
+        return None
+    died = dead_pids[run.pid]
+    if run.ended is None:
+        if kind is not None and kind.hang:
+            return LOST if died is not None and died < run.started + HANG_TIMEOUT else None
+        return LOST
+    if run.pid in abrupt and died is not None and run.ended <= died < run.ended + SETTLE_WINDOW:
+        return UNSETTLED
+    return None
+
+
+def abrupt_deaths(ev: Evidence) -> set[int]:
+    """The processes that died without settling: killed by the soak, or gone under a run that never ended."""
+    out = set(ev.killed)
+    for job_id, runs in ev.ledger.runs.items():
+        kind = ev.kinds.get(kind_of_job(job_id, ev.ledger.enqueued) or "")
+        for r in runs:
+            if r.ended is None and r.pid in ev.dead_pids and not (kind is not None and kind.hang):
+                out.add(r.pid)
+    return out
+
+
+def _allowed_runs(kind: Kind, replays: list[bool], lost: int) -> int:
+    budget = kind.budget + sum(kind.budget if reset else 1 for reset in replays)
+    return budget + (1 if lost else 0)
+
+
+def _schedule_of(job_id: str) -> str:
+    """``schedule:<name>:<due ms>`` -> ``<name>``."""
+    return job_id[len(SCHEDULE_PREFIX):].rpartition(":")[0]
+
+
+def judge(ev: Evidence) -> Verdict:
+    ledger = ev.ledger
+    rows = {name: Row(name) for name in ev.kinds}
+    found: list[Discrepancy] = []
+    problems: list[str] = []
+
+    dead_by_job: dict[str, list[DeadEntry]] = {}
+    for entry in ev.dead:
+        dead_by_job.setdefault(entry.job_id, []).append(entry)
+
+    abrupt = abrupt_deaths(ev)
+    job_ids = set(ledger.enqueued) | set(ledger.runs) | set(dead_by_job)
+    fired_seen: dict[str, set[str]] = {}
+    for job_id in sorted(job_ids):
+        kind_name = kind_of_job(job_id, ledger.enqueued)
+        runs = ledger.runs.get(job_id, [])
+        dead = dead_by_job.get(job_id, [])
+
+        def flag(what: str, detail: str, kind_name=kind_name, job_id=job_id, runs=runs, dead=dead) -> None:
+            # the job's story in time order: runs, replays, its dead-letter entries (whose ids are times)
+            story = [(r.started, r.line()) for r in runs]
+            story += [(at, f"replayed at {at:.3f} ({'whole budget again' if reset else 'one more attempt'})")
+                      for reset, at in zip(ledger.replays.get(job_id, []), ledger.replayed_at.get(job_id, []),
+                                           strict=False)]
+            story += [(int(d.entry_id.split("-")[0]) / 1000,
+                       f"dead-letter entry {d.entry_id} on {d.queue}: {d.reason}, {d.error_class}: {d.error[:120]}"
+                       + (f" (entry delivered {d.deliveries} times)" if d.deliveries else "")) for d in dead]
+            lines = tuple(text for _, text in sorted(story, key=lambda item: item[0]))
+            found.append(Discrepancy(what, job_id, kind_name or "?", detail, lines))
+            if kind_name in rows:
+                rows[kind_name].discrepancies += 1
+
+        kind = ev.kinds.get(kind_name) if kind_name else None
+        if kind is None:
+            flag("never enqueued", "ran or was dead-lettered, but the producer never enqueued it "
+                                   "(or its kind was left out of this run)")
+            continue
+        if job_id.startswith(SCHEDULE_PREFIX):
+            fired_seen.setdefault(_schedule_of(job_id), set()).add(job_id)
+        row = rows[kind.name]
+        row.enqueued += 1
+        replays = ledger.replays.get(job_id, [])
+        row.replays += len(replays)
+        fates = Counter(is_lost(r, kind, ev.dead_pids, abrupt) for r in runs)
+        row.lost_runs += fates[LOST]
+        row.unsettled += fates[UNSETTLED]
+        lost = fates[LOST] + fates[UNSETTLED]
+        row.max_runs = max(row.max_runs, len(runs))
+        succeeded = any(r.outcome == OK for r in runs)
+
+        if succeeded:
+            row.succeeded += 1
+        for d in dead:
+            row.dead[d.reason] += 1
+
+        if succeeded and dead:
+            flag("succeeded and dead", "the ledger shows a successful run, yet the job is in the dead-letter queue")
+        elif not succeeded and not dead:
+            flag("unaccounted", "neither succeeded nor dead-lettered after the drain")
+        if len(dead) > 1:
+            flag("dead twice", f"{len(dead)} dead-letter entries for one job")
+
+        if replays and len(runs) < 1 + len(replays) and not any(d.reason == "panic" for d in dead):
+            flag("replay not run", f"replayed {len(replays)} time(s) but ran only {len(runs)} time(s): each replay "
+                                   "must give the job a new run")
+
+        allowed = _allowed_runs(kind, replays, lost)
+        if len(runs) > allowed:
+            flag("over budget", f"ran {len(runs)} times; its budget of {kind.budget}, {len(replays)} replay(s) and "
+                                f"{lost} lost or unsettled run(s) allow {allowed}")
+
+        if kind.expect == "dead" and succeeded:
+            flag("unexpected success", f"a {kind.name} job must end dead ({kind.reason})")
+        if fates[LOST] > POISON_PILL_DEATHS * (1 + len(replays)):
+            flag("past the poison-pill limit", f"lost {fates[LOST]} runs with their processes: a job in flight at "
+                                               f"{POISON_PILL_DEATHS} deaths must be dead-lettered as panic instead "
+                                               "of killing another worker")
+        for d in dead:
+            if d.reason == "panic":
+                if lost < 2:
+                    flag("false panic", f"dead-lettered as panic, but the ledger shows {lost} lost or unsettled "
+                                        "run(s): a poison pill must have been running at two process deaths")
+            elif d.reason == "retries_exhausted" and d.error_class.endswith(WORKER_LOST):
+                if not lost:
+                    flag("false worker lost", "its budget was spent by a run lost with its worker, but the ledger "
+                                              "shows no lost or unsettled run")
+            elif kind.expect != "dead" or d.reason != kind.reason:
+                expected = f"reason {kind.reason}" if kind.expect == "dead" else "to succeed"
+                flag("wrong reason", f"dead-lettered as {d.reason} ({d.error_class}); a {kind.name} job is "
+                                     f"expected {expected}")
+            elif kind.error_class_suffix and not d.error_class.endswith(kind.error_class_suffix):
+                flag("wrong error", f"last error {d.error_class!r}; a {kind.name} job must be charged an error "
+                                    f"whose class ends with {kind.error_class_suffix}")
+            if d.reason in ("retries_exhausted", "unrecoverable") and not runs:
+                flag("dead without a run", f"dead-lettered as {d.reason}, but the ledger shows no run")
+
+        if ev.results is not None:
+            status = ev.results.get(job_id)
+            if succeeded and not dead and status != SUCCESSFUL:
+                flag("result", f"the ledger shows a success but get_result() says {status or 'nothing'}")
+            elif dead and not succeeded and status != FAILED:
+                flag("result", f"dead-lettered as {dead[0].reason} ({dead[0].error_class}) but get_result() says "
+                               f"{status or 'nothing'}")
+
+    for name, fired in sorted(ev.schedule_fires.items()):
+        seen = len(fired_seen.get(name, ()))
+        if seen != fired:
+            problems.append(f"schedule {name}: the scheduler recorded {fired} fire(s), the ledger and the "
+                            f"dead-letter queue account for {seen}")
+    for queue, left in sorted(ev.leftovers.items()):
+        if any(left.values()):
+            problems.append(f"queue {queue} not drained: " + ", ".join(f"{k} {v}" for k, v in left.items() if v))
+    for text in ledger.torn:
+        problems.append(f"a ledger line is not a whole record: {text!r}")
+    for rec in ledger.orphan_ends:
+        problems.append(f"a ledger end line has no start line: {rec!r}")
+    return Verdict(rows, found, problems)
+
+
+def table(verdict: Verdict, order: Iterable[str]) -> str:
+    """The kind x {enqueued, succeeded, dead by reason, max runs, lost runs, discrepancies} table, as text."""
+    head = ("kind", "enqueued", "replays", "succeeded", "dead (by reason)", "max runs", "lost runs", "unsettled",
+            "discrepancies")
+    body = []
+    total = Row("total")
+    for name in order:
+        row = verdict.rows.get(name)
+        if row is None:
+            continue
+        body.append(_cells(row))
+        total.enqueued += row.enqueued
+        total.replays += row.replays
+        total.succeeded += row.succeeded
+        total.dead.update(row.dead)
+        total.max_runs = max(total.max_runs, row.max_runs)
+        total.lost_runs += row.lost_runs
+        total.unsettled += row.unsettled
+        total.discrepancies += row.discrepancies
+    body.append(_cells(total))
+    widths = [max(len(str(r[i])) for r in (head, *body)) for i in range(len(head))]
+
+    def fmt(cells) -> str:
+        return "  ".join(str(c).ljust(w) if i in (0, 4) else str(c).rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([fmt(head), rule, *map(fmt, body[:-1]), rule, fmt(body[-1])])
+
+
+def _cells(row: Row) -> tuple:
+    dead = ", ".join(f"{reason} {n}" for reason, n in sorted(row.dead.items())) or "-"
+    return (row.kind, row.enqueued, row.replays, row.succeeded, dead, row.max_runs, row.lost_runs, row.unsettled,
+            row.discrepancies)
+
+
+def report_discrepancies(verdict: Verdict, per_kind: int = 3) -> str:
+    """The problems, then the first few offending jobs of each kind of discrepancy with their ledger lines."""
+    out = [f"PROBLEM: {p}" for p in verdict.problems]
+    shown: Counter = Counter()
+    counts = verdict.counts()
+    for d in verdict.discrepancies:
+        if shown[d.what] >= per_kind:
+            continue
+        shown[d.what] += 1
+        out.append(f"{d.what.upper()}: job {d.job_id} ({d.kind}): {d.detail}")
+        out += [f"    {line}" for line in d.lines] or ["    (no ledger line)"]
+    for what, n in sorted(counts.items()):
+        if n > shown[what]:
+            out.append(f"... and {n - shown[what]} more {what}")
+    return "\n".join(out)

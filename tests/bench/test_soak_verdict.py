@@ -1,0 +1,329 @@
+"""The soak's accounting (bench/soak/verdict.py) flags every kind of discrepancy, and nothing else.
+
+Fed with ledgers written here line by line (through the soak's own reader,
+so the reader is tested too), dead-letter entries and process deaths made
+up for each case: no server is needed, the point is the judging.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.soak.kinds import BY_NAME, KINDS
+from bench.soak.ledger import LedgerWriter, parse, read
+from bench.soak.verdict import DeadEntry, Evidence, judge, report_discrepancies, table
+
+T0 = 1_800_000_000.0
+ALIVE_PID, KILLED_PID, GRACEFUL_PID, CRASHED_PID = 100, 200, 300, 400
+
+
+class Book:
+    """Ledger lines, dead-letter entries and process deaths for one made-up soak."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.dead: list[DeadEntry] = []
+        self.dead_pids: dict[int, float | None] = {}
+        self.killed: set[int] = set()
+        self.results: dict[str, str | None] | None = None
+        self.leftovers: dict[str, dict[str, int]] = {}
+        self.fires: dict[str, int] = {}
+        self._runs = 0
+
+    def _line(self, **rec) -> None:
+        self.lines.append(json.dumps(rec))
+
+    def enqueue(self, job_id: str, kind: str) -> str:
+        self._line(j=job_id, k=kind, e="enqueue", t=T0, p=1)
+        return job_id
+
+    def run(self, job_id: str, kind: str, *, at: float, outcome: str | None = "ok", pid: int = ALIVE_PID,
+            error_class: str = "", took: float = 0.1) -> None:
+        self._runs += 1
+        run_id = f"r{self._runs}"
+        self._line(j=job_id, k=kind, e="start", r=run_id, a=self._runs, p=pid, t=T0 + at)
+        if outcome is not None:
+            self._line(j=job_id, k=kind, e="end", r=run_id, o=outcome, x=error_class, p=pid, t=T0 + at + took)
+
+    def replay(self, job_id: str, kind: str, *, reset: bool) -> None:
+        self._line(j=job_id, k=kind, e="replay", reset=reset, t=T0, p=1)
+
+    def dies(self, job_id: str, reason: str, error_class: str = "SoakFailure", queue: str = "soak-b") -> None:
+        self.dead.append(DeadEntry(job_id, queue, reason, error_class, f"{len(self.dead) + 1}-0", "boom"))
+
+    def process_died(self, pid: int, at: float | None, *, killed: bool = False) -> None:
+        self.dead_pids[pid] = None if at is None else T0 + at
+        if killed:
+            self.killed.add(pid)
+        else:
+            self.killed.discard(pid)
+
+    def judge(self):
+        ev = Evidence(parse(self.lines), {k.name: k for k in KINDS}, self.dead, self.dead_pids, self.killed,
+                      self.results, self.leftovers, self.fires)
+        return judge(ev)
+
+
+def what(verdict) -> list[tuple[str, str]]:
+    return sorted((d.what, d.job_id) for d in verdict.discrepancies)
+
+
+def a_clean_book() -> Book:
+    b = Book()
+    b.enqueue("ok-1", "ok")
+    b.run("ok-1", "ok", at=1)
+    b.enqueue("fail-1", "always_fail")
+    for i in range(3):
+        b.run("fail-1", "always_fail", at=1 + i, outcome="error", error_class="SoakFailure")
+    b.dies("fail-1", "retries_exhausted")
+    b.enqueue("once-1", "fail_once")
+    b.run("once-1", "fail_once", at=1, outcome="error", error_class="SoakFailure")
+    b.run("once-1", "fail_once", at=2)
+    b.enqueue("crash-1", "crash")
+    b.run("crash-1", "crash", at=1, outcome=None, pid=CRASHED_PID)
+    b.run("crash-1", "crash", at=8, outcome=None, pid=CRASHED_PID + 1)
+    b.process_died(CRASHED_PID, 1.01)
+    b.process_died(CRASHED_PID + 1, 8.01)
+    b.dies("crash-1", "panic", "WorkerLost", "soak-c")
+    b.enqueue("hang-1", "hang_sync")
+    b.run("hang-1", "hang_sync", at=1, outcome=None)
+    b.run("hang-1", "hang_sync", at=4, outcome=None)
+    b.dies("hang-1", "retries_exhausted", "chasqui_core.engine.errors.JobTimeout")
+    b.fires = {"soak-tick": 1}
+    b.run("schedule:soak-tick:1795000000000", "scheduled", at=3)
+    return b
+
+
+def test_a_clean_soak_has_no_discrepancy_and_its_table_adds_up():
+    verdict = a_clean_book().judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    rows = verdict.rows
+    assert (rows["ok"].enqueued, rows["ok"].succeeded) == (1, 1)
+    assert rows["always_fail"].dead == {"retries_exhausted": 1} and rows["always_fail"].max_runs == 3
+    assert rows["crash"].lost_runs == 2 and rows["crash"].dead == {"panic": 1}
+    assert sum(r.unsettled for r in rows.values()) == 0, "no run ended just before an abrupt death"
+    assert rows["hang_sync"].lost_runs == 0, "a hanging run abandoned by its timeout is not a lost run"
+    assert rows["scheduled"].succeeded == 1
+    text = table(verdict, [k.name for k in KINDS])
+    assert text.splitlines()[-1].split()[:4] == ["total", "6", "0", "3"]
+
+
+def test_a_job_neither_succeeded_nor_dead_is_unaccounted():
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    b.enqueue("ok-3", "ok")
+    b.run("ok-3", "ok", at=2, outcome="error", error_class="SoakFailure")
+    assert what(b.judge()) == [("unaccounted", "ok-2"), ("unaccounted", "ok-3")]
+
+
+def test_a_job_both_succeeded_and_dead_is_flagged():
+    b = a_clean_book()
+    b.dies("ok-1", "retries_exhausted", queue="soak-a")
+    assert ("succeeded and dead", "ok-1") in what(b.judge())
+
+
+def test_a_job_dead_twice_is_flagged():
+    b = a_clean_book()
+    b.dies("fail-1", "retries_exhausted")
+    assert what(b.judge()) == [("dead twice", "fail-1")]
+
+
+def test_runs_past_the_budget_are_flagged():
+    b = a_clean_book()
+    b.run("fail-1", "always_fail", at=9, outcome="error", error_class="SoakFailure")
+    verdict = b.judge()
+    assert what(verdict) == [("over budget", "fail-1")]
+    assert "ran 4 times" in verdict.discrepancies[0].detail
+    assert len(verdict.discrepancies[0].lines) == 5, "the job's four runs and its dead-letter entry are shown"
+
+
+def test_one_more_run_is_allowed_when_a_run_s_outcome_was_lost_with_its_killed_process():
+    b = Book()
+    b.enqueue("fail-2", "always_fail")
+    b.run("fail-2", "always_fail", at=1, outcome="error", error_class="SoakFailure")
+    b.run("fail-2", "always_fail", at=2, outcome="error", error_class="SoakFailure")
+    b.run("fail-2", "always_fail", at=3, outcome="error", error_class="SoakFailure", pid=KILLED_PID)
+    b.run("fail-2", "always_fail", at=9, outcome="error", error_class="SoakFailure")
+    b.dies("fail-2", "retries_exhausted")
+    b.process_died(KILLED_PID, 3.3, killed=True)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert (verdict.rows["always_fail"].lost_runs, verdict.rows["always_fail"].unsettled) == (0, 1)
+    b.process_died(KILLED_PID, 3.3, killed=False)  # the same death, but graceful: it settled what it ran
+    assert what(b.judge()) == [("over budget", "fail-2")]
+
+
+def test_replays_add_to_the_budget_a_whole_budget_or_one_run():
+    b = a_clean_book()
+    b.replay("fail-1", "always_fail", reset=True)
+    for i in range(3):
+        b.run("fail-1", "always_fail", at=20 + i, outcome="error", error_class="SoakFailure")
+    b.enqueue("fix-1", "fixed_by_replay")
+    b.run("fix-1", "fixed_by_replay", at=1, outcome="error", error_class="NotFixedYet")
+    b.run("fix-1", "fixed_by_replay", at=2, outcome="error", error_class="NotFixedYet")
+    b.replay("fix-1", "fixed_by_replay", reset=False)
+    b.run("fix-1", "fixed_by_replay", at=12)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert verdict.rows["always_fail"].replays == 1
+    b.run("fix-1", "fixed_by_replay", at=13)
+    assert what(b.judge()) == [("over budget", "fix-1")]
+
+
+def test_a_replay_must_give_the_job_a_new_run():
+    b = a_clean_book()
+    b.replay("fail-1", "always_fail", reset=False)
+    b.replay("fail-1", "always_fail", reset=False)
+    b.run("fail-1", "always_fail", at=20, outcome="error", error_class="SoakFailure")
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    b.replay("fail-1", "always_fail", reset=False)
+    b.replay("fail-1", "always_fail", reset=False)
+    assert what(b.judge()) == [("replay not run", "fail-1")]
+
+
+def test_a_panic_without_two_lost_runs_is_a_false_panic():
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=1, outcome=None, pid=KILLED_PID)
+    b.process_died(KILLED_PID, 1.5, killed=True)
+    b.dies("ok-2", "panic", "WorkerLost", "soak-a")
+    assert what(b.judge()) == [("false panic", "ok-2")]
+    b.run("ok-2", "ok", at=7, outcome=None, pid=KILLED_PID + 1)
+    b.process_died(KILLED_PID + 1, 7.5, killed=True)
+    assert b.judge().ok, "in flight at two deaths: a panic is what the engine promises"
+
+
+def test_a_job_never_run_but_dead_as_panic_is_a_false_panic():
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    b.dies("ok-2", "panic", "WorkerLost", "soak-a")
+    assert what(b.judge()) == [("false panic", "ok-2")]
+
+
+def test_a_job_whose_runs_were_lost_at_three_deaths_went_past_the_poison_pill_limit():
+    b = a_clean_book()
+    b.run("crash-1", "crash", at=15, outcome=None, pid=CRASHED_PID + 2)
+    b.process_died(CRASHED_PID + 2, 15.01)
+    verdict = b.judge()
+    assert what(verdict) == [("past the poison-pill limit", "crash-1")]
+    assert "lost 3 runs" in verdict.discrepancies[0].detail
+
+
+def test_a_budget_spent_by_a_lost_run_is_retries_exhausted_with_worker_lost_only_when_a_run_was_lost():
+    b = a_clean_book()
+    b.enqueue("hang-2", "hang_async")
+    b.run("hang-2", "hang_async", at=1, outcome="cancelled", error_class="CancelledError", took=2)
+    b.run("hang-2", "hang_async", at=4, outcome=None, pid=KILLED_PID)
+    b.process_died(KILLED_PID, 4.5, killed=True)
+    b.dies("hang-2", "retries_exhausted", "WorkerLost", "soak-c")
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=1, outcome="error", error_class="SoakFailure")
+    b.dies("ok-2", "retries_exhausted", "WorkerLost", "soak-a")
+    assert what(b.judge()) == [("false worker lost", "ok-2")]
+
+
+def test_a_wrong_dead_letter_reason_is_flagged():
+    b = a_clean_book()
+    b.enqueue("unrec-1", "unrecoverable")
+    b.run("unrec-1", "unrecoverable", at=1, outcome="error", error_class="UnrecoverableError")
+    b.dies("unrec-1", "retries_exhausted", "UnrecoverableError", "soak-c")
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=1, outcome="error", error_class="SoakFailure")
+    b.dies("ok-2", "internal", "TypeError", "soak-a")
+    assert what(b.judge()) == [("wrong reason", "ok-2"), ("wrong reason", "unrec-1")]
+
+
+def test_a_hanging_job_must_be_charged_a_job_timeout():
+    b = a_clean_book()
+    b.dead[-1] = DeadEntry("hang-1", "soak-b", "retries_exhausted", "RuntimeError", "9-0", "boom")
+    assert what(b.judge()) == [("wrong error", "hang-1")]
+
+
+def test_a_hanging_run_is_lost_only_when_its_process_died_before_the_timeout():
+    b = Book()
+    b.enqueue("hang-2", "hang_async")
+    b.run("hang-2", "hang_async", at=1, outcome=None, pid=KILLED_PID)
+    b.run("hang-2", "hang_async", at=6, outcome="cancelled", error_class="CancelledError", took=2)
+    b.dies("hang-2", "retries_exhausted", "JobTimeout", "soak-c")
+    b.process_died(KILLED_PID, 1.5, killed=True)
+    assert b.judge().rows["hang_async"].lost_runs == 1
+    b.process_died(KILLED_PID, 30, killed=True)
+    assert b.judge().rows["hang_async"].lost_runs == 0
+
+
+def test_a_job_that_must_die_but_succeeded_is_flagged():
+    b = a_clean_book()
+    b.enqueue("fail-2", "always_fail")
+    b.run("fail-2", "always_fail", at=1)
+    assert what(b.judge()) == [("unexpected success", "fail-2")]
+
+
+def test_runs_and_dead_jobs_the_producer_never_enqueued_are_flagged():
+    b = a_clean_book()
+    b.run("stray-1", "ok", at=1)
+    b.dies("stray-2", "retries_exhausted")
+    assert what(b.judge()) == [("never enqueued", "stray-1"), ("never enqueued", "stray-2")]
+
+
+def test_a_dead_job_the_ledger_never_saw_run_is_flagged():
+    b = a_clean_book()
+    b.enqueue("fail-2", "always_fail")
+    b.dies("fail-2", "retries_exhausted")
+    assert what(b.judge()) == [("dead without a run", "fail-2")]
+
+
+def test_stored_results_must_agree_with_the_ledger():
+    b = a_clean_book()
+    b.results = {"ok-1": "SUCCESSFUL", "fail-1": "FAILED", "once-1": "READY", "hang-1": "FAILED",
+                 "crash-1": "READY", "schedule:soak-tick:1795000000000": "SUCCESSFUL"}
+    verdict = b.judge()
+    assert what(verdict) == [("result", "crash-1"), ("result", "once-1")], "a dead job is FAILED, a panic too"
+    assert "get_result() says READY" in verdict.discrepancies[0].detail
+    b.results["crash-1"] = b.results["once-1"] = None
+    assert what(b.judge()) == [("result", "crash-1"), ("result", "once-1")], "no result at all is flagged too"
+
+
+def test_leftovers_torn_lines_and_missing_fires_are_problems():
+    b = a_clean_book()
+    b.leftovers = {"soak-a": {"stream": 0, "delayed": 2, "pending": 0}, "soak-b": {"stream": 0, "delayed": 0,
+                                                                                 "pending": 0}}
+    b.fires = {"soak-tick": 3}
+    b.lines.append('{"j": "ok-9", "k": "ok", "e": "sta')
+    verdict = b.judge()
+    assert not verdict.ok and not verdict.discrepancies
+    text = "\n".join(verdict.problems)
+    assert "queue soak-a not drained: delayed 2" in text
+    assert "soak-b" not in text
+    assert "recorded 3 fire(s)" in text and "account for 1" in text
+    assert "not a whole record" in text
+
+
+def test_the_report_shows_the_first_offenders_of_each_kind_and_counts_the_rest():
+    b = a_clean_book()
+    for i in range(5):
+        b.enqueue(f"lost-{i}", "ok")
+    text = report_discrepancies(b.judge(), per_kind=2)
+    assert text.count("UNACCOUNTED: job lost-") == 2
+    assert "... and 3 more unaccounted" in text
+
+
+@pytest.mark.parametrize("kind", [k for k in KINDS if k.expect == "dead"])
+def test_every_kind_that_must_die_names_its_reason(kind):
+    assert kind.reason in ("retries_exhausted", "unrecoverable", "panic")
+
+
+def test_the_writer_appends_whole_lines_that_the_reader_reads_back(tmp_path):
+    path = str(tmp_path / "ledger.jsonl")
+    writer = LedgerWriter(path)
+    writer.write(j="ok-1", k="ok", e="enqueue")
+    writer.write(j="ok-1", k="ok", e="start", r="x", a=1)
+    writer.write(j="ok-1", k="ok", e="end", r="x", o="ok")
+    writer.close()
+    ledger = read([path, str(tmp_path / "missing.jsonl")])
+    assert ledger.enqueued == {"ok-1": "ok"}
+    (run,) = ledger.runs["ok-1"]
+    assert (run.attempt, run.outcome, run.ended is not None) == (1, "ok", True)
+    assert BY_NAME["ok"].budget == 3
