@@ -7,9 +7,7 @@ was there (READY, from its enqueue through Django or a failed run), as if it
 were still to run, and a caller polling for it waits until the record
 expires; here, on the engine alone, there is no record at all. Every other way
 into the dead-letter queue (``retries_exhausted`` after a raised error,
-``unrecoverable``) stores FAILED. Expected to fail until the pickup that
-dead-letters a job writes its result too (strict: it reports when it starts
-passing, so the marker can go).
+``unrecoverable``) stores FAILED, and so does a refusal at pickup now.
 """
 
 import time
@@ -21,7 +19,6 @@ from chasqui_core.engine.results import decode_result
 from tests.engine.worker_app import dlq_entries, settled
 
 
-@pytest.mark.xfail(strict=True, reason="a job dead-lettered as panic keeps the result READY (found by the soak)")
 @pytest.mark.timeout(90)
 def test_a_job_dead_lettered_as_panic_reports_failed(redis, workers):
     q = Queue("c-panic-result", redis_client=redis)

@@ -9,8 +9,8 @@ naming it), and after a second such death they are dead-lettered as
 ``panic`` although they ran once or never. The soak also saw the opposite:
 a death charged to nobody, so the pill ran again and killed a third worker.
 
-Expected to fail until a job is announced only once it is about to start
-(strict: it reports when it starts passing, so the marker can go).
+Async jobs are now written to the journal only once they have started, and
+a sync job just before its handler runs.
 """
 
 import time
