@@ -129,7 +129,8 @@ def test_job_result_ready_then_successful(op_api, view_api, result_storage, redi
 # --- finding a job in any state ----------------------------------------------------------------
 
 def test_find_a_waiting_job_with_its_arguments_masked(op_api, view_api):
-    job_id = op_api.post("/api/queues/default/jobs", {"task": ADD, "args": [{"password": "hunter2"}, 2]}).json()["job_id"]
+    body = {"task": ADD, "args": [{"password": "hunter2"}, 2]}
+    job_id = op_api.post("/api/queues/default/jobs", body).json()["job_id"]
     body = view_api.get(f"/api/jobs/{job_id}").json()
     assert (body["state"], body["status"], body["queue"], body["task"]) == ("waiting", "READY", "default", ADD)
     assert body["args"] == [{"password": "••••••"}, 2]
@@ -137,7 +138,8 @@ def test_find_a_waiting_job_with_its_arguments_masked(op_api, view_api):
 
 
 def test_find_a_delayed_job(op_api, view_api):
-    job_id = op_api.post("/api/queues/default/jobs", {"task": ADD, "args": [1, 2], "delay_ms": 600_000}).json()["job_id"]
+    body = {"task": ADD, "args": [1, 2], "delay_ms": 600_000}
+    job_id = op_api.post("/api/queues/default/jobs", body).json()["job_id"]
     body = view_api.get(f"/api/jobs/{job_id}").json()
     assert (body["state"], body["status"]) == ("delayed", "READY")
     assert body["run_at"] is not None
