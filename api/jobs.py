@@ -1,4 +1,4 @@
-"""Jobs: enqueue a project task by name, read a job's result, list the tasks."""
+"""Jobs: enqueue a project task by name, find a job in any state, list the tasks."""
 
 from django.http import HttpRequest
 from ninja import Router
@@ -6,7 +6,7 @@ from ninja.responses import Status
 
 from .auth import needs
 from .errors import READ, WITH_BODY
-from .schemas import EnqueueIn, EnqueueOut, JobResultOut, TaskOut
+from .schemas import EnqueueIn, EnqueueOut, JobOut, TaskOut
 from chasqui_core.services import jobs as jobs_service
 
 router = Router(tags=["jobs"])
@@ -33,9 +33,9 @@ def enqueue(request: HttpRequest, queue: str, payload: EnqueueIn):
                                   status=str(result.status), run_after=result.task.run_after))
 
 
-@router.get("/jobs/{job_id}", response={200: JobResultOut, **READ}, summary="A job's status and result",
+@router.get("/jobs/{job_id}", response={200: JobOut, **READ}, summary="Find a job in any state",
             auth=needs("view_queues"))
-def job_result(request: HttpRequest, job_id: str):
-    """Status, arguments, return value and errors of a job, while result storage keeps it
-    (``TASKS['default']['OPTIONS']['RESULT_TTL']``). Needs view_queues."""
-    return JobResultOut.from_result(jobs_service.job_result(request.auth, job_id))
+def find_job(request: HttpRequest, job_id: str):
+    """Where a job is and what it holds: waiting, running, delayed, dead, or finished (while result storage
+    keeps it). 404 says where it looked. Arguments, errors and results are masked. Needs view_queues."""
+    return JobOut.from_lookup(jobs_service.find_job(request.auth, job_id))

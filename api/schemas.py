@@ -120,32 +120,70 @@ class EnqueueOut(Schema):
     run_after: datetime | None
 
 
-class JobResultOut(Schema):
+class DeathOut(Schema):
+    entry_id: str = Field(description="The dead-letter entry: replay or discard it under /api/queues/{queue}/dlq/.")
+    reason: str
+    dead_at: datetime | None
+    error_class: str
+    error: str
+
+
+class JobOut(Schema):
     id: str
+    state: Literal["waiting", "running", "delayed", "dead", "finished"] = Field(
+        description="waiting in the stream, running (delivered to a worker), delayed (scheduled or retrying), "
+                    "dead (in the DLQ), finished (its stored result, when RESULT_TTL keeps one).")
+    status: str = Field(description="Django's TaskResult status: READY, RUNNING, SUCCESSFUL or FAILED.")
+    queue: str
     task: str
-    status: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    enqueued_at: datetime | None
+    args: list[Any] | None = Field(description="Masked; null when the payload cannot be decoded.")
+    kwargs: dict[str, Any] | None
+    attempt: int = Field(description="Runs already made.")
+    max_attempts: int | None
+    replays: int
+    created_at: datetime | None
+    stream_entry: str | None = Field(description="Its entry in the queue's stream (waiting or running).")
+    worker: str | None = Field(description="The worker running it, or the consumer its entry was delivered to.")
+    deliveries: int
     started_at: datetime | None
+    run_at: datetime | None = Field(description="When a delayed job is due.")
+    death: DeathOut | None
     finished_at: datetime | None
-    last_attempted_at: datetime | None
     return_value: Any = None
-    errors: list[dict[str, str]]
-    worker_ids: list[str]
+    errors: list[dict[str, Any]] = Field(description="Every failed run: attempt, class, message, traceback, "
+                                                     "worker, started_at, finished_at, duration_ms (masked).")
+    searched: list[str] = Field(description="Where the lookup read, in words.")
+    scanned: int = Field(description="Entries read to find it.")
 
     @classmethod
-    def from_result(cls, result) -> JobResultOut:
-        value = None
-        if result.status == "SUCCESSFUL":
-            value = mask(getattr(result, "_return_value", None))
+    def from_lookup(cls, found) -> JobOut:
+        job, result, dead, run = found.job, found.result or {}, found.dead, found.running
+        status = {"waiting": "READY", "delayed": "READY", "running": "RUNNING", "dead": "FAILED"}.get(
+            found.state, str(result.get("status") or ""))
+        errors = job.errors if job is not None else result.get("errors") or []
+        if dead is not None:
+            errors = dead.errors
+        started = run.started_at_ms if run is not None else None
         return cls(
-            id=result.id, task=result.task.module_path, status=str(result.status), args=mask(list(result.args)),
-            kwargs=mask(dict(result.kwargs)), enqueued_at=result.enqueued_at, started_at=result.started_at,
-            finished_at=result.finished_at, last_attempted_at=result.last_attempted_at, return_value=value,
-            errors=[{"exception_class_path": e.exception_class_path, "traceback": mask_text(e.traceback)}
-                    for e in result.errors],
-            worker_ids=[w for w in result.worker_ids],
+            id=found.job_id, state=found.state, status=status, queue=found.queue or "",
+            task=(job.task if job is not None else (dead.task if dead else str(result.get("task") or ""))),
+            args=mask(list(job.args)) if job is not None else mask(result.get("args")),
+            kwargs=mask(dict(job.kwargs)) if job is not None else mask(result.get("kwargs")),
+            attempt=job.attempt if job is not None else len(errors),
+            max_attempts=job.max_attempts if job is not None else None,
+            replays=job.replays if job is not None else 0,
+            created_at=_dt(job.created_at if job is not None else result.get("enqueued_at") or found.created_ms),
+            stream_entry=found.stream_entry,
+            worker=run.worker if run is not None else found.delivered_to or (str(result.get("worker") or "") or None),
+            deliveries=found.deliveries,
+            started_at=_dt(started if started is not None else result.get("started_at")),
+            run_at=_dt(found.run_at_ms),
+            death=DeathOut(entry_id=dead.entry_id, reason=dead.reason, dead_at=_dt(dead.dead_at_ms),
+                           error_class=dead.error_class, error=mask_text(dead.error)) if dead is not None else None,
+            finished_at=_dt(result.get("finished_at")) if found.state == "finished" else None,
+            return_value=mask(result.get("return_value")) if found.state == "finished" else None,
+            errors=mask([e for e in errors if isinstance(e, dict)]),
+            searched=list(found.searched), scanned=found.scanned,
         )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
@@ -23,6 +23,7 @@ from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services import dlq as dlq_service
 from chasqui_core.services import jobs as jobs_service
 from chasqui_core.services import operations as operations_service
+from chasqui_core.services import queues as queues_service
 from chasqui_core.services import schedules as schedules_service
 from chasqui_core.services.common import InvalidInput, NotFound, known_queues, require_queue
 
@@ -34,6 +35,7 @@ from .topics import BadTopic, Topic
 
 DLQ_PAGE_SIZE = 50
 DELAYED_PAGE_SIZE = 25
+STREAM_PAGE_SIZE = 50
 
 
 def _live(topic: Topic) -> dict[str, Any]:
@@ -150,7 +152,7 @@ class Generation:
     runs: list[Run]
 
 
-def generations(dead: DeadJob) -> list[Generation]:
+def generations(dead: DeadJob | list[Any]) -> list[Generation]:
     """Split the error history where a replay started the attempt count again.
 
     A replay that reset the budget restarts the attempt numbers, and a run
@@ -161,7 +163,8 @@ def generations(dead: DeadJob) -> list[Generation]:
     out: list[list[Run]] = [[]]
     previous_attempt = None
     previous_replays = None
-    for i, record in enumerate(dead.errors):
+    errors = dead if isinstance(dead, list) else dead.errors
+    for i, record in enumerate(errors):
         if not isinstance(record, dict):
             continue
         attempt = record.get("attempt")
@@ -191,6 +194,56 @@ def entry(request: HttpRequest, name: str, entry_id: str) -> HttpResponse:
         "replay_form": ReplayOptionsForm(),
     }
     return render(request, "chasqui_console/entry.html", ctx)
+
+
+# --- any job, by id --------------------------------------------------------------------------
+
+
+@console_page
+def search(request: HttpRequest) -> HttpResponse:
+    """The header's search box: straight to the job's page (which says where it looked when it finds nothing)."""
+    job_id = request.GET.get("id", "").strip()
+    if not job_id:
+        return render(request, "chasqui_console/search.html", {**_base(request, "search"), "job_id": ""})
+    return HttpResponseRedirect(reverse("chasqui_console:job", args=[job_id]))
+
+
+@console_page
+def job(request: HttpRequest, job_id: str) -> HttpResponse:
+    """One job in whatever state it is, with the actions that fit that state."""
+    try:
+        found = jobs_service.find_job(request.user, job_id, source="console")
+    except (NotFound, InvalidInput) as exc:
+        ctx = {**_base(request, "search"), "job_id": job_id, "message": str(exc)}
+        return render(request, "chasqui_console/search.html", ctx, status=404)
+    result = found.result or {}
+    errors = found.dead.errors if found.dead is not None else (
+        found.job.errors if found.job is not None else list(result.get("errors") or []))
+    ctx = {
+        **_base(request, "search", found.queue), "found": found, "job": found.job, "dead": found.dead,
+        "result": result, "errors": errors, "generations": generations([e for e in errors if isinstance(e, dict)]),
+        "replay_form": ReplayOptionsForm(), "here": request.get_full_path(),
+    }
+    return render(request, "chasqui_console/job.html", ctx)
+
+
+@console_page
+def stream(request: HttpRequest, name: str) -> HttpResponse:
+    """The jobs in a queue's stream, newest or oldest first, each linking to its page."""
+    name = require_queue(name)
+    order = "oldest" if request.GET.get("order") == "oldest" else "newest"
+    cursor = request.GET.get("cursor") or None
+    error = ""
+    try:
+        page = queues_service.stream_page(request.user, name, cursor=cursor, limit=STREAM_PAGE_SIZE,
+                                          newest_first=order == "newest", source="console")
+    except InvalidInput as exc:
+        error, cursor = str(exc), None
+        page = queues_service.stream_page(request.user, name, limit=STREAM_PAGE_SIZE,
+                                          newest_first=order == "newest", source="console")
+    ctx = {**_base(request, "stream", name), "queue": name, "page": page, "order": order, "cursor": cursor,
+           "error": error}
+    return render(request, "chasqui_console/stream.html", ctx)
 
 
 # --- operations, audit -----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Jobs by name: the project's tasks, enqueueing one by hand, and a job's stored result."""
+"""Jobs by name: the project's tasks, enqueueing one by hand, finding a job in any state, its stored result."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from datetime import timedelta
 from typing import Any
 
 from django.tasks import TaskResult
-from django.tasks.exceptions import TaskResultDoesNotExist
 from django.utils import timezone
 
 from chasqui_core import access
 from chasqui_core.backend import ChasquiTask, discover_tasks
+from chasqui_core.engine import lookup
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (
@@ -24,8 +24,13 @@ from chasqui_core.services.common import (
     check_source,
     engine_errors,
     require,
+    known_queues,
+    redis_client,
     require_queue,
 )
+
+LOOKUP_SCAN_LIMIT = 200_000
+"""Entries read at most per place (stream, delayed set, DLQ) of each queue when looking a job up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,22 +53,32 @@ def task_list(actor, *, source: Source = "api") -> list[TaskInfo]:
     return out
 
 
-def job_result(actor, job_id: str, *, source: Source = "api") -> TaskResult:
-    """A job's status and result, when result storage is on (``TASKS[...]['OPTIONS']['RESULT_TTL']``)."""
+def find_job(actor, job_id: str, *, source: Source = "api") -> lookup.JobLookup:
+    """Where a job is now, in any queue and any state; NotFound, saying where it looked, when it is nowhere.
+
+    The lookup's data is the engine's, unmasked: callers mask what they show
+    (the API's schema and the console's templates do).
+    """
     require(actor, access.VIEW, source)
-    be = backend()
-    if not be.supports_get_result:
-        raise NotFound(
-            "Result storage is off, so job results are not kept: set "
-            "TASKS['default']['OPTIONS']['RESULT_TTL'] to a number of seconds to keep them"
-        )
     if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
         raise InvalidInput("job_id must be a non-empty string of at most 200 characters")
-    try:
-        with engine_errors:
-            return be.get_result(job_id)
-    except TaskResultDoesNotExist:
-        raise NotFound(f"No result for job {job_id!r}: it does not exist, or its result expired") from None
+    with engine_errors:
+        found = lookup.find_job(redis_client(), job_id, known_queues(), scan_limit=LOOKUP_SCAN_LIMIT)
+    if not found.found:
+        raise NotFound(not_found_message(found))
+    return found
+
+
+def not_found_message(found: lookup.JobLookup) -> str:
+    """Why a lookup came back empty, and how sure that is."""
+    where = "; ".join(found.searched) or "no queue is known"
+    if found.complete:
+        verdict = (f"No job {found.job_id!r} in any queue: it is not waiting, running, delayed or dead, and no "
+                   "result is stored for it (finished jobs are kept only with RESULT_TTL on)")
+    else:
+        verdict = (f"Job {found.job_id!r} was not found, but some places were too big to read whole: it may still "
+                   f"be there")
+    return f"{verdict}. Searched {found.scanned:,} entries: {where}."
 
 
 def enqueue(

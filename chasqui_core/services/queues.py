@@ -8,6 +8,7 @@ from typing import Any
 from chasqui_core import access
 from chasqui_core.engine import stats
 from chasqui_core.engine import metrics as metrics_mod
+from chasqui_core.engine import waiting
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (
@@ -15,6 +16,7 @@ from chasqui_core.services.common import (
     check_source,
     engine_errors,
     known_queues,
+    page_limit,
     redis_client,
     require,
     require_queue,
@@ -59,3 +61,13 @@ def _switch(actor, queue: str, source: str, action: str, flip: Callable[[Any, st
     changed = flip(redis_client(), queue)
     record(actor, action, source=source, queue=queue, count=1 if changed else 0, detail={"changed": changed})
     return changed
+
+
+def stream_page(actor, queue: str, *, cursor: str | None = None, limit: int = 50, newest_first: bool = True,
+                source: Source = "api") -> waiting.StreamPage:
+    """The jobs in a queue's stream (waiting, or delivered and not settled), newest or oldest first."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    limit = page_limit(limit)
+    with engine_errors:
+        return waiting.page(redis_client(), queue, cursor=cursor or None, limit=limit, newest_first=newest_first)

@@ -124,3 +124,66 @@ def test_job_result_ready_then_successful(op_api, view_api, result_storage, redi
     assert body["return_value"] == 42
     assert body["args"] == [20, 22]
     assert view_api.get("/api/jobs/no-such-job").status_code == 404
+
+
+# --- finding a job in any state ----------------------------------------------------------------
+
+def test_find_a_waiting_job_with_its_arguments_masked(op_api, view_api):
+    body = {"task": ADD, "args": [{"password": "hunter2"}, 2]}
+    job_id = op_api.post("/api/queues/default/jobs", body).json()["job_id"]
+    body = view_api.get(f"/api/jobs/{job_id}").json()
+    assert (body["state"], body["status"], body["queue"], body["task"]) == ("waiting", "READY", "default", ADD)
+    assert body["args"] == [{"password": "••••••"}, 2]
+    assert body["stream_entry"] and body["scanned"] >= 1 and body["searched"]
+
+
+def test_find_a_delayed_job(op_api, view_api):
+    body = {"task": ADD, "args": [1, 2], "delay_ms": 600_000}
+    job_id = op_api.post("/api/queues/default/jobs", body).json()["job_id"]
+    body = view_api.get(f"/api/jobs/{job_id}").json()
+    assert (body["state"], body["status"]) == ("delayed", "READY")
+    assert body["run_at"] is not None
+
+
+def test_find_a_running_job_from_its_workers_heartbeat(op_api, view_api, redis):
+    from .helpers import heartbeat, server_ms
+
+    job_id = op_api.post("/api/queues/default/jobs", {"task": ADD, "args": [1, 2]}).json()["job_id"]
+    started = server_ms(redis) - 5_000
+    heartbeat(redis, ["default"], "box-1:4242:ab", in_flight=1, current=[(ADD, job_id, started)])
+    body = view_api.get(f"/api/jobs/{job_id}").json()
+    assert (body["state"], body["status"], body["worker"]) == ("running", "RUNNING", "box-1:4242:ab")
+    assert body["started_at"] is not None and body["args"] == [1, 2]
+
+
+def test_find_a_dead_job_with_its_errors_masked(view_api, redis):
+    from tests.helpers import add_dead, dead_job
+
+    job = dead_job(messages=("login failed password=hunter2",), kwargs={"token": "abc"})
+    entry = add_dead(redis, "default", job)
+    body = view_api.get(f"/api/jobs/{job.id}").json()
+    assert (body["state"], body["status"]) == ("dead", "FAILED")
+    assert body["death"]["entry_id"] == entry and body["death"]["reason"] == "retries_exhausted"
+    assert "hunter2" not in str(body) and body["kwargs"] == {"token": "••••••"}
+    assert len(body["errors"]) == 1
+
+
+def test_find_a_finished_job_by_its_result(view_api, redis):
+    from chasqui_core.engine.envelope import new_job_id
+    from chasqui_core.engine.results import encode_result
+
+    job_id = new_job_id()
+    redis.sadd(QUEUES_REGISTRY, "default")
+    redis.set(QueueKeys.for_queue("default").result + job_id,
+              encode_result(job_id=job_id, task=ADD, status="SUCCESSFUL", args=[1, 2], kwargs={}, enqueued_at=1,
+                            finished_at=2, return_value={"secret": "s3"}))
+    body = view_api.get(f"/api/jobs/{job_id}").json()
+    assert (body["state"], body["status"], body["return_value"]) == ("finished", "SUCCESSFUL", {"secret": "••••••"})
+
+
+def test_a_job_found_nowhere_is_404_saying_where_it_looked(view_api):
+    r = view_api.get("/api/jobs/01JZZZZZZZZZZZZZZZZZZZZZZZ")
+    assert r.status_code == 404
+    detail = r.json()["detail"]
+    assert "not waiting, running, delayed or dead" in detail and "delayed set of default" in detail
+    assert view_api.get(f"/api/jobs/{'x' * 201}").status_code == 422

@@ -1,0 +1,109 @@
+"""The job search box, the page of any job, and the list of a queue's stream, through Django's test client."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from chasqui_core.engine.envelope import new_job_id
+from chasqui_core.engine.queue import Queue
+from chasqui_core.masking import MASK
+from tests.helpers import TASK, add_dead, dead_job
+
+pytestmark = pytest.mark.django_db
+
+Q = "emails"
+
+
+def _client(user) -> Client:
+    c = Client()
+    c.force_login(user)
+    return c
+
+
+@pytest.mark.parametrize("url", ["/jobs/", "/jobs/01ABC/", f"/queues/{Q}/stream/"])
+def test_anonymous_users_are_sent_to_login(client, url):
+    response = client.get(url)
+    assert response.status_code == 302 and response["Location"].startswith("/login/?next=")
+
+
+def test_users_without_the_view_permission_are_refused(outsider):
+    assert _client(outsider).get("/jobs/01ABC/").status_code == 403
+
+
+def test_every_console_page_has_the_search_box_and_the_favicon(viewer):
+    html = _client(viewer).get("/").content.decode()
+    assert 'id="job-search"' in html and 'action="/jobs/"' in html
+    assert "favicon.svg" in html
+
+
+def test_the_search_box_goes_to_the_jobs_page(viewer):
+    response = _client(viewer).get("/jobs/", {"id": " 01ABC "})
+    assert response.status_code == 302 and response["Location"] == "/jobs/01ABC/"
+
+
+def test_a_job_found_nowhere_says_where_it_looked(viewer, redis):
+    Queue(Q, redis_client=redis).add(TASK, [1, 2])
+    response = _client(viewer).get(f"/jobs/{new_job_id()}/")
+    assert response.status_code == 404
+    html = response.content.decode()
+    assert "not waiting, running, delayed or dead" in html and "delayed set of emails" in html
+
+
+def test_a_waiting_jobs_page_shows_its_arguments_masked_and_escaped(viewer, redis):
+    added = Queue(Q, redis_client=redis).add(TASK, ["<script>alert(1)</script>"], {"password": "hunter2"})
+    html = _client(viewer).get(f"/jobs/{added.job_id}/").content.decode()
+    assert 'data-state="waiting"' in html
+    assert "hunter2" not in html and MASK in html
+    assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "Replay" not in html and "Run now" not in html  # nothing to do for a waiting job
+
+
+def test_a_dead_jobs_page_offers_replay_and_discard_to_operators_only(operator, viewer, redis):
+    job = dead_job(messages=("token=abc123 refused",))
+    entry = add_dead(redis, Q, job)
+    html = _client(operator).get(f"/jobs/{job.id}/").content.decode()
+    assert 'data-state="dead"' in html
+    assert f'action="/queues/{Q}/dlq/{entry}/replay/"' in html and 'data-action="discard"' in html
+    assert "csrfmiddlewaretoken" in html and "abc123" not in html
+    viewer_html = _client(viewer).get(f"/jobs/{job.id}/").content.decode()
+    assert 'data-action="replay"' not in viewer_html and 'data-action="discard"' not in viewer_html
+
+
+def test_replaying_from_the_job_page_comes_back_to_it(operator, redis):
+    job = dead_job()
+    entry = add_dead(redis, Q, job)
+    c = _client(operator)
+    response = c.post(f"/queues/{Q}/dlq/{entry}/replay/", {"attempts": "reset", "when": "now",
+                                                             "next": f"/jobs/{job.id}/"})
+    assert response.status_code == 302 and response["Location"] == f"/jobs/{job.id}/"
+    assert 'data-state="waiting"' in c.get(f"/jobs/{job.id}/").content.decode()
+
+
+def test_a_delayed_jobs_page_offers_run_now_and_cancel(operator, redis):
+    added = Queue(Q, redis_client=redis).add(TASK, [1, 2], delay=600_000)
+    c = _client(operator)
+    html = c.get(f"/jobs/{added.job_id}/").content.decode()
+    assert 'data-state="delayed"' in html and 'data-action="run-now"' in html and 'data-action="cancel"' in html
+    response = c.post(f"/queues/{Q}/delayed/run/", {"job_id": added.job_id, "next": f"/jobs/{added.job_id}/"})
+    assert response["Location"] == f"/jobs/{added.job_id}/"
+    assert 'data-state="waiting"' in c.get(f"/jobs/{added.job_id}/").content.decode()
+
+
+def test_the_stream_list_pages_both_ways_and_links_to_jobs(viewer, redis):
+    queue = Queue(Q, redis_client=redis)
+    ids = [queue.add(TASK, [i, 0]).job_id for i in range(60)]
+    c = _client(viewer)
+    first = c.get(f"/queues/{Q}/stream/").content.decode()
+    assert f'href="/jobs/{ids[-1]}/"' in first and f'href="/jobs/{ids[9]}/"' not in first
+    assert "Older »" in first
+    oldest = c.get(f"/queues/{Q}/stream/", {"order": "oldest"}).content.decode()
+    assert f'href="/jobs/{ids[0]}/"' in oldest and f'href="/jobs/{ids[-1]}/"' not in oldest
+    assert "is not a stream entry id from a previous page" in c.get(f"/queues/{Q}/stream/",
+                                                                   {"cursor": "nope"}).content.decode()
+
+
+def test_an_empty_stream_says_what_to_expect(viewer, redis):
+    Queue(Q, redis_client=redis)
+    html = _client(viewer).get(f"/queues/{Q}/stream/").content.decode()
+    assert "No job is waiting" in html

@@ -1,0 +1,177 @@
+"""Finding a job by id in each state it can be in, against the real server (engine/lookup.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from chasqui_core.engine import delayed, lookup
+from chasqui_core.engine.envelope import Job, new_job_id, now_ms
+from chasqui_core.engine.keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.results import encode_result
+from tests.api.helpers import wait_for
+from tests.helpers import TASK, WorkerThread, add_dead, dead_job
+
+Q = "lookups"
+KEYS = QueueKeys.for_queue(Q)
+
+
+def find(redis, job_id: str, **kw) -> lookup.JobLookup:
+    return lookup.find_job(redis, job_id, [Q, "elsewhere"], **kw)
+
+
+def test_the_time_in_a_ulid_is_read_and_other_ids_have_none():
+    before = now_ms()
+    job_id = new_job_id()
+    assert before <= lookup.ulid_ms(job_id) <= now_ms()
+    assert lookup.ulid_ms("order-42") is None
+    assert lookup.ulid_ms("schedule:nightly:1700000000000") is None
+    assert lookup.ulid_ms("U" * 26) is None  # not Crockford base 32
+    assert lookup.ulid_ms("Z" * 26) is None  # beyond 48 bits of milliseconds
+
+
+def test_a_waiting_job_is_found_in_the_stream_near_its_time(redis):
+    queue = Queue(Q, redis_client=redis)
+    for i in range(50):
+        queue.add(TASK, [i, 0])
+    added = queue.add(TASK, [1, 2], {"password": "hunter2"})
+    found = find(redis, added.job_id)
+    assert found.state == "waiting" and found.queue == Q
+    assert found.job is not None and found.job.args == [1, 2] and found.job.kwargs == {"password": "hunter2"}
+    assert found.stream_entry == added.entry_id
+    assert found.delivered_to is None and found.running is None
+    assert found.scanned <= 2 * lookup.CHUNK
+    assert any("around the id's time: found" in note for note in found.searched)
+
+
+def test_a_waiting_job_far_from_its_time_is_found_by_the_wide_scan(redis):
+    """A job promoted, retried or replayed gets an entry long after its id's time."""
+    job = Job(new_job_id(), TASK, [1, 2], created_at=now_ms())
+    redis.sadd(QUEUES_REGISTRY, Q)
+    later = lookup.ulid_ms(job.id) + 3_600_000
+    for i in range(lookup.NEAR + 10):  # entries the first look reads before giving up
+        redis.xadd(KEYS.stream, {"j": Job(new_job_id(), TASK, [i]).encode()}, id=f"{later - 100_000 + i}-0")
+    redis.xadd(KEYS.stream, {"j": job.encode()}, id=f"{later}-0")
+    found = find(redis, job.id)
+    assert (found.state, found.stream_entry) == ("waiting", f"{later}-0")
+    assert any("the whole stream of lookups: found" in note for note in found.searched)
+
+
+def test_a_delivered_job_is_running_and_names_its_consumer(redis):
+    queue = Queue(Q, redis_client=redis)
+    added = queue.add(TASK, [1, 2])
+    redis.xgroup_create(KEYS.stream, GROUP, id="0", mkstream=True)
+    redis.xreadgroup(GROUP, "host-1:77:abcd", {KEYS.stream: ">"}, count=10)
+    found = find(redis, added.job_id)
+    assert (found.state, found.delivered_to, found.deliveries) == ("running", "host-1:77:abcd", 1)
+    assert found.running is None  # no heartbeat lists it yet
+
+
+def test_a_job_a_real_worker_runs_is_running_with_its_worker_and_start(redis, redis_url):
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(*args):
+        started.set()
+        release.wait(20)
+
+    registry = HandlerRegistry()
+    registry.register("slow", slow, is_async=False)
+    added = Queue(Q, redis_client=redis).add("slow", [1])
+    worker = WorkerThread([Q], registry, redis_url, concurrency=2)
+    try:
+        assert started.wait(20)
+        found = wait_for(lambda: (f := find(redis, added.job_id)).running is not None and f, 10)
+        assert found.state == "running" and found.queue == Q
+        assert found.running.worker == found.delivered_to
+        assert abs(found.running.started_at_ms - now_ms()) < 15_000
+        assert found.job is not None and found.job.task == "slow"
+    finally:
+        release.set()
+        worker.stop()
+
+
+def test_a_delayed_job_is_found_with_its_due_time(redis):
+    queue = Queue(Q, redis_client=redis)
+    for i in range(30):
+        queue.add(TASK, [i, 0], delay=60_000 + i)
+    added = queue.add(TASK, [1, 2], delay=3_600_000)
+    found = find(redis, added.job_id)
+    assert found.state == "delayed" and found.queue == Q and found.job.args == [1, 2]
+    assert found.run_at_ms == delayed.find(redis, Q, added.job_id).run_at_ms
+
+
+def test_a_dead_job_is_found_in_the_dlq(redis):
+    for i in range(20):
+        add_dead(redis, Q, args=(i, 0))
+    job = dead_job(args=(7, 8))
+    entry = add_dead(redis, Q, job)
+    found = find(redis, job.id)
+    assert found.state == "dead" and found.queue == Q
+    assert found.dead is not None and found.dead.entry_id == entry and found.job.args == [7, 8]
+
+
+def test_a_dead_job_made_long_before_it_died_is_found(redis):
+    job = dead_job()
+    job = Job("01" + job.id[2:], job.task, job.args, attempt=job.attempt, errors=job.errors)  # made in the 2000s
+    for i in range(3 * lookup.CHUNK):
+        add_dead(redis, Q, args=(i, 0))
+    entry = add_dead(redis, Q, job)
+    found = find(redis, job.id)
+    assert (found.state, found.dead.entry_id) == ("dead", entry)
+    assert found.scanned <= 2 * lookup.CHUNK  # the newest end is read at once
+
+
+def test_a_finished_job_is_found_by_its_result_record(redis):
+    redis.sadd(QUEUES_REGISTRY, Q)
+    job_id = new_job_id()
+    redis.set(KEYS.result + job_id, encode_result(job_id=job_id, task=TASK, status="SUCCESSFUL", args=[1, 2],
+                                                  kwargs={}, enqueued_at=now_ms(), return_value=3))
+    found = find(redis, job_id)
+    assert (found.state, found.queue, found.result["return_value"]) == ("finished", Q, 3)
+    assert found.scanned == 0
+
+
+def test_a_ready_result_record_does_not_hide_the_waiting_job(redis):
+    queue = Queue(Q, redis_client=redis)
+    added = queue.add(TASK, [1, 2], result_ttl=60)
+    # the READY record the Django backend writes at enqueue
+    redis.set(KEYS.result + added.job_id, encode_result(job_id=added.job_id, task=TASK, status="READY", args=[1, 2],
+                                                        kwargs={}, enqueued_at=now_ms()), px=60_000)
+    found = find(redis, added.job_id)
+    assert found.state == "waiting" and found.result is not None and found.result["status"] == "READY"
+
+
+def test_a_caller_given_id_is_found_by_a_bounded_scan(redis):
+    queue = Queue(Q, redis_client=redis)
+    for i in range(100):
+        queue.add(TASK, [i, 0])
+    queue.add(TASK, [1, 2], job_id="order-42")
+    found = find(redis, "order-42")
+    assert found.state == "waiting" and found.job.args == [1, 2]
+    assert found.queue == Q  # its id marker names the queue: no other is searched
+    assert not any("elsewhere" in note for note in found.searched[1:])
+
+
+def test_a_job_found_nowhere_says_where_it_looked_and_whether_that_was_all(redis):
+    queue = Queue(Q, redis_client=redis)
+    for i in range(300):
+        queue.add(TASK, [i, 0])
+    missing = new_job_id()
+    found = find(redis, missing)
+    assert found.state is None and found.complete
+    assert any("delayed set of lookups" in note for note in found.searched)
+    assert any("dead-letter queue of lookups" in note for note in found.searched)
+    cut = find(redis, "order-0", scan_limit=100)
+    assert cut.state is None and not cut.complete
+    assert any("stopped at the limit of 100" in note for note in cut.searched)
+
+
+def test_bad_ids_are_refused_in_words(redis):
+    with pytest.raises(ValueError, match="job_id"):
+        lookup.find_job(redis, "", [Q])
+    with pytest.raises(ValueError, match="job_id"):
+        lookup.find_job(redis, "x" * 201, [Q])
