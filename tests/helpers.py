@@ -7,10 +7,12 @@ import threading
 import time
 from pathlib import Path
 
-from chasqui_core.engine.connection import is_cluster_client
+from chasqui_core.engine.connection import aconnect, is_cluster_client
 from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.recovery import reclaim_abandoned
 from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,3 +146,16 @@ def bulk_dead(redis, queue: str, n: int, *, task: str = TASK, cls: str = "ValueE
             pipe.xadd(key, dead_fields(job))
         ids += [r.decode() for r in pipe.execute()]
     return ids
+
+
+def reclaim_now(redis_url: str, keys: QueueKeys, *, min_idle_ms: int):
+    """One reclaim pass, as any live worker runs it, by a consumer that reads nothing itself."""
+
+    async def main():
+        client = aconnect(redis_url)
+        try:
+            return await reclaim_abandoned(Scripts(client), keys, "reclaimer", min_idle_ms=min_idle_ms)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())

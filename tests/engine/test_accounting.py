@@ -17,17 +17,15 @@ from contextlib import contextmanager, suppress
 import pytest
 
 from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.connection import aconnect
 from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, now_ms
 from chasqui_core.engine.errors import RetryAfter
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.recovery import reclaim_abandoned
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy, decide
-from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.worker import Worker
 from tests.engine.worker_app import wait_for
+from tests.helpers import reclaim_now
 
 
 @contextmanager
@@ -59,19 +57,6 @@ def recorder():
         registry.register(name, handler, takes_context=True)
 
     return runs, registry, make
-
-
-def reclaim_now(redis_url, keys: QueueKeys, *, min_idle_ms: int):
-    """One reclaim pass, as any live worker runs it (a consumer that reads nothing itself)."""
-
-    async def main():
-        client = aconnect(redis_url)
-        try:
-            return await reclaim_abandoned(Scripts(client), keys, "mover", min_idle_ms=min_idle_ms)
-        finally:
-            await client.aclose()
-
-    return asyncio.run(main())
 
 
 def payload(queue: str, task: str, **options) -> bytes:

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.connection import aconnect, connect
+from chasqui_core.engine.connection import connect
 from chasqui_core.engine.dlq.entries import REASONS
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.fingerprint import fingerprint
@@ -21,11 +21,10 @@ from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, 
 from chasqui_core.engine.errors import JobNotFound, UnrecoverableError
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.recovery import reclaim_abandoned
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy
-from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.worker import Worker
+from tests.helpers import reclaim_now
 
 Q = "dlqtest"
 KEYS = QueueKeys.for_queue(Q)
@@ -90,19 +89,6 @@ def dl(redis):
 
 
 # --- running a real worker --------------------------------------------------------
-
-
-def reclaim_abandoned_now(redis_url, keys, *, min_idle_ms):
-    """One reclaim pass, as any live worker runs it, by a consumer of its own."""
-
-    async def main():
-        client = aconnect(redis_url)
-        try:
-            return await reclaim_abandoned(Scripts(client), keys, "reclaimer", min_idle_ms=min_idle_ms)
-        finally:
-            await client.aclose()
-
-    return asyncio.run(main())
 
 
 def run_worker(redis_url, registry, until, *, timeout=20.0, **options):
@@ -201,7 +187,7 @@ def test_panic_from_dead_workers_is_dead_lettered_with_a_worker_lost_record_per_
         [(_, [(entry_id, _)])] = redis.xreadgroup(GROUP, ghost, {KEYS.stream: ">"}, count=1)
         redis.hset(KEYS.running(ghost), entry_id, now_ms() - 1000)
         time.sleep(0.25)
-        reclaim_abandoned_now(redis_url, KEYS, min_idle_ms=200)
+        reclaim_now(redis_url, KEYS, min_idle_ms=200)
     ran = []
     registry = HandlerRegistry()
     registry.register("media.transcode", lambda *a: ran.append(a))
