@@ -57,23 +57,27 @@ def test_every_worker_resumes_after_each_redis_restart_and_each_job_runs_once(re
             return ids
 
         def resumed(ids: list[str], what: str) -> None:
-            """Every job of ``ids`` ran, and both processes ran some of them: neither is silent."""
+            """Every job of ``ids`` ran, and both processes ran some of them: neither is silent.
+
+            Forty jobs of 0.2 s, four at most held per process, take one process alone 4 s: longer than
+            a reader's longest wait between tries (2 s), so a process that resumed at all runs some.
+            """
             def done():
                 by_job = runs_by_job(read_runs(redis))
                 return all(i in by_job for i in ids) and {by_job[i][0].pid for i in ids}
             pids = wait_for(done, 45, what)
             assert pids == {p.pid for p in procs}, f"{what}: only {pids} ran jobs ({workers.logs()})"
 
-        resumed(burst(40, "block", seconds=0.05), "the first jobs")
+        resumed(burst(40, "block", seconds=0.2), "the first jobs")
         restart(server)  # 1. while the workers wait on empty queues
-        resumed(burst(40, "block", seconds=0.05), "jobs after a restart at rest")
+        resumed(burst(40, "block", seconds=0.2), "jobs after a restart at rest")
         burst(400)
         restart(server)  # 2. just after a burst, as it is read
-        resumed(burst(40, "block", seconds=0.05), "jobs after a restart during a burst")
+        resumed(burst(40, "block", seconds=0.2), "jobs after a restart during a burst")
         burst(20, "block", seconds=0.5)
         time.sleep(0.3)
         restart(server)  # 3. while slow jobs run
-        resumed(burst(40, "block", seconds=0.05), "jobs after a restart during slow jobs")
+        resumed(burst(40, "block", seconds=0.2), "jobs after a restart during slow jobs")
 
         wait_for(lambda: all(settled(admin, q) for q in QUEUES), 60, "both queues to settle")
         by_job = runs_by_job(read_runs(redis))
