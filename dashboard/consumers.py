@@ -6,9 +6,19 @@ passes them on. Sockets are accepted and then closed at once when refused,
 so the browser learns why from the close code and does not keep retrying:
 4401 without a logged-in user, 4403 without the view permission, 4404 for a
 path that names nothing to watch.
+
+A socket outlives the login it was opened with unless someone checks: a user
+who logs out in another tab (or whose session an administrator ends) would
+go on watching. So before passing a fragment on, at most every
+``SESSION_CHECK_S`` seconds, the socket checks that its session still exists
+and its user still may view: if not, it closes with 4401 or 4403. Fragments
+come every sampler tick (1 s), so a logged-out session's sockets close within
+about four seconds.
 """
 
 from __future__ import annotations
+
+import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -22,9 +32,13 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
 
+SESSION_CHECK_S = 3.0
+"""How often an open socket checks that its session still exists and its user may still view."""
+
 
 class LiveConsumer(AsyncWebsocketConsumer):
     topic: Topic | None = None
+    checked_at = 0.0
 
     async def connect(self) -> None:
         await self.accept()
@@ -41,6 +55,7 @@ class LiveConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_NOT_FOUND)
             return
         self.topic = topic
+        self.checked_at = time.monotonic()
         await self.channel_layer.group_add(topic.group, self.channel_name)
         get_sampler().subscribe(topic)
 
@@ -54,4 +69,23 @@ class LiveConsumer(AsyncWebsocketConsumer):
         """The console only listens; anything a client sends is ignored."""
 
     async def live_fragment(self, event: dict) -> None:
+        now = time.monotonic()
+        if now - self.checked_at >= SESSION_CHECK_S:
+            self.checked_at = now
+            refusal = await database_sync_to_async(self._refusal)()
+            if refusal:
+                await self.disconnect(refusal)
+                await self.close(code=refusal)
+                return
         await self.send(text_data=event["html"])
+
+    def _refusal(self) -> int:
+        """0 while the socket's login still holds; else the code to close it with."""
+        session, user = self.scope.get("session"), self.scope.get("user")
+        key = getattr(session, "session_key", None)
+        if session is None or key is None or not session.exists(key):
+            return CLOSE_UNAUTHENTICATED
+        fresh = type(user)._default_manager.filter(pk=user.pk, is_active=True).first() if user is not None else None
+        if fresh is None:
+            return CLOSE_UNAUTHENTICATED
+        return 0 if access.has(fresh, access.VIEW) else CLOSE_FORBIDDEN

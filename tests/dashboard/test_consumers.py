@@ -97,3 +97,26 @@ async def test_one_sampler_serves_every_socket_and_stops_with_the_last(viewer_co
     while sampler.running and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not sampler.running and sampler.topics == []
+
+
+async def test_a_socket_closes_within_seconds_once_its_session_logs_out_elsewhere(viewer_cookie, redis):
+    from asgiref.sync import sync_to_async
+    from django.contrib.sessions.backends.base import SessionBase
+    from django.utils.module_loading import import_string
+    from django.conf import settings
+
+    Queue(QUEUE, redis_client=redis).add("noop", [0])
+    ws = live_socket(f"/ws/live/queue/{QUEUE}/", viewer_cookie)
+    connected, _ = await ws.connect()
+    assert connected
+    await next_fragment(ws, 'id="q-cards"')
+    key = viewer_cookie.decode().split("=", 1)[1]
+    store: SessionBase = import_string(f"{settings.SESSION_ENGINE}.SessionStore")(key)
+    await sync_to_async(store.delete)(key)  # what logging out in another tab does to the session
+    logged_out = time.monotonic()
+    while True:
+        message = await ws.receive_output(timeout=10)
+        if message["type"] == "websocket.close":
+            break
+    assert message["code"] == 4401
+    assert time.monotonic() - logged_out < 5
