@@ -264,6 +264,11 @@ class Settler:
         if failure is not None:
             raise failure
 
+    @property
+    def pending(self) -> int:
+        """Outcomes not yet written (0 once a flush has written them all)."""
+        return self._pending
+
     async def drained(self) -> None:
         await self._idle.wait()
 

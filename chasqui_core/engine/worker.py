@@ -337,13 +337,17 @@ class Worker(JobRunner):
         for chore in chores:
             chore.cancel()
         await asyncio.gather(*chores, return_exceptions=True)
-        try:
-            await asyncio.wait_for(self.settler.flush(), timeout=max(5.0, self.shutdown_timeout))
-        except Exception as exc:
-            logger.error("worker %s: the last outcomes could not be settled (%s: %s); their entries stay pending "
-                         "and are reclaimed", self.id, type(exc).__name__, exc)
-        settler_task.cancel()
+        # The settler ends by itself once it has written everything (a flush of its may be under way now:
+        # cancelling it there would drop that batch). Only one that cannot finish is cut short.
+        await asyncio.wait({settler_task}, timeout=max(5.0, self.shutdown_timeout))
+        if not settler_task.done():
+            settler_task.cancel()
         await asyncio.gather(settler_task, *leaders, return_exceptions=True)
+        with contextlib.suppress(Exception):  # what is left alone: the counts of entries read
+            await asyncio.wait_for(self.settler.flush(), timeout=5.0)
+        if self.settler.pending:
+            logger.error("worker %s: %d outcomes could not be settled; their entries stay pending and are "
+                         "reclaimed", self.id, self.settler.pending)
         await self.housekeeping.unregister()
         self.journal.close()
         await self.client.aclose()

@@ -22,8 +22,6 @@ from chasqui_core.engine.queue import Queue
 from tests.engine.worker_app import dlq_entries, read_runs, settled
 
 
-@pytest.mark.xfail(strict=True, reason="the start journal announces a round of async jobs before they start: a "
-                                       "death in between is charged to jobs that never ran (found by the soak)")
 @pytest.mark.timeout(90)
 def test_a_death_is_charged_only_to_the_jobs_that_were_running(redis, workers):
     q = Queue("c-journal", redis_client=redis)
