@@ -98,6 +98,21 @@ class StartJournal:
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 
+    def finished(self, marks: dict[str, list[bytes]]) -> None:
+        """Strike the marks of runs that ended (queue -> entry ids): one HDEL per queue, one send per server.
+
+        Sent as soon as the worker hears a run ended, ahead of its outcome's settle call: a worker that dies
+        between the two leaves a job that finished, which must go back uncharged (it runs again: at least
+        once), not as a lost run.
+        """
+        sends: dict[str | None, list[bytes]] = {}
+        for queue, entry_ids in marks.items():
+            key = self._heads[queue][len(b"$4\r\nHSET\r\n"):]
+            sends.setdefault(self._server.get(queue), []).append(b"*%d\r\n$4\r\nHDEL\r\n%s%s" % (
+                2 + len(entry_ids), key, b"".join([_bulk(entry_id) for entry_id in entry_ids])))
+        for server, commands in sends.items():
+            self._write(server, b"".join(commands))
+
     def _write(self, server: str | None, data: bytes) -> None:
         """One whole command: in one GIL-holding send when the connection allows it, else under the lock."""
         fd = self._fds.get(server)

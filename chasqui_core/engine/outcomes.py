@@ -59,6 +59,8 @@ class Delivery:
     """Seconds this run may take (the job's, its task's or the worker's); None: no limit."""
     started: int = 0
     """When the handler started (epoch ms); 0 while the job waits in the worker."""
+    journaled: bool = False
+    """Written to the start journal: its mark is struck as soon as the run ends (``JobRunner._unmark``)."""
     timed_out: bool = False
     """Set when the run passed its timeout: an async run is being cancelled, a sync run was abandoned."""
     timer: Any = None

@@ -64,6 +64,7 @@ class JobRunner:
     _lane: SyncLane | None
     _jobs: set[asyncio.Task[None]]
     _timed_sync: set[Delivery]
+    _unmarks: dict[str, list[bytes]]
     _context: contextvars.Context
     _room: asyncio.Event
 
@@ -181,6 +182,7 @@ class JobRunner:
             run.add_done_callback(self._job_ended)
             if d.timeout is not None:
                 d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000), self._time_out, d, run)
+            d.journaled = True
             if marks is None:
                 marks = {}
             ids = marks.get(d.keys.queue)
@@ -246,6 +248,8 @@ class JobRunner:
         """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
         if self.held.by_tag.pop(d.tag, None) is None:
             return  # written already: a sync run that passed its timeout, reporting at last
+        if d.journaled:
+            self._unmark(d)
         if d.timeout is not None:
             self._timed_sync.discard(d)
         self.stats.processed += 1
@@ -260,6 +264,22 @@ class JobRunner:
                 self.outcomes.succeeded(d, value, started, duration)
         except Exception as exc:
             self.outcomes.internal(d, "recording the outcome", exc)
+
+    def _unmark(self, d: Delivery) -> None:
+        """Strike a finished run's journal mark soon, with the others of this turn of the loop (one send)."""
+        ids = self._unmarks.get(d.keys.queue)
+        if ids is None:
+            self._unmarks[d.keys.queue] = [d.entry_id]
+        else:
+            ids.append(d.entry_id)
+        if len(self._unmarks) == 1 and len(self._unmarks[d.keys.queue]) == 1:
+            assert self._loop is not None  # set by run()
+            self._loop.call_soon(self._send_unmarks)
+
+    def _send_unmarks(self) -> None:
+        marks, self._unmarks = self._unmarks, {}
+        if marks:
+            self.journal.finished(marks)
 
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
         self.held.remove(d)

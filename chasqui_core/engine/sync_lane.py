@@ -118,6 +118,7 @@ class SyncLane:
         job, handler = d.job, d.handler
         started = now_ms()
         self.journal.started_one(d.keys.queue, d.entry_id, started)
+        d.journaled = True
         d.started = started
         t0 = time.perf_counter()
         try:

@@ -212,6 +212,8 @@ class Worker(JobRunner):
         }
         self._jobs: set[asyncio.Task[None]] = set()
         """Tasks of the jobs waiting on something now (see ``_dispatch``); a job that never waits is never kept."""
+        self._unmarks: dict[str, list[bytes]] = {}
+        """Journal marks of runs that ended this turn of the loop, struck together (``_unmark``)."""
         self._timed_sync: set[Delivery] = set()
         """Sync deliveries with a timeout, until their outcome: the deadline watcher walks these."""
         self._context = contextvars.copy_context()
