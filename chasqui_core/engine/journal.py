@@ -7,7 +7,9 @@ to its job; the others go back as they were. Redis cannot tell them apart,
 so a worker writes the entry ids of the runs under way into
 ``{chasqui:<queue>}:running:<worker>`` (HSET entry id -> start ms). The
 reclaim pass reads that hash when it takes a dead worker's entries
-(reclaim.lua), and ``settle.lua`` removes the ids it settles.
+(reclaim.lua). A mark is struck as soon as its run ends (``finished``, one
+HDEL per turn of the event loop), and ``settle.lua`` removes the ids it
+settles too.
 
 When: a sync job's thread writes its mark just before the handler starts,
 so a job that kills the process at once is charged; async jobs are written
