@@ -67,8 +67,8 @@ class StartJournal:
         self._url = url
         self._server: dict[str, str | None] = {}
         """Queue -> the URL of the server holding its keys (a cluster node), or None for the worker's."""
-        self._heads: dict[str, bytes] = {}
-        """Queue -> the start of its HSET command: the command name and the running hash's name."""
+        self._keys: dict[str, bytes] = {}
+        """Queue -> its running hash's name, as a RESP bulk string."""
         self._conns: dict[str | None, Any] = {}
         self._socks: dict[str | None, Any] = {}
         """The connections' sockets, written to directly (redis-py's send costs more than the send)."""
@@ -81,21 +81,22 @@ class StartJournal:
     def use(self, queue: str, key: str, url: str | None = None) -> None:
         """Write ``queue``'s marks to hash ``key``, on the server ``url`` names (a cluster node; None: the worker's)."""
         self._server[queue] = url
-        self._heads[queue] = b"$4\r\nHSET\r\n" + _bulk(key.encode())
+        self._keys[queue] = _bulk(key.encode())
 
     def started_one(self, queue: str, entry_id: bytes, started_ms: int) -> None:
         """Mark one entry as running: a sync lane thread calls this just before the handler starts."""
         # epoch milliseconds have 13 digits from 2001 to 2286
         self._write(self._server.get(queue),
-                    b"*4\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._heads[queue], len(entry_id), entry_id, started_ms))
+                    b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[queue], len(entry_id), entry_id,
+                                                                       started_ms))
 
     def started(self, marks: dict[str, list[bytes]], started_ms: int) -> None:
         """Mark entries (queue -> entry ids) as running since ``started_ms``: one send per server, not waited for."""
         stamp = _bulk(b"%d" % started_ms)
         sends: dict[str | None, list[bytes]] = {}
         for queue, entry_ids in marks.items():
-            sends.setdefault(self._server.get(queue), []).append(b"*%d\r\n%s%s" % (
-                2 + 2 * len(entry_ids), self._heads[queue],
+            sends.setdefault(self._server.get(queue), []).append(b"*%d\r\n$4\r\nHSET\r\n%s%s" % (
+                2 + 2 * len(entry_ids), self._keys[queue],
                 b"".join([b"$%d\r\n%s\r\n%s" % (len(entry_id), entry_id, stamp) for entry_id in entry_ids])))
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
@@ -109,9 +110,8 @@ class StartJournal:
         """
         sends: dict[str | None, list[bytes]] = {}
         for queue, entry_ids in marks.items():
-            key = self._heads[queue][len(b"$4\r\nHSET\r\n"):]
             sends.setdefault(self._server.get(queue), []).append(b"*%d\r\n$4\r\nHDEL\r\n%s%s" % (
-                2 + len(entry_ids), key, b"".join([_bulk(entry_id) for entry_id in entry_ids])))
+                2 + len(entry_ids), self._keys[queue], b"".join([_bulk(entry_id) for entry_id in entry_ids])))
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 

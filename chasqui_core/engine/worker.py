@@ -225,7 +225,7 @@ class Worker(JobRunner):
 
         logger.info("worker %s started on %s (concurrency %d)", self.id,
                     ", ".join(k.queue for k in self.keys), self.concurrency)
-        settler_task = self._spawn("settler", lambda: self.settler.run(self._stop))
+        settler_task = self._spawn("settler", lambda: self.settler.run(self._stop), past_stop=True)
         reader_tasks = [self._spawn(f"reader:{r.keys.queue}", r.run) for r in self.readers]
         leaders = [self._spawn(f"promoter:{q}", self._leading(p)) for q, p in self.promoters.items()]
         self.scheduler = None
@@ -288,12 +288,13 @@ class Worker(JobRunner):
     def _leading(self, leader: Promoter | Scheduler) -> Callable[[], Awaitable[None]]:
         return lambda: leader.run(self._stop)
 
-    def _spawn(self, name: str, work: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+    def _spawn(self, name: str, work: Callable[[], Awaitable[None]], *, past_stop: bool = False) -> asyncio.Task[None]:
         """Run a long-lived part of the worker, restarting it if it fails: a part that died silently would leave
-        the worker heartbeating and holding locks while it reads or settles nothing."""
+        the worker heartbeating and holding locks while it reads or settles nothing. ``past_stop``: restarted
+        after the stop too (the settler, which must write the last outcomes)."""
         async def keep() -> None:
             wait = 0.5
-            while not self._stop.is_set() or name == "settler":
+            while past_stop or not self._stop.is_set():
                 try:
                     await work()
                     return
