@@ -62,13 +62,21 @@ def _schedules() -> list:
         return []
 
 
+def _rate_windows() -> dict[str, int]:
+    """Each rate limit's window (ms) by scope, so its figure counts the starts of the current window only."""
+    try:
+        return {limit.scope: limit.window_ms for limit in chasqui_settings().LIMITS if limit.rate}
+    except ImproperlyConfigured:
+        return {}
+
+
 @require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
     refusal = _refusal(request)
     if refusal is not None:
         return refusal
     try:
-        body = prometheus.render(redis_client(), _schedules())
+        body = prometheus.render(redis_client(), _schedules(), _rate_windows())
     except (RedisConnectionError, RedisTimeoutError) as exc:
         logger.warning("metrics: Redis unreachable: %s", exc)
         return _text(503, "Redis is unreachable, so there are no figures to report; try again shortly.")

@@ -7,7 +7,7 @@ from ninja import Query, Router
 
 from .auth import needs
 from .errors import CHANGE, READ
-from .schemas import MetricsOut, QueueListOut, QueueStatsOut, SwitchOut
+from .schemas import LimitBucketOut, LimitListOut, LimitOut, MetricsOut, QueueListOut, QueueStatsOut, SwitchOut
 from chasqui_core.engine.metrics import FIELDS
 from chasqui_core.services import queues as queues_service
 
@@ -58,6 +58,21 @@ def queue_metrics(
     series = queues_service.queue_metrics(request.auth, queue, resolution=resolution, window=window)
     return MetricsOut(queue=series.queue, resolution=series.resolution, start_ms=series.start_ms,
                       step_ms=series.step_ms, fields=list(FIELDS), points=series.points)
+
+
+@router.get("/{queue}/limits", response={200: LimitListOut, **READ}, summary="Rate and concurrency limits",
+            auth=needs("view_queues"))
+def queue_limits(request: HttpRequest, queue: str):
+    """The queue's own limit and the task limits its jobs have met, each with what it holds now: runs
+    (concurrency slots), starts within the rate's window and jobs waiting for room, in all and for the
+    busiest buckets. Needs view_queues."""
+    limits = queues_service.queue_limits(request.auth, queue)
+    return LimitListOut(queue=queue, items=[
+        LimitOut(scope=limit.scope, setting=limit.setting, running=limit.running, waiting=limit.waiting,
+                 started=limit.started, buckets=[LimitBucketOut(bucket=b.bucket, running=b.running,
+                                                                waiting=b.waiting, started=b.started)
+                                                 for b in limit.buckets])
+        for limit in limits])
 
 
 def _stats(s) -> dict:

@@ -70,6 +70,28 @@ class QueueListOut(Schema):
     items: list[QueueStatsOut]
 
 
+class LimitBucketOut(Schema):
+    bucket: str = Field(description="'all' for a limit without a key; else the key's value (a digest when long).")
+    running: int = Field(description="Concurrency slots held now.")
+    waiting: int = Field(description="Jobs in the delayed set until the bucket has room.")
+    started: int = Field(description="Starts within the rate's window.")
+
+
+class LimitOut(Schema):
+    scope: str = Field(description="The queue name or task path the limit is set on.")
+    setting: str = Field(description="What it allows, in words; empty when this server's settings no longer "
+                                      "name it.")
+    running: int
+    waiting: int
+    started: int
+    buckets: list[LimitBucketOut] = Field(description="The busiest buckets, at most 20.")
+
+
+class LimitListOut(Schema):
+    queue: str
+    items: list[LimitOut]
+
+
 class SwitchOut(Schema):
     queue: str
     paused: bool

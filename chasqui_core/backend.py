@@ -74,6 +74,9 @@ class ChasquiTask(Task):
     default (``runworker --timeout`` or settings.CHASQUI['JOB_TIMEOUT'])."""
     job_timeout: float | None = None
     """Per-job override of timeout, set with ``.using(timeout=...)``."""
+    limit_key: str | None = None
+    """The bucket this job takes in its keyed rate and concurrency limits (settings.CHASQUI['LIMITS']), over
+    the value of their ``key`` argument: ``.using(limit_key=...)``."""
 
     def __post_init__(self) -> None:
         for name in ("max_attempts", "job_attempts"):
@@ -88,6 +91,8 @@ class ChasquiTask(Task):
                 check_timeout(getattr(self, name), name)
             except ValueError as exc:
                 raise InvalidTask(str(exc)) from None
+        if self.limit_key is not None and (not isinstance(self.limit_key, str) or not 0 < len(self.limit_key) <= 200):
+            raise InvalidTask(f"limit_key must be a non-empty string of at most 200 characters, got {self.limit_key!r}")
         for name in ("backoff", "job_backoff"):
             try:
                 coerce_backoff(getattr(self, name))
@@ -106,9 +111,10 @@ class ChasquiTask(Task):
     def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
               attempts: int | None = None, backoff: Any = None, job_id: str | None = None,
               result_ttl: int | None = None, idempotency_key: str | bool | None = None,
-              idempotency_ttl: int | None = None, timeout: float | None = None) -> ChasquiTask:
+              idempotency_ttl: int | None = None, timeout: float | None = None,
+              limit_key: str | None = None) -> ChasquiTask:
         """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``, ``result_ttl``,
-        ``idempotency_key``, ``idempotency_ttl``, ``timeout``."""
+        ``idempotency_key``, ``idempotency_ttl``, ``timeout``, ``limit_key``."""
         task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
         changes: dict[str, Any] = {}
         if attempts is not None:
@@ -125,6 +131,8 @@ class ChasquiTask(Task):
             changes["idempotency_ttl"] = idempotency_ttl
         if timeout is not None:
             changes["job_timeout"] = timeout
+        if limit_key is not None:
+            changes["limit_key"] = limit_key
         return replace(task, **changes) if changes else task
 
     def get_backend(self) -> BaseTaskBackend:
@@ -338,7 +346,7 @@ class ChasquiBackend(BaseTaskBackend):
         if isinstance(task, ChasquiTask):
             options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff,
                            idempotency_key=task.idempotency_key, idempotency_ttl=task.idempotency_ttl,
-                           timeout=task.job_timeout)
+                           timeout=task.job_timeout, limit_key=task.limit_key)
             if task.job_result_ttl is not None:
                 options["result_ttl"] = task.job_result_ttl
         return options

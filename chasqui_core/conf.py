@@ -24,6 +24,7 @@ from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_bac
 from chasqui_core.engine import idempotency, redact
 from chasqui_core.engine.connection import DEFAULT_URL, check_url
 from chasqui_core.engine.errors import RedisConfigError
+from chasqui_core.engine.limits import Limit, LimitError, parse_limits
 from chasqui_core.engine.signing import check_keys
 
 
@@ -62,6 +63,11 @@ class ChasquiSettings:
     IDEMPOTENCY_TTL: int = idempotency.DEFAULT_TTL
     """Seconds a completed idempotency key is remembered (``task.using(idempotency_key=...)``), unless the
     job says otherwise with ``idempotency_ttl``."""
+
+    LIMITS: tuple[Limit, ...] = ()
+    """Rate and concurrency limits by queue name or task path: ``{"emails": {"rate": "20/s"},
+    "shop.tasks.call_api": {"rate": "100/m", "concurrency": 2, "key": "customer_id"}}``. Enforced by the
+    workers, in Redis, across every process (docs/flow-control.md)."""
 
     SCHEDULES: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Repeatable jobs by name: ``{"nightly-report": {"task": "reports.tasks.nightly", "cron": "0 3 * * *",
@@ -170,6 +176,11 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
             raise ImproperlyConfigured(
                 "settings.CHASQUI['SCHEDULES'] must be a dict of schedules by name, each a dict such as "
                 "{'task': 'reports.tasks.nightly', 'cron': '0 3 * * *'}")
+    if "LIMITS" in raw:
+        try:
+            raw["LIMITS"] = tuple(parse_limits(raw["LIMITS"] or {}))
+        except LimitError as exc:
+            raise ImproperlyConfigured(f"settings.CHASQUI['LIMITS']: {exc}") from None
     if "SIGNING_KEYS" in raw:
         keys = raw["SIGNING_KEYS"]
         try:

@@ -17,7 +17,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from chasqui_core.engine import scheduler, stats, totals
+from chasqui_core.engine import limits, scheduler, stats, totals
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.schedules import Schedule
 
@@ -34,6 +34,8 @@ _COUNTERS = (
     ("skipped", "jobs_skipped", "Jobs acknowledged without running: their idempotency key had already completed."),
     ("bad_signature", "jobs_bad_signature",
      "Jobs refused because their signature was missing or wrong (also counted as dead-lettered)."),
+    ("deferred", "jobs_deferred", "Jobs that waited in the delayed set for room in a rate or concurrency limit "
+     "(each wait counted; no attempt charged)."),
 )
 
 _BUCKET_BOUNDS = [floatToGoString(ms / 1000) for ms in totals.DURATION_BOUNDS_MS] + ["+Inf"]
@@ -131,9 +133,47 @@ class ScheduleCollector(Collector):
         yield from (fired, missed, next_fire, last_fire, paused)
 
 
-def render(client, schedules: list[Schedule] | None = None) -> bytes:
+class LimitCollector(Collector):
+    """Each rate and concurrency limit in use, per queue: runs, starts in the window, jobs waiting for room.
+
+    Summed over a limit's buckets (a keyed limit has one per key value, too
+    many to label); the console lists the busiest buckets.
+    """
+
+    def __init__(self, client, windows: dict[str, int]) -> None:
+        self.client = client
+        self.windows = windows
+
+    def collect(self) -> Iterator[Metric]:
+        all_keys = [QueueKeys.for_queue(name) for name in stats.list_queues(self.client)]
+        pipe = self.client.pipeline(transaction=False)
+        for keys in all_keys:
+            pipe.scard(keys.limits)
+        used = [keys for keys, n in zip(all_keys, pipe.execute(), strict=True) if n]
+        labels = ["queue", "limit"]
+        running = GaugeMetricFamily(PREFIX + "limit_running_jobs", "Concurrency slots held now.", labels=labels)
+        waiting = GaugeMetricFamily(PREFIX + "limit_waiting_jobs", "Jobs waiting in the delayed set for room in the "
+                                    "limit.", labels=labels)
+        started = GaugeMetricFamily(PREFIX + "limit_window_starts", "Starts within the rate limit's current window.",
+                                    labels=labels)
+        for keys in used:
+            sums: dict[str, list[int]] = {}
+            for b in limits.read_buckets(self.client, keys, self.windows):
+                total = sums.setdefault(b.scope, [0, 0, 0])
+                total[0] += b.running
+                total[1] += b.waiting
+                total[2] += b.started
+            for scope, (r, w, s) in sums.items():
+                running.add_metric([keys.queue, scope], r)
+                waiting.add_metric([keys.queue, scope], w)
+                started.add_metric([keys.queue, scope], s)
+        yield from (running, waiting, started)
+
+
+def render(client, schedules: list[Schedule] | None = None, windows: dict[str, int] | None = None) -> bytes:
     """The text exposition of every queue (and of the given schedules), read now."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(QueueCollector(client))
     registry.register(ScheduleCollector(client, schedules or []))
+    registry.register(LimitCollector(client, windows or {}))
     return generate_latest(registry)

@@ -73,6 +73,7 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
     ctx = {
         **_base(request, "queue", name), **_live(topic), **fragments.queue_context(reading, name),
         "delayed": delayed, "delayed_error": delayed_error, "delayed_cursor": cursor,
+        "limits": queues_service.queue_limits(request.user, name, source="console"),
     }
     return render(request, "chasqui_console/queue.html", ctx)
 

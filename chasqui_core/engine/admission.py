@@ -22,6 +22,7 @@ from .envelope import DecodeError, Job, decode, now_ms
 from .idempotency import IDEMPOTENCY_KEY, key_of
 from .inflight import InFlight
 from .keys import QueueKeys
+from .limits import Limits
 from .log_budget import LogBudget
 from .outcomes import Delivery, Outcomes
 from .recovery import LOST_FIELD, RECOVERED_FIELD, lost_runs
@@ -33,7 +34,8 @@ logger = logging.getLogger("chasqui.worker")
 
 class Admission:
     def __init__(self, registry: HandlerRegistry, outcomes: Outcomes, policy: RetryPolicy, held: InFlight, *,
-                 signer: Signer | None, max_payload_bytes: int, default_timeout: float | None) -> None:
+                 signer: Signer | None, max_payload_bytes: int, default_timeout: float | None,
+                 limits: Limits | None = None) -> None:
         self.registry = registry
         self.outcomes = outcomes
         self.policy = policy
@@ -41,6 +43,8 @@ class Admission:
         self.signer = signer
         self.max_payload_bytes = max_payload_bytes
         self.default_timeout = default_timeout
+        self.limits = limits or None
+        """The worker's rate and concurrency limits; None when it has none (the usual case)."""
         self.skipped = 0
         """Entries read that this worker already held (never expected; counted and logged, not dropped)."""
         self._skip_lines = LogBudget(logger, "entries read twice while held")
@@ -51,6 +55,7 @@ class Admission:
         held = self.held.by_tag
         signer = self.signer
         refuse = self.outcomes.refuse
+        limits = self.limits
         queue = keys.queue
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
@@ -120,6 +125,8 @@ class Admission:
                     refuse(keys, entry_id, payload, "decode_failed", "DecodeError", f"malformed envelope: {exc}", job)
                     continue
             d = Delivery(keys, entry_id, payload, job, handler, tag, runs, marker, timeout)
+            if limits is not None:
+                d.limits = limits.buckets(keys, job)
             held[tag] = d
             accepted.append(d)
         return accepted

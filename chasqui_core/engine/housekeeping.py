@@ -83,6 +83,8 @@ class Housekeeping:
         taken in again as orphans.
         """
         w = self.w
+        if w.limits:
+            await w.gate.renew(w.client, [d for d in w.held if d.slots], now_ms())
         for keys in w.keys:
             kept = await self.leases.keep(keys, [*w.held.by_queue(keys), *w.settler.unsettled(keys)])
             if kept.orphans:

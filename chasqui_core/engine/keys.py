@@ -103,6 +103,16 @@ class QueueKeys:
         """A worker's alive key on this queue: set with a TTL by each lease pass (recovery.py, lease.lua)."""
         return f"{self.prefix}alive:{worker_id}"
 
+    @property
+    def limits(self) -> str:
+        """The set of the key prefixes of every limit bucket used on this queue (limits.py)."""
+        return f"{self.prefix}limits"
+
+    def limit(self, scope: str, bucket: str) -> str:
+        """Key prefix of one bucket of a rate or concurrency limit on this queue (limits.py): ``rate``,
+        ``running``, ``waiting`` and ``parked`` follow it."""
+        return f"{self.prefix}limit:{scope}:{bucket}:"
+
     def running(self, worker_id: str) -> str:
         """A worker's start journal on this queue: entry id -> start ms of each run under way (journal.py)."""
         return f"{self.prefix}running:{worker_id}"

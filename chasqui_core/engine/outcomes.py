@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -33,6 +33,9 @@ from .results import encode_result
 from .retry import RetryPolicy, decide
 from .settler import Settler
 from .tracebacks import class_path, describe, message
+
+if TYPE_CHECKING:
+    from .limits import Bucket
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -65,6 +68,10 @@ class Delivery:
     """Set when the run passed its timeout: an async run is being cancelled, a sync run was abandoned."""
     timer: Any = None
     """The loop's timer that cancels an async run at its timeout, while the run waits on something."""
+    limits: tuple[Bucket, ...] | None = None
+    """The rate and concurrency buckets the job falls under (limits.py); None for most jobs."""
+    slots: tuple[str, ...] = ()
+    """Key prefixes of the concurrency buckets it holds a slot in, given back when the run ends."""
 
     def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
         """Positional arguments for the handler: a JobContext first when it asked for one."""

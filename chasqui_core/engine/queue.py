@@ -36,6 +36,7 @@ from .idempotency import DEFAULT_TTL, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, check_ke
 from .keys import QUEUES_REGISTRY, QueueKeys
 from .link import Lane, Link, Retrier, unavailable
 from .scripts import Scripts, source
+from .limits import LIMIT_KEY_META
 from .registry import TIMEOUT_META, check_timeout
 from .signing import SIGNATURE, Signer
 
@@ -54,7 +55,7 @@ _EMPTY_BULK = b"$0\r\n\r\n"
 
 
 _pack_items = msgpack.Packer(use_bin_type=False).pack
-_RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, TIMEOUT_META})
+_RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, TIMEOUT_META, LIMIT_KEY_META})
 
 
 class PayloadTooLarge(ValueError):
@@ -82,6 +83,9 @@ class JobSpec:
     """Seconds the completed key is remembered; None: the queue's ``idempotency_ttl``."""
     timeout: float | None = None
     """Seconds a run of this job may take, over its task's and the worker's timeout; None: theirs."""
+    limit_key: str | None = None
+    """The bucket this job takes in its keyed rate and concurrency limits, over the value of their ``key``
+    argument (see limits.py)."""
 
 
 class Enqueued(NamedTuple):
@@ -217,7 +221,7 @@ class Queue:
             check_json_types(meta, "meta")
             if not _RESERVED_META.isdisjoint(meta):
                 raise ValueError(f"meta keys {', '.join(sorted(_RESERVED_META))} are the queue's own; "
-                                 "pass idempotency_key=, idempotency_ttl= and timeout= instead")
+                                 "pass idempotency_key=, idempotency_ttl=, timeout= and limit_key= instead")
         jid = job_id or new_job_id()
         key = spec.idempotency_key
         if key is not None and key is not False:
@@ -230,6 +234,11 @@ class Queue:
                 raise ValueError("idempotency_ttl is only meaningful with an idempotency_key")
         if spec.timeout is not None:
             meta[TIMEOUT_META] = check_timeout(spec.timeout)
+        if spec.limit_key is not None:
+            if type(spec.limit_key) is not str or not 0 < len(spec.limit_key) <= 200:
+                raise ValueError(f"limit_key must be a non-empty string of at most 200 characters, "
+                                 f"got {spec.limit_key!r}")
+            meta[LIMIT_KEY_META] = spec.limit_key
         created = now_ms()
         if self._signer is not None:
             meta[SIGNATURE] = self._signer.sign(jid, task, args, kwargs, created, key)
@@ -429,7 +438,7 @@ class Queue:
         **options: Any,
     ) -> Enqueued:
         """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta, idempotency_key,
-        idempotency_ttl, timeout (see JobSpec)."""
+        idempotency_ttl, timeout, limit_key (see JobSpec)."""
         return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
 
     def add_built(self, built: BuiltJob) -> Enqueued:

@@ -30,12 +30,16 @@ from .idempotency import completed_by
 from .inflight import InFlight
 from .journal import StartJournal
 from .keys import QueueKeys
+from .limits import LimitGate, Limits
 from .outcomes import Delivery, Outcomes
 from .settler import Settler
 from .sync_lane import FAILED, REQUEUE, SyncLane
 from .tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
+
+LIMIT_RETRY_S = 0.5
+"""How long a reader waits after a failed limit check before reading again."""
 
 DEADLINE_TICK_S = 0.2
 """How often sync jobs are checked against their timeouts (async jobs have a timer each)."""
@@ -65,6 +69,10 @@ class JobRunner:
     _jobs: set[asyncio.Task[None]]
     _timed_sync: set[Delivery]
     _unmarks: dict[str, list[bytes]]
+    _releases: dict[str, list[Delivery]]
+    _side_tasks: set[asyncio.Task[None]]
+    limits: Limits
+    gate: LimitGate
     _context: contextvars.Context
     _room: asyncio.Event
 
@@ -77,13 +85,28 @@ class JobRunner:
     def _recycle(self, reason: str) -> None:  # the Worker's
         raise NotImplementedError
 
+    def _on_retry_scheduled(self, queue: str, due_ms: int, server_ms: int) -> None:  # the Worker's
+        raise NotImplementedError
+
     async def take(self, keys: QueueKeys, entries: list[Any]) -> None:
         """Take in entries read from a queue: admit them, then start or queue each one."""
         self.settler.fetched(keys, len(entries))
+        admitted = self.admission.admit(keys, entries)
+        if self.limits:
+            limited = [d for d in admitted if d.limits is not None]
+            if limited:
+                admitted = [d for d in admitted if d.limits is None]
+                await self._start(keys, admitted)
+                await self._limit(keys, limited)
+                return
+        await self._start(keys, admitted)
+
+    async def _start(self, keys: QueueKeys, admitted: list[Delivery]) -> None:
+        """Start or queue each admitted delivery (the keyed ones after their idempotency screen)."""
         keyed: list[Delivery] | None = None
         to_dispatch = False
         stopping = self._stop.is_set()
-        for d in self.admission.admit(keys, entries):
+        for d in admitted:
             if stopping:  # read while stopping (a lease pass's orphans): it must not start now
                 self._requeue(d)
             elif d.idempotency_key is not None:
@@ -99,6 +122,63 @@ class JobRunner:
             self._dispatch()
         if keyed:
             await self._screen(keys, keyed)
+
+    async def _limit(self, keys: QueueKeys, limited: list[Delivery]) -> None:
+        """Start the limited jobs whose limits have room now; the others wait in the delayed set (limits.py).
+
+        If Redis cannot answer, the jobs go back on the stream as they were:
+        none runs unchecked, none is lost.
+        """
+        try:
+            taken = await self.gate.take(keys, limited)
+        except asyncio.CancelledError:
+            for d in limited:
+                self._requeue(d)
+            raise
+        except Exception as exc:
+            logger.warning("checking the limits of %d job(s) on %s failed (%s: %s); they go back on the stream",
+                           len(limited), keys.queue, type(exc).__name__, exc)
+            for d in limited:
+                self._requeue(d)
+            await asyncio.sleep(LIMIT_RETRY_S)  # this reader only: no hot loop while the check keeps failing
+            return
+        if len(taken.admitted) < len(limited):
+            admitted = set(taken.admitted)
+            for d in limited:
+                if d not in admitted:  # parked (or no longer pending here): nothing more to do with it
+                    self.held.remove(d)
+        if taken.earliest_ms >= 0:
+            self._on_retry_scheduled(keys.queue, taken.earliest_ms, taken.server_ms)
+        await self._start(keys, taken.admitted)
+        if self.buffered <= self.prefetch // 2:
+            self._room.set()
+
+    def _give_back(self, d: Delivery) -> None:
+        """Give back a run's concurrency slots soon, with the others of this turn of the loop (one call)."""
+        waiting = self._releases.get(d.keys.queue)
+        if waiting is None:
+            self._releases[d.keys.queue] = [d]
+        else:
+            waiting.append(d)
+        if len(self._releases) == 1 and len(self._releases[d.keys.queue]) == 1:
+            assert self._loop is not None  # set by run()
+            self._loop.call_soon(self._send_releases)
+
+    def _send_releases(self) -> None:
+        releases, self._releases = self._releases, {}
+        for deliveries in releases.values():
+            self._spawn_release(deliveries[0].keys, deliveries)
+
+    def _spawn_release(self, keys: QueueKeys, deliveries: list[Delivery]) -> None:
+        async def release() -> None:
+            try:
+                await self.gate.release(keys, deliveries)
+            except Exception as exc:  # the slots lapse by themselves after a lease
+                logger.warning("giving back %d concurrency slot(s) on %s failed (%s: %s); they lapse after the "
+                               "visibility timeout", len(deliveries), keys.queue, type(exc).__name__, exc)
+        task = asyncio.ensure_future(release())
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     def _to_lane(self, d: Delivery) -> None:
         if self._lane is None:
@@ -128,7 +208,8 @@ class JobRunner:
         accepted = False
         for d, by in zip(keyed, done, strict=True):
             if by is not None:
-                self.held.remove(d)
+                if self.held.remove(d) and d.slots:
+                    self._give_back(d)
                 try:
                     self.outcomes.skipped(d, by)
                 except Exception as exc:  # whatever goes wrong touches this job only
@@ -250,6 +331,8 @@ class JobRunner:
             return  # written already: a sync run that passed its timeout, reporting at last
         if d.journaled:
             self._unmark(d)
+        if d.slots:
+            self._give_back(d)
         if d.timeout is not None:
             self._timed_sync.discard(d)
         self.stats.processed += 1
@@ -282,11 +365,13 @@ class JobRunner:
             self.journal.finished(marks)
 
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
-        self.held.remove(d)
+        if self.held.remove(d) and d.slots:
+            self._give_back(d)
         self.outcomes.internal(d, doing, exc)
 
     def _requeue(self, d: Delivery) -> None:
-        self.held.remove(d)
+        if self.held.remove(d) and d.slots:
+            self._give_back(d)
         self.outcomes.requeue(d)
 
     def _on_sync_outcomes(self, outcomes: list[Any]) -> None:

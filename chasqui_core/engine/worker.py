@@ -30,8 +30,9 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -41,6 +42,7 @@ from .errors import RedisConfigError
 from .housekeeping import Housekeeping, resident_kb
 from .inflight import InFlight
 from .journal import StartJournal
+from .limits import Limit, LimitGate, Limits, parse_limits
 from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
 from .link import unavailable
 from .outcomes import Delivery, Outcomes
@@ -100,6 +102,7 @@ class Worker(JobRunner):
         fire: Fire | None = None,
         signing_keys: Sequence[bytes | str] = (),
         job_timeout: float | None = None,
+        limits: Mapping[str, Any] | Sequence[Limit] | None = None,
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
@@ -137,6 +140,8 @@ class Worker(JobRunner):
         ``bad_signature`` before their task is looked up (see signing.py)."""
         self.recycle_reason = ""
         """Why the worker stopped itself (``max_jobs``, ``max_memory_mb``, a sync job past its timeout); "" if not."""
+        self.limits = Limits(parse_limits(limits), (k.queue for k in self.keys))
+        """Rate and concurrency limits on these queues and their tasks (limits.py); empty: none."""
         self.schedules = list(schedules)
         """Schedules this worker fires while it leads the scheduler (every worker may; one leads)."""
         self.fire = fire
@@ -204,7 +209,12 @@ class Worker(JobRunner):
             return
         self.outcomes = Outcomes(self.settler, self.policy, self.id)
         self.admission = Admission(self.registry, self.outcomes, self.policy, self.held, signer=self.signer,
-                                   max_payload_bytes=self.max_payload_bytes, default_timeout=self.job_timeout)
+                                   max_payload_bytes=self.max_payload_bytes, default_timeout=self.job_timeout,
+                                   limits=self.limits)
+        self.gate = LimitGate(self.scripts, self.visibility_timeout_ms)
+        self._releases: dict[str, list[Delivery]] = {}
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        """Slot releases under way (held so the loop does not drop them)."""
         self.promoters = {
             k.queue: Promoter(self.client, self.scripts, k, self.id, poll_interval=self.promoter_poll_interval,
                               lock_ttl_ms=self.promoter_lock_ttl_ms)
@@ -351,6 +361,9 @@ class Worker(JobRunner):
         if self.settler.pending:
             logger.error("worker %s: %d outcomes could not be settled; their entries stay pending and are "
                          "reclaimed", self.id, self.settler.pending)
+        self._send_releases()
+        if self._side_tasks:
+            await asyncio.wait(self._side_tasks, timeout=2.0)
         await self.housekeeping.unregister()
         self.journal.close()
         await self.client.aclose()

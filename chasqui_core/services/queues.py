@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from chasqui_core import access
 from chasqui_core.engine import stats
 from chasqui_core.engine import metrics as metrics_mod
 from chasqui_core.engine import waiting
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.limits import BucketState, read_buckets
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (
@@ -71,3 +74,47 @@ def stream_page(actor, queue: str, *, cursor: str | None = None, limit: int = 50
     limit = page_limit(limit)
     with engine_errors:
         return waiting.page(redis_client(), queue, cursor=cursor or None, limit=limit, newest_first=newest_first)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitState:
+    """One rate or concurrency limit on a queue, summed over its buckets."""
+
+    scope: str
+    """The queue name or task path it is set on."""
+    setting: str
+    """What it allows, in words ("20 per 1 s, 2 at once per customer_id"); "" when this process's settings no
+    longer name it (workers still hold its buckets)."""
+    running: int
+    waiting: int
+    started: int
+    buckets: list[BucketState]
+    """The busiest buckets first (one per key value for a keyed limit)."""
+
+
+def queue_limits(actor, queue: str, *, buckets: int = 20, source: Source = "api") -> list[LimitState]:
+    """The limits on a queue's jobs with what each holds now: runs, starts within the rate's window and
+    jobs waiting for room, per limit and for its busiest buckets. The queue's own limit (settings.CHASQUI
+    ['LIMITS']) is always listed; a task's limit once its jobs have met it on this queue."""
+    from chasqui_core.conf import chasqui_settings
+
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    queues = set(known_queues())
+    configured = {limit.scope: limit for limit in chasqui_settings().LIMITS
+                  if limit.scope == queue or limit.scope not in queues}
+    with engine_errors:
+        states = read_buckets(redis_client(), QueueKeys.for_queue(queue),
+                              {scope: limit.window_ms for scope, limit in configured.items() if limit.rate})
+    by_scope: dict[str, list[BucketState]] = {}
+    for state in states:
+        by_scope.setdefault(state.scope, []).append(state)
+    shown = [queue] if queue in configured else []
+    shown += sorted(scope for scope in by_scope if scope != queue)  # a task's limit, where its jobs have run
+    out = []
+    for scope in shown:
+        held = by_scope.get(scope, [])
+        limit = configured.get(scope)
+        out.append(LimitState(scope, limit.describe() if limit else "", sum(b.running for b in held),
+                              sum(b.waiting for b in held), sum(b.started for b in held), held[:buckets]))
+    return out

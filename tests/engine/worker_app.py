@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -37,6 +38,8 @@ RUNS_KEY = "e2e:runs"
 """Where handlers record their runs when the job names no ``log`` list."""
 
 DONE_SUFFIX = ":done"
+SPANS_SUFFIX = ":spans"
+"""``span`` and ``span_sync`` record each run's start and end on ``<log>:spans``."""
 """``slow`` and ``block`` also record the end of a run on ``<log>:done``."""
 
 
@@ -114,7 +117,20 @@ def _build_registry(client):
         if run_number(ctx, log) <= n:
             raise RetryAfter(seconds, "the remote side asked us to come back later")
 
+    async def span(ctx, seconds: float, log: str = RUNS_KEY, **_):
+        """Records its whole run, "<job id> <pid> <start ms> <end ms>" on ``<log>:spans``, when it ends."""
+        start = time.time()
+        await asyncio.sleep(seconds)
+        client.rpush(log + SPANS_SUFFIX, f"{ctx.job.id} {pid} {int(start * 1000)} {int(time.time() * 1000)}")
+
+    def span_sync(ctx, seconds: float, log: str = RUNS_KEY, **_):
+        start = time.time()
+        time.sleep(seconds)
+        client.rpush(log + SPANS_SUFFIX, f"{ctx.job.id} {pid} {int(start * 1000)} {int(time.time() * 1000)}")
+
     registry = HandlerRegistry()
+    registry.register("span", span, takes_context=True)
+    registry.register("span_sync", span_sync, takes_context=True)
     for name, fn in [("noop", noop), ("echo", echo), ("slow", slow), ("block", block), ("fail_n_times", fail_n_times),
                      ("unrecoverable", unrecoverable), ("foreign_unrecoverable", foreign_unrecoverable),
                      ("die", die)]:
@@ -145,6 +161,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "queue's server records elsewhere")
     p.add_argument("--signing-key", action="append", default=[],
                    help="a key signed jobs may be signed with; may be given more than once (none: no check)")
+    p.add_argument("--limits", default=None, help="rate and concurrency limits, as JSON (CHASQUI['LIMITS'] form)")
     return p.parse_args(argv)
 
 
@@ -173,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size, block_ms=args.block_ms, policy=RetryPolicy(**policy_options),
         visibility_timeout_ms=args.visibility_ms, promoter_poll_interval=args.poll,
         promoter_lock_ttl_ms=args.lock_ttl_ms, shutdown_timeout=args.shutdown_timeout,
-        signing_keys=args.signing_key, **options,
+        signing_keys=args.signing_key, limits=json.loads(args.limits) if args.limits else None, **options,
     )
     worker.run_sync()
     client.close()
@@ -197,6 +214,33 @@ def read_runs(client, key: str = RUNS_KEY) -> list[Run]:
         job_id, attempt, pid, at_ms = raw.decode().split()
         out.append(Run(job_id, int(attempt), int(pid), int(at_ms)))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    job_id: str
+    pid: int
+    start_ms: int
+    end_ms: int
+
+
+def read_spans(client, log: str = RUNS_KEY) -> list[Span]:
+    """The runs of ``span``/``span_sync`` jobs that ended, from their own clocks."""
+    out = []
+    for raw in client.lrange(log + SPANS_SUFFIX, 0, -1):
+        job_id, pid, start, end = raw.decode().split()
+        out.append(Span(job_id, int(pid), int(start), int(end)))
+    return out
+
+
+def most_at_once(spans: list[Span]) -> int:
+    """The most spans under way at one moment (an end and a start at the same ms do not overlap)."""
+    edges = sorted([(s.start_ms, 1) for s in spans] + [(s.end_ms, -1) for s in spans], key=lambda e: (e[0], e[1]))
+    now = most = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
 
 
 def runs_by_job(runs: list[Run]) -> dict[str, list[Run]]:

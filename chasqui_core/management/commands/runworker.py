@@ -166,6 +166,7 @@ class Command(BaseCommand):
             schedules=schedules,
             fire=fire_schedule,
             signing_keys=conf.SIGNING_KEYS,
+            limits=conf.LIMITS,
         )
         _configure_logging()
         tasks_logger = logging.getLogger("django.tasks")
@@ -177,7 +178,9 @@ class Command(BaseCommand):
         signed = f", signed jobs only ({len(conf.SIGNING_KEYS)} key(s))" if conf.SIGNING_KEYS else ""
         self.stdout.write(f"Chasqui worker {worker.id}: queues {', '.join(options['queues'])}, "
                           f"{len(registry)} task(s), concurrency {worker.concurrency}{signed}"
-                          + (f", {len(schedules)} schedule(s)" if schedules else ""))
+                          + (f", {len(schedules)} schedule(s)" if schedules else "")
+                          + "".join(f", limit on {limit.scope}: {limit.describe()}" for limit in worker.limits.limits
+                                    if limit.scope in options["queues"] or limit.scope in registry))
         self.stdout.flush()
         relay = _outbox_relay()
         if child is not None:

@@ -1,0 +1,122 @@
+-- Take a batch's limit slots, or park the jobs that must wait: one atomic call
+-- per batch of limited jobs read from one queue.
+--
+-- A job runs only if every limit it falls under has room: the rate limits
+-- (at most N starts in any window of W ms: a sorted set of start times) and the
+-- concurrency limits (at most N running: a sorted set of entry ids scored by
+-- when their slot lapses, so a dead worker's slots free themselves). Either it
+-- takes a slot in each, or none. A job that must wait is acknowledged and goes
+-- to the delayed set, its envelope untouched (no attempt is charged), due when
+-- its limits allow: for a rate limit the moment its place in the window opens
+-- (the k-th job waiting on a full window waits for the k-th oldest start to
+-- leave it); for a concurrency limit the moment the oldest slot would lapse,
+-- and earlier when a running job ends and limit_release.lua wakes it. For that
+-- it is also written to the limit's parked set ("<stream id> <payload>").
+-- Every job that waits is listed in its buckets' waiting sets (stream id, due
+-- ms), and every bucket used in the queue's set of buckets: what the console
+-- and /metrics count.
+--
+-- KEYS[1] stream   KEYS[2] delayed   KEYS[3] the queue's set of limit buckets ({chasqui:<q>}:limits)
+-- ARGV[1] consumer group
+-- ARGV[2] prefix of the metrics counters ({chasqui:<q>}:m:), for `deferred`
+-- ARGV[3] lifetime of a concurrency slot in ms (renewed by the holder's lease pass)
+-- ARGV[4] msgpack array of 4 items per limit bucket laid flat: key prefix
+--         ({chasqui:<q>}:limit:<scope>:<bucket>:), rate N (0: none), window ms,
+--         concurrency N (0: none)
+-- ARGV[5] msgpack array of 3 items per job laid flat, in the order read:
+--         stream id, payload, array of the job's buckets (1-based positions in ARGV[4])
+-- Returns {server ms, array of the admitted jobs' positions (1-based), number parked,
+--          earliest due ms of a parked job or -1}
+--
+-- Calls server_ms and bump_counters from prelude.lua.
+
+local stream, delayed, known = KEYS[1], KEYS[2], KEYS[3]
+local group, mprefix, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local buckets, jobs = cmsgpack.unpack(ARGV[4]), cmsgpack.unpack(ARGV[5])
+local now = server_ms()
+
+-- per bucket: starts in the window, running, and jobs parked on its rate so far in this call
+local state = {}
+local function look(b)
+  local s = state[b]
+  if s then return s end
+  local base = (b - 1) * 4
+  s = {prefix = buckets[base + 1], rate = tonumber(buckets[base + 2]), window = tonumber(buckets[base + 3]),
+       conc = tonumber(buckets[base + 4]), started = 0, running = 0, waiting = 0}
+  if s.rate > 0 then
+    redis.call('ZREMRANGEBYSCORE', s.prefix .. 'rate', '-inf', now - s.window)
+    s.started = redis.call('ZCARD', s.prefix .. 'rate')
+  end
+  if s.conc > 0 then
+    redis.call('ZREMRANGEBYSCORE', s.prefix .. 'running', '-inf', now)
+    s.running = redis.call('ZCARD', s.prefix .. 'running')
+  end
+  redis.call('SADD', known, s.prefix)
+  state[b] = s
+  return s
+end
+
+local admitted, parked, earliest = {}, 0, -1
+for j = 1, #jobs, 3 do
+  local id, payload, mine = jobs[j], jobs[j + 1], jobs[j + 2]
+  local due, full_rate, full_conc = now, {}, {}
+  for _, b in ipairs(mine) do
+    local s = look(b)
+    if s.rate > 0 and s.started >= s.rate then
+      -- the k-th job waiting on a full window starts when the k-th oldest start leaves it
+      local k = s.waiting
+      local oldest = redis.call('ZRANGE', s.prefix .. 'rate', k % s.rate, k % s.rate, 'WITHSCORES')
+      local at = tonumber(oldest[2] or now) + s.window * (1 + math.floor(k / s.rate))
+      if at > due then due = at end
+      full_rate[#full_rate + 1] = s
+    end
+    if s.conc > 0 and s.running >= s.conc then
+      local first = redis.call('ZRANGE', s.prefix .. 'running', 0, 0, 'WITHSCORES')
+      local at = tonumber(first[2] or now)
+      if at > due then due = at end
+      full_conc[#full_conc + 1] = s
+    end
+  end
+  if #full_rate == 0 and #full_conc == 0 then
+    for _, b in ipairs(mine) do
+      local s = state[b]
+      if s.rate > 0 then
+        redis.call('ZADD', s.prefix .. 'rate', now, id)
+        redis.call('PEXPIRE', s.prefix .. 'rate', s.window)
+        s.started = s.started + 1
+      end
+      if s.conc > 0 then
+        redis.call('ZADD', s.prefix .. 'running', now + lease, id)
+        redis.call('PEXPIRE', s.prefix .. 'running', lease * 2)
+        s.running = s.running + 1
+      end
+    end
+    admitted[#admitted + 1] = (j + 2) / 3
+  elseif redis.call('XACK', stream, group, id) == 1 then
+    redis.call('XDEL', stream, id)
+    redis.call('ZADD', delayed, due, payload)
+    for _, s in ipairs(full_rate) do s.waiting = s.waiting + 1 end
+    local keep = math.max(due - now, 0) + 60000
+    for _, b in ipairs(mine) do
+      local s = state[b]
+      if (s.rate > 0 and s.started >= s.rate) or (s.conc > 0 and s.running >= s.conc) then
+        local waiting = s.prefix .. 'waiting'
+        redis.call('ZREMRANGEBYSCORE', waiting, '-inf', now)
+        redis.call('ZADD', waiting, due, id)
+        redis.call('PEXPIRE', waiting, keep)
+      end
+    end
+    for _, s in ipairs(full_conc) do
+      local key = s.prefix .. 'parked'
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now - 60000)
+      redis.call('ZADD', key, due, id .. ' ' .. payload)
+      redis.call('PEXPIRE', key, keep)
+    end
+    parked = parked + 1
+    if earliest < 0 or due < earliest then earliest = due end
+  end
+end
+if parked > 0 then
+  bump_counters(mprefix, now, {'deferred', parked})
+end
+return {now, admitted, parked, earliest}

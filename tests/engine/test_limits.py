@@ -1,0 +1,214 @@
+"""Rate and concurrency limits: held across worker processes, from the jobs' own start and end times.
+
+Every test runs real workers on the real server; none reads the limit's
+Redis keys to decide whether it held: the jobs' spans (``worker_app.span``)
+say what ran when.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.limits import Limit, LimitError, Limits, bucket_name, parse_limits, parse_rate
+from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.worker import Worker
+from tests.engine.worker_app import most_at_once, read_runs, read_spans, wait_for
+
+# --- the setting -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("20/s", (20, 1000)), ("100/m", (100, 60_000)), ("5/10s", (5, 10_000)), ("1000/hour", (1000, 3_600_000)),
+    (" 3 / 2 min ", (3, 120_000)),
+])
+def test_rates_read_as_jobs_per_window(text, expected):
+    assert parse_rate(text) == expected
+
+
+@pytest.mark.parametrize("text", ["20", "0/s", "20/0s", "20/d", "-1/s", 20, None, "twenty/s"])
+def test_a_rate_that_cannot_be_read_says_how_to_write_one(text):
+    with pytest.raises(LimitError, match="must read like '20/s'"):
+        parse_rate(text)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({}, "limits nothing"),
+    ({"rate": "2/s", "burst": 3}, "unknown settings \\['burst'\\]"),
+    ({"concurrency": 0}, "limits nothing"),
+    ({"concurrency": -2}, "whole number of 1 or more"),
+    ({"concurrency": True}, "whole number of 1 or more"),
+    ({"rate": "2/s", "key": "not a name"}, "keyword argument"),
+    ("2/s", "must be a dict"),
+])
+def test_a_wrong_limit_says_what_is_wrong(spec, message):
+    with pytest.raises(LimitError, match=message):
+        parse_limits({"emails": spec})
+
+
+def test_a_limit_named_like_a_queue_of_the_worker_holds_for_that_queue_else_for_a_task():
+    limits = Limits(parse_limits({"emails": {"rate": "1/s"}, "app.send": {"concurrency": 1}}), ["emails"])
+    assert set(limits.by_queue) == {"emails"} and set(limits.by_task) == {"app.send"}
+    job = Queue("emails", url="redis://unused").build(JobSpec("app.send")).payload
+    from chasqui_core.engine.envelope import decode
+
+    buckets = limits.buckets(QueueKeys.for_queue("emails"), decode(job))
+    assert [b[0] for b in buckets] == ["{chasqui:emails}:limit:emails:all:", "{chasqui:emails}:limit:app.send:all:"]
+    assert limits.buckets(QueueKeys.for_queue("other"), decode(job).__class__(id="x", task="app.other")) is None
+
+
+def test_bucket_names_keep_plain_values_and_digest_the_rest():
+    assert bucket_name("acme-42") == "acme-42"
+    assert bucket_name(42) == "42"
+    odd = bucket_name("a b}{:" * 30)
+    assert odd.startswith("#") and len(odd) == 21 and bucket_name("a b}{:" * 30) == odd
+    assert Limit.parse("x", {"rate": "1/s", "concurrency": 2, "key": "customer"}).describe() == \
+        "1 per 1 s, 2 at once per customer"
+
+
+# --- one worker, in this process -------------------------------------------------------------
+
+
+@contextmanager
+def running(redis_url, queues, registry, **options):
+    options = {"concurrency": 8, "block_ms": 50, "install_signal_handlers": False, "heartbeat_interval": 0.2,
+               "promoter_poll_interval": 0.02, "shutdown_timeout": 5, **options}
+    worker = Worker(list(queues), registry, url=redis_url, **options)
+    thread = threading.Thread(target=worker.run_sync, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive(), "the worker did not stop"
+
+
+def timed_registry():
+    """Tasks that record (task, job id, attempt, start, end) for each run."""
+    spans: list[tuple[str, str, int, float, float]] = []
+    registry = HandlerRegistry()
+    import asyncio
+
+    def make(name):
+        async def handler(ctx, seconds=0.0, **_):
+            start = time.monotonic()
+            await asyncio.sleep(seconds)
+            spans.append((name, ctx.job.id, ctx.attempt, start, time.monotonic()))
+        registry.register(name, handler, takes_context=True)
+
+    for name in ("limited", "free"):
+        make(name)
+    return spans, registry
+
+
+def overlap(spans) -> int:
+    edges = sorted([(s[3], 1) for s in spans] + [(s[4], -1) for s in spans], key=lambda e: (e[0], e[1]))
+    now = most = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_a_concurrency_limit_holds_and_waiting_costs_no_attempt(redis, redis_url):
+    spans, registry = timed_registry()
+    q = Queue("lim", url=redis_url)
+    ids = [q.add("limited", kwargs={"seconds": 0.05}).job_id for _ in range(12)]
+    free = [q.add("free", kwargs={"seconds": 0.05}).job_id for _ in range(6)]
+    with running(redis_url, ["lim"], registry, limits={"limited": {"concurrency": 2}}):
+        wait_for(lambda: len(spans) == 18, 30, "every job to run once")
+    limited = [s for s in spans if s[0] == "limited"]
+    assert sorted(s[1] for s in limited) == sorted(ids)
+    assert overlap(limited) == 2  # two at once, never three
+    assert all(s[2] == 1 for s in spans), "waiting on a limit was charged as an attempt"
+    assert overlap(spans) > 2, "jobs with no limit waited on it"
+    assert sorted(s[1] for s in spans if s[0] == "free") == sorted(free)
+    assert int(redis.hget(QueueKeys.for_queue("lim").totals, "deferred") or 0) > 0
+
+
+def test_a_rate_limit_spaces_the_starts(redis, redis_url):
+    spans, registry = timed_registry()
+    q = Queue("lim", url=redis_url)
+    for _ in range(9):
+        q.add("limited")
+    with running(redis_url, ["lim"], registry, limits={"lim": {"rate": "3/s"}}):
+        wait_for(lambda: len(spans) == 9, 30, "every job to run once")
+    starts = sorted(s[3] for s in spans)
+    for i in range(len(starts) - 3):  # any four starts span at least a second (a little slack for the clocks)
+        assert starts[i + 3] - starts[i] >= 0.95, starts
+    assert starts[-1] - starts[0] < 10, "the waiting jobs were not started as soon as the window allowed"
+
+
+def test_a_keyed_limit_holds_per_value(redis, redis_url):
+    spans, registry = timed_registry()
+    q = Queue("lim", url=redis_url)
+    jobs = {}
+    for customer in ("acme", "globex"):
+        for _ in range(4):
+            jobs[q.add("limited", kwargs={"seconds": 0.2, "customer": customer}).job_id] = customer
+    q.add_bulk([JobSpec("limited", kwargs={"seconds": 0.2}, limit_key="initech") for _ in range(2)])
+    with running(redis_url, ["lim"], registry, limits={"limited": {"concurrency": 1, "key": "customer"}}):
+        wait_for(lambda: len(spans) == 10, 30, "every job to run once")
+    for customer in ("acme", "globex"):
+        mine = [s for s in spans if jobs.get(s[1]) == customer]
+        assert len(mine) == 4 and overlap(mine) == 1
+    assert overlap([s for s in spans if s[1] not in jobs]) == 1
+    assert overlap(spans) >= 2, "one customer's limit held up another's jobs"
+
+
+def test_a_run_that_ends_wakes_a_parked_job_at_once(redis, redis_url):
+    """The slot's lapse (the visibility timeout, 30 s here) is only the fallback."""
+    spans, registry = timed_registry()
+    q = Queue("lim", url=redis_url)
+    for _ in range(3):
+        q.add("limited", kwargs={"seconds": 0.3})
+    began = time.monotonic()
+    with running(redis_url, ["lim"], registry, limits={"limited": {"concurrency": 1}}, visibility_timeout_ms=30_000):
+        wait_for(lambda: len(spans) == 3, 20, "the parked jobs to be woken")
+    assert time.monotonic() - began < 15
+    assert overlap(spans) == 1
+
+
+# --- several worker processes ------------------------------------------------------------
+
+
+def test_limits_hold_across_worker_processes(redis, redis_url, workers):
+    limits = json.dumps({"span": {"concurrency": 3}, "span_sync": {"rate": "4/s"}})
+    for _ in range(3):
+        workers.start("lim", concurrency=4, limits=limits, block_ms=100, poll=0.02)
+    workers.wait_ready(redis, "lim", 3)
+    q = Queue("lim", url=redis_url)
+    q.add_bulk([JobSpec("span", kwargs={"seconds": 0.15, "log": "lim:log"}) for _ in range(24)])
+    q.add_bulk([JobSpec("span_sync", kwargs={"seconds": 0.0, "log": "lim:log"}) for _ in range(12)])
+    wait_for(lambda: len(read_spans(redis, "lim:log")) == 36, 60, "every job to run")
+    spans = read_spans(redis, "lim:log")
+    assert len({s.job_id for s in spans}) == 36, "a job ran twice"
+    held = [s for s in spans if s.end_ms - s.start_ms >= 100]
+    assert len(held) == 24 and most_at_once(held) <= 3
+    assert len({s.pid for s in held}) >= 2, "one process ran every job: the limit was not shared"
+    starts = sorted(s.start_ms for s in spans if s.end_ms - s.start_ms < 100)
+    for i in range(len(starts) - 4):
+        assert starts[i + 4] - starts[i] >= 950, starts
+
+
+def test_a_dead_workers_slots_lapse_after_its_lease(redis, redis_url, workers):
+    limits = json.dumps({"lim": {"concurrency": 1}})
+    doomed = workers.start("lim", concurrency=2, limits=limits, visibility_ms=1500, block_ms=100, poll=0.02)
+    workers.wait_ready(redis, "lim", 1)
+    q = Queue("lim", url=redis_url)
+    q.add("block", kwargs={"seconds": 8, "log": "lim:log"})
+    wait_for(lambda: read_runs(redis, "lim:log"), 20, "the blocking job to start")
+    q.add_bulk([JobSpec("span", kwargs={"seconds": 0.0, "log": "lim:log"}) for _ in range(3)])
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait(10)
+    workers.start("lim", concurrency=2, limits=limits, visibility_ms=1500, block_ms=100, poll=0.02)
+    wait_for(lambda: len(read_spans(redis, "lim:log")) == 3, 40, "the jobs behind the dead worker's slot")
+    wait_for(lambda: len(read_runs(redis, "lim:log")) == 2, 40, "the dead worker's job to run again")
