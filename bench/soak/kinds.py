@@ -43,6 +43,8 @@ class Kind:
     delayed: bool = False
     """Enqueued with ``run_after`` a few seconds ahead."""
     async_: bool = False
+    concurrency: int = 0
+    """At most this many of its runs at once, held by a concurrency limit (settings.py); 0: no limit."""
 
 
 KINDS: tuple[Kind, ...] = (
@@ -59,9 +61,12 @@ KINDS: tuple[Kind, ...] = (
     Kind("hang_async", "hang_async", "soak-c", 2, "dead", "retries_exhausted", "JobTimeout", weight=1, hang=True,
          async_=True),
     Kind("scheduled", "scheduled", "soak-a", 2, "succeeded"),
+    Kind("limited", "limited", "soak-a", 3, "succeeded", weight=6, async_=True, concurrency=2),
 )
 """``fixed_by_replay`` fails until the soak marks it fixed and replays it from the DLQ (with one more attempt),
-then succeeds: its dead-letter entries are consumed by the replays. ``scheduled`` jobs come from the schedules."""
+then succeeds: its dead-letter entries are consumed by the replays. ``scheduled`` jobs come from the schedules.
+``limited`` jobs run under a concurrency and a rate limit (settings.py): the verdict checks the first from the
+ledger's run times; waiting on either must cost them no attempt (the budget check)."""
 
 BY_NAME = {k.name: k for k in KINDS}
 BY_TASK = {k.task: k for k in KINDS}

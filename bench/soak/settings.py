@@ -11,7 +11,7 @@ Results are kept (``RESULT_TTL``) so that the verdict can compare what
 
 from config.settings import *  # noqa: F403
 
-from .kinds import QUEUES, SCHEDULES
+from .kinds import KINDS, QUEUES, SCHEDULES
 
 DEBUG = False
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.soak"]  # noqa: F405  (runworker finds bench/soak/tasks.py)
@@ -23,6 +23,10 @@ TASKS = {
     },
 }
 CHASQUI = {
+    "LIMITS": {
+        f"bench.soak.tasks.{kind.task}": {"concurrency": kind.concurrency, "rate": "30/s"}
+        for kind in KINDS if kind.concurrency
+    },
     "SCHEDULES": {
         name: {"task": f"bench.soak.tasks.{kind}", "every": every, "attempts": 2, "misfire": "skip"}
         for name, (kind, every) in SCHEDULES.items()

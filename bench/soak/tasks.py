@@ -96,6 +96,12 @@ async def slow_async(context, n: int) -> None:
         await asyncio.sleep(random.uniform(0.2, 1.0))
 
 
+@task(**_opts("limited"))
+async def limited(context, n: int) -> None:
+    with _run(context, "limited"):
+        await asyncio.sleep(random.uniform(0.05, 0.3))
+
+
 @task(**_opts("fail_once"))
 async def fail_once(context, n: int) -> None:
     with _run(context, "fail_once"):

@@ -184,6 +184,16 @@ def _schedule_of(job_id: str) -> str:
     return job_id[len(SCHEDULE_PREFIX):].rpartition(":")[0]
 
 
+def most_at_once(runs: list[Run]) -> int:
+    """The most runs under way at one moment, from their start and end times (an end before a start at a tie)."""
+    edges = sorted([(r.started, 1) for r in runs] + [(r.ended, -1) for r in runs if r.ended is not None])
+    now = most = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
 def judge(ev: Evidence) -> Verdict:
     ledger = ev.ledger
     rows = {name: Row(name) for name in ev.kinds}
@@ -296,6 +306,14 @@ def judge(ev: Evidence) -> Verdict:
     for queue, left in sorted(ev.leftovers.items()):
         if any(left.values()):
             problems.append(f"queue {queue} not drained: " + ", ".join(f"{k} {v}" for k, v in left.items() if v))
+    for kind in ev.kinds.values():
+        if kind.concurrency:
+            ended = [r for kind_runs in ledger.runs.values() for r in kind_runs
+                     if r.kind == kind.name and r.ended is not None]
+            most = most_at_once(ended)
+            if most > kind.concurrency:
+                problems.append(f"{kind.name}: {most} runs were under way at once; its concurrency limit is "
+                                f"{kind.concurrency}")
     for text in ledger.torn:
         problems.append(f"a ledger line is not a whole record: {text!r}")
     for rec in ledger.orphan_ends:

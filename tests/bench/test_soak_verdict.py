@@ -327,3 +327,15 @@ def test_the_writer_appends_whole_lines_that_the_reader_reads_back(tmp_path):
     (run,) = ledger.runs["ok-1"]
     assert (run.attempt, run.outcome, run.ended is not None) == (1, "ok", True)
     assert BY_NAME["ok"].budget == 3
+
+
+def test_runs_of_a_limited_kind_past_its_concurrency_are_a_problem_and_at_the_limit_are_not():
+    limit = BY_NAME["limited"].concurrency
+    book = Book()
+    for n in range(limit):  # side by side: exactly at the limit
+        book.run(book.enqueue(f"soak-limited-{n}", "limited"), "limited", at=1.0, took=0.5)
+    book.run(book.enqueue("soak-limited-next", "limited"), "limited", at=1.5, took=0.5)  # starts as they end
+    assert book.judge().problems == []
+    book.run(book.enqueue("soak-limited-extra", "limited"), "limited", at=1.2, took=0.1)
+    assert book.judge().problems == [f"limited: {limit + 1} runs were under way at once; its concurrency limit "
+                                     f"is {limit}"]
