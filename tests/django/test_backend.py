@@ -130,6 +130,13 @@ def test_per_job_overrides_with_using(redis, redis_url):
     assert len(sample_tasks.RUNS) == 2
 
 
+def test_a_limit_key_given_with_using_travels_with_the_job(redis):
+    sample_tasks.add.using(limit_key="acme").enqueue(1, 2)
+    assert _stream_jobs(redis)[0].meta["limit_key"] == "acme"
+    with pytest.raises(InvalidTask, match="limit_key must be a non-empty string"):
+        sample_tasks.add.using(limit_key="")
+
+
 def test_run_after_goes_through_the_delayed_set(redis):
     when = timezone.now() + timedelta(hours=1)
     result = sample_tasks.add.using(run_after=when).enqueue(1, 1)
