@@ -409,6 +409,11 @@ there was no `enqueue_many`.
   blocking). Handing jobs only to free threads, with one send per hand-over, cost more (threads waiting for
   the event loop between jobs). For jobs that do real work (a query, a request) the 7 µs vanish; for noop
   sync jobs it is the price of exact crash charges.
+- **What limits cost a worker without any.** Rate and concurrency limits (`chasqui_core/engine/limits.py`) are
+  checked per batch only when the worker has a limit; otherwise each batch pays one truth test and each run one
+  attribute test. Measured in-process on this host, the commit before limits and the one with them draining
+  20,000 noop jobs in turns (eight drains each, minimum / median CPU per job): async 9.5 / 10.9 µs before,
+  9.8 / 10.5 µs with limits; sync 17.4 / 18.8 µs before, 16.8 / 20.8 µs with limits: inside this host's noise.
 """
 
 _SCENARIOS = """\
