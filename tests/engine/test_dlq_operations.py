@@ -43,8 +43,13 @@ def test_an_operation_is_claimed_by_one_runner_and_replays_every_match_once(redi
     assert ops.claim_next("a") == "op1"
     assert ops.claim_next("b") is None  # a is alive: nobody else takes it
     record = ops.run("op1", "a")
-    assert (record.state, record.done, record.count, record.total, record.total_exact) == ("done", 5000, 5000,
-                                                                                           5000, True)
+    assert (record.state, record.done, record.count, record.total, record.total_exact) == (
+        "done",
+        5000,
+        5000,
+        5000,
+        True,
+    )
     assert sorted(stream_job_ids(redis)) == sorted(job_ids)
     assert {e.decode() for e, _ in redis.xrange(KEYS.dlq)} == set(others)
     assert ops.pending() == [] and ops.claim_next("b") is None
@@ -153,8 +158,9 @@ def test_a_worker_runs_the_operations_of_its_queues(redis, redis_url, ops):
 
 def test_search_finds_rare_matches_across_chunks_newest_first(redis):
     bulk_dead(redis, 1200)
-    rare = add_dead(redis, Job(new_job_id(), "emails.send", ["needle-in-ARGS"], {}, created_at=now_ms(),
-                               errors=[err("boom")]))
+    rare = add_dead(
+        redis, Job(new_job_id(), "emails.send", ["needle-in-ARGS"], {}, created_at=now_ms(), errors=[err("boom")])
+    )
     bulk_dead(redis, 1200)
     by_error = add_dead(redis, dead_job(messages=("the NEEDLE-in-args broke",)))
     bulk_dead(redis, 700)
@@ -171,8 +177,17 @@ def test_search_finds_rare_matches_across_chunks_newest_first(redis):
 
 
 def test_search_never_matches_a_masked_secret(redis):
-    secret = add_dead(redis, Job(new_job_id(), "billing.charge", [], {"password": "hunter2", "who": "ana"},
-                                 created_at=now_ms(), errors=[err("login failed: token=sekr3t for ana")]))
+    secret = add_dead(
+        redis,
+        Job(
+            new_job_id(),
+            "billing.charge",
+            [],
+            {"password": "hunter2", "who": "ana"},
+            created_at=now_ms(),
+            errors=[err("login failed: token=sekr3t for ana")],
+        ),
+    )
     search = TextSearch(redis, Q)
     assert search.search("hunter2").items == []
     assert search.search("sekr3t").items == []

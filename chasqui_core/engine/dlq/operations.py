@@ -114,15 +114,27 @@ class OperationRecord:
             return int(text) if text.lstrip("-").isdigit() else 0
 
         return cls(
-            id=op_id, queue=queue, kind=d.get("kind", ""), filter=json.loads(d.get("filter") or "{}"),
+            id=op_id,
+            queue=queue,
+            kind=d.get("kind", ""),
+            filter=json.loads(d.get("filter") or "{}"),
             reset_attempts=d.get("reset_attempts", "1") == "1",
             run_at_ms=num("run_at_ms") if d.get("run_at_ms") else None,
-            rate=num("rate") or None, state=d.get("state", ""), done=num("done"), total=num("total"),
-            total_exact=d.get("total_exact") == "1", count=num("count"), cursor=d.get("cursor", ""),
-            owner=d.get("owner", ""), heartbeat_ms=num("heartbeat"), cancel=d.get("cancel") == "1",
-            error=d.get("error", ""), created_ms=num("created_ms"),
+            rate=num("rate") or None,
+            state=d.get("state", ""),
+            done=num("done"),
+            total=num("total"),
+            total_exact=d.get("total_exact") == "1",
+            count=num("count"),
+            cursor=d.get("cursor", ""),
+            owner=d.get("owner", ""),
+            heartbeat_ms=num("heartbeat"),
+            cancel=d.get("cancel") == "1",
+            error=d.get("error", ""),
+            created_ms=num("created_ms"),
             started_ms=num("started_ms") if d.get("started_ms") else None,
-            finished_ms=num("finished_ms") if d.get("finished_ms") else None, claims=num("claims"),
+            finished_ms=num("finished_ms") if d.get("finished_ms") else None,
+            claims=num("claims"),
         )
 
 
@@ -149,9 +161,18 @@ class Operations:
 
     # --- what the asking side calls ------------------------------------------------------------
 
-    def submit(self, op_id: str, kind: str, filter: DLQFilter, *, reset_attempts: bool = True,
-               run_at_ms: int | None = None, rate: int | None = None, total: int = 0,
-               total_exact: bool = False) -> None:
+    def submit(
+        self,
+        op_id: str,
+        kind: str,
+        filter: DLQFilter,
+        *,
+        reset_attempts: bool = True,
+        run_at_ms: int | None = None,
+        rate: int | None = None,
+        total: int = 0,
+        total_exact: bool = False,
+    ) -> None:
         """Record an operation for a worker of the queue to run; ``total`` is the caller's count (or estimate)."""
         if kind not in KINDS:
             raise ValueError(f"Unknown operation kind {kind!r}: use one of {', '.join(KINDS)}")
@@ -160,12 +181,26 @@ class Operations:
         rate = _check_rate(rate)
         created = int(time.time() * 1000)
         pipe = self.client.pipeline(transaction=True)
-        pipe.hset(self.keys.operation(op_id), mapping={
-            "kind": kind, "filter": json.dumps(filter.to_dict()), "reset_attempts": "1" if reset_attempts else "0",
-            "run_at_ms": "" if run_at_ms is None else str(run_at_ms), "rate": str(rate or 0), "state": "pending",
-            "done": 0, "total": total, "total_exact": "1" if total_exact else "0", "count": 0, "cursor": "",
-            "owner": "", "heartbeat": 0, "created_ms": created, "claims": 0,
-        })
+        pipe.hset(
+            self.keys.operation(op_id),
+            mapping={
+                "kind": kind,
+                "filter": json.dumps(filter.to_dict()),
+                "reset_attempts": "1" if reset_attempts else "0",
+                "run_at_ms": "" if run_at_ms is None else str(run_at_ms),
+                "rate": str(rate or 0),
+                "state": "pending",
+                "done": 0,
+                "total": total,
+                "total_exact": "1" if total_exact else "0",
+                "count": 0,
+                "cursor": "",
+                "owner": "",
+                "heartbeat": 0,
+                "created_ms": created,
+                "claims": 0,
+            },
+        )
         pipe.zadd(self.keys.operations, {op_id: created})
         pipe.execute()
 
@@ -197,8 +232,9 @@ class Operations:
                 return op_id
         return None
 
-    def run(self, op_id: str, owner: str, *, should_stop: Callable[[], bool] | None = None,
-            chunk: int = CHUNK) -> OperationRecord | None:
+    def run(
+        self, op_id: str, owner: str, *, should_stop: Callable[[], bool] | None = None, chunk: int = CHUNK
+    ) -> OperationRecord | None:
         """Carry out an operation this runner claimed, from where it stands, to its end.
 
         ``should_stop`` (the runner itself is stopping) is asked between
@@ -252,7 +288,7 @@ class Operations:
             matched = dl._select(sel, rows)
             nxt = id_after(id_of(rows[-1][0]))
             for start in range(0, len(matched), burst):
-                part = matched[start:start + burst]
+                part = matched[start : start + burst]
                 count += self._act(dl, record, part)
                 done += len(part)
                 pace.moved(len(part))
@@ -283,8 +319,11 @@ class Operations:
     # --- the scripts ---------------------------------------------------------------------------
 
     def _claim(self, op_id: str, owner: str, *, stale_ms: int) -> int:
-        return int(self.scripts.op_claim(keys=[self.keys.operation(op_id), self.keys.operations],
-                                         args=[owner, stale_ms, op_id]))
+        return int(
+            self.scripts.op_claim(
+                keys=[self.keys.operation(op_id), self.keys.operations], args=[owner, stale_ms, op_id]
+            )
+        )
 
     def _update(self, op_id: str, owner: str, state: str, **fields: Any) -> bool:
         """Write; True when a cancel was asked. Raises _LostClaim when another runner owns it now."""
@@ -322,8 +361,14 @@ class _Pace:
                 return False
 
 
-def run_pending(client: Client, queue: str, owner: str, *, should_stop: Callable[[], bool] | None = None,
-                stale_ms: int = STALE_AFTER_MS) -> list[OperationRecord]:
+def run_pending(
+    client: Client,
+    queue: str,
+    owner: str,
+    *,
+    should_stop: Callable[[], bool] | None = None,
+    stale_ms: int = STALE_AFTER_MS,
+) -> list[OperationRecord]:
     """Run the queue's pending operations here, one after another, until none is left to claim."""
     ops = Operations(client, queue)
     out: list[OperationRecord] = []
@@ -374,8 +419,14 @@ class OperationsLoop:
                         ran = True
                         record = o.run(op_id, self.owner, should_stop=stopping)
                         if record is not None:
-                            logger.info("operation %s on %s: %s, %d of %d handled", op_id, o.queue, record.state,
-                                        record.done, record.total)
+                            logger.info(
+                                "operation %s on %s: %s, %d of %d handled",
+                                op_id,
+                                o.queue,
+                                record.state,
+                                record.done,
+                                record.total,
+                            )
                 if not ran:
                     stop.wait(POLL_S)
         finally:

@@ -85,8 +85,16 @@ class TextSearch:
         self.scripts = Scripts(client)
         self.masked_keys = tuple(masked_keys) if masked_keys is not None else None
 
-    def search(self, text: str, *, cursor: str | None = None, limit: int = 50, scan_limit: int = 1_000_000,
-               time_limit: float = 0.5, chunk: int = CHUNK) -> SearchPage:
+    def search(
+        self,
+        text: str,
+        *,
+        cursor: str | None = None,
+        limit: int = 50,
+        scan_limit: int = 1_000_000,
+        time_limit: float = 0.5,
+        chunk: int = CHUNK,
+    ) -> SearchPage:
         """Up to ``limit`` entries holding ``text`` (case-insensitive), newest first, older than ``cursor``."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError("Type some text to search for")
@@ -103,8 +111,9 @@ class TextSearch:
         scanned = 0
         began = time.monotonic()
         while True:
-            reply = self.scripts.dlq_search(keys=[self.keys.dlq],
-                                            args=[start, min(chunk, scan_limit - scanned), needle])
+            reply = self.scripts.dlq_search(
+                keys=[self.keys.dlq], args=[start, min(chunk, scan_limit - scanned), needle]
+            )
             read, nxt, candidates = int(reply[0]), reply[1].decode(), reply[2:]
             if candidates:
                 pipe = self.client.pipeline(transaction=False)
