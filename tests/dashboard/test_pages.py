@@ -545,3 +545,21 @@ def test_a_paced_replay_of_a_big_set_is_confirmed_at_once_and_waits_for_a_worker
     page = c.get(f"/operations/{op.pk}/").content.decode()
     assert "data-waiting-for-worker" not in page and "of about" not in page
     assert AuditEntry.objects.get(action="replay").detail["rate"] == 5000
+
+
+def test_search_fills_its_list_chunk_by_chunk_escaped_and_masked(viewer, redis):
+    bulk_dead(redis, Q, 2000)
+    hit = add_dead(redis, Q, dead_job(kwargs={"note": "ticket ZX-41", "api_key": "ZX-41-secret"},
+                                      messages=("<script>alert('ZX-41')</script>",)))
+    c = _client(viewer)
+    page = c.get(f"/queues/{Q}/dlq/search/", {"q": "zx-41"}).content.decode()
+    assert 'id="search-next"' in page and "/dlq/search/more/?q=zx-41" in page and "data-search-stop" in page
+    more = c.get(f"/queues/{Q}/dlq/search/more/", {"q": "zx-41"}).content.decode()
+    assert f'data-entry="{hit}"' in more and "<script>alert" not in more and "&lt;script&gt;" in more
+    assert 'hx-swap-oob="true"' in more and "<strong data-found>1</strong>" in more
+    assert 'id="search-next"' not in more and "data-search-stop" not in more  # the whole DLQ was read
+    hidden = c.get(f"/queues/{Q}/dlq/search/more/", {"q": "secret"}).content.decode()
+    assert "data-no-match" in hidden and "data-entry" not in hidden
+    bad = c.get(f"/queues/{Q}/dlq/search/more/", {"q": "  "}).content.decode()
+    assert "Type some text" in bad
+    assert c.get("/queues/bad name/dlq/search/").status_code == 404
