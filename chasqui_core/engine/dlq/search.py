@@ -32,6 +32,23 @@ CHUNK = 5000
 """Entries one script call reads: a few milliseconds of Redis time."""
 MAX_NEEDLE = 200
 
+_RARITY = {c: i for i, c in enumerate(b"etaoinsrhldcumfpgwybvkxjqz")}
+"""ASCII letters, most common first (in English text, as in error messages and tracebacks)."""
+_COMMON = frozenset(b" ./_-'\"\n:,()")
+
+
+def _rarity(byte: int) -> int:
+    if byte in _RARITY:
+        return _RARITY[byte]
+    if byte in _COMMON:
+        return -1
+    return 22 if 48 <= byte <= 57 else 20  # a given digit is rarer than most letters
+
+
+def anchor(needle: bytes) -> int:
+    """The 1-based position of the byte of ``needle`` the scan looks for first: the rarest one."""
+    return max(range(len(needle)), key=lambda i: (_rarity(needle[i]), -i)) + 1
+
 
 @dataclass(frozen=True, slots=True)
 class SearchPage:
@@ -106,13 +123,15 @@ class TextSearch:
         check_positive(chunk, "chunk")
         start = format_id(parse_id(cursor, "cursor")) if cursor else "+"
         folded = needle.casefold()
+        pattern = needle.encode().lower()  # ASCII letters only, as Lua's string.lower does
+        at = anchor(pattern)
         total = int(self.client.xlen(self.keys.dlq))
         items: list[DeadJob] = []
         scanned = 0
         began = time.monotonic()
         while True:
             reply = self.scripts.dlq_search(
-                keys=[self.keys.dlq], args=[start, min(chunk, scan_limit - scanned), needle]
+                keys=[self.keys.dlq], args=[start, min(chunk, scan_limit - scanned), pattern, at]
             )
             read, nxt, candidates = int(reply[0]), reply[1].decode(), reply[2:]
             if candidates:
