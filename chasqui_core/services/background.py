@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
@@ -155,6 +156,34 @@ def refresh_active(queue: str | None = None) -> list[Operation]:
     ops = list(qs)
     refresh(ops)
     return ops
+
+
+class OperationAudits:
+    """A thread of ``runworker`` that refreshes the unfinished operations of its queues every few seconds, so
+    each one's audit entry is written soon after it ends even if nobody looks at it."""
+
+    EVERY_S = 2.0
+
+    def __init__(self, queues: Iterable[str]) -> None:
+        self.queues = list(queues)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chasqui-operation-audits", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from django.db import close_old_connections
+
+        while not self._stop.wait(self.EVERY_S):
+            try:
+                refresh(Operation.objects.filter(status__in=ACTIVE, queue__in=self.queues))
+            except Exception as exc:  # the database or Redis is away: try again at the next turn
+                logger.warning("refreshing DLQ operations: %s: %s", type(exc).__name__, exc)
+            finally:
+                close_old_connections()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
 
 
 def request_cancel(op: Operation) -> None:

@@ -255,3 +255,26 @@ def test_search_reads_the_whole_dlq_and_never_matches_a_masked_secret(op_api, vi
     assert len(page["items"]) == 2 and page["next_cursor"]
     more = view_api.get(f"/api/queues/{Q}/dlq/search", q="row", limit=2, cursor=page["next_cursor"]).json()
     assert {i["entry_id"] for i in more["items"]}.isdisjoint(i["entry_id"] for i in page["items"])
+
+
+def test_a_worker_process_writes_the_audit_entry_of_an_operation_nobody_looks_at(op_api, redis, settings,
+                                                                                   monkeypatch):
+    from chasqui_core.engine.dlq.operations import run_pending
+
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
+    bulk_dead(redis, Q, 40)
+    op_id = op_api.post(f"/api/queues/{Q}/dlq/discard", {"filter": {}}).json()["operation"]["id"]
+    [record] = run_pending(redis, Q, "engine-only")  # the engine alone: it cannot write to the database
+    assert record.state == "done" and not AuditEntry.objects.exists()
+    monkeypatch.setattr(background.OperationAudits, "EVERY_S", 0.05)
+    audits = background.OperationAudits([Q])  # what runworker starts beside the worker
+    try:
+        deadline = time.monotonic() + 20
+        while not AuditEntry.objects.filter(action="discard").exists():
+            assert time.monotonic() < deadline, "no audit entry"
+            time.sleep(0.05)
+    finally:
+        audits.stop()
+    entry = AuditEntry.objects.get(action="discard")
+    assert (entry.count, entry.detail["operation"]) == (40, op_id)
+    assert Operation.objects.get(pk=op_id).status == "done"
