@@ -81,6 +81,7 @@ def launch(
     except Exception:
         op.delete()
         raise
+    op.total_exact, op.rate, op.waiting_for_worker = total_exact, options.get("rate"), False
     return op
 
 

@@ -30,6 +30,7 @@ queue's pending operations in the calling process instead (what
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -37,6 +38,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..connection import Client, connect
 from ..keys import QueueKeys
@@ -251,6 +255,13 @@ class Operations:
                 self._sweep(record, owner, should_stop or (lambda: False), chunk)
         except _LostClaim:
             logger.warning("operation %s on %s: another runner took it over; this one stops", op_id, self.queue)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # Redis went away for a moment: give the operation back rather than fail it; if even that cannot be
+            # written, its heartbeat goes stale and a runner takes it over later, from its cursor
+            logger.warning("operation %s on %s: Redis unavailable (%s); handing it back", op_id, self.queue, exc)
+            with contextlib.suppress(Exception):
+                self._update(op_id, owner, "pending")
+            return None
         except Exception as exc:
             logger.exception("operation %s on %s failed", op_id, self.queue)
             try:
