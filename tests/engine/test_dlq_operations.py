@@ -211,3 +211,21 @@ def test_estimate_is_exact_when_small_and_close_when_large(redis):
     assert not big.exact and 0 <= big.count <= 4000
     assert estimate_matching(dl, DLQFilter()).count == 4000
     assert estimate_matching(dl, DLQFilter(task="nothing"), budget=100_000).count == 0
+
+
+@pytest.mark.parametrize(
+    ("matching", "others"),
+    [
+        ([1_000_000 + i * 10 for i in range(3000)], [1_030_000 + i for i in range(7000)]),  # a quiet spell, a burst
+        ([2_000_000 + i // 100 for i in range(4000)], [2_000_100 + i * 180 for i in range(2000)]),  # a burst first
+    ],
+)
+def test_the_estimate_of_a_big_set_weighs_busy_and_quiet_times(redis, matching, others):
+    rows = sorted([(ms, "a") for ms in matching] + [(ms, "b") for ms in others])
+    pipe = redis.pipeline(transaction=False)
+    for seq, (ms, task) in enumerate(rows, 1):
+        pipe.xadd(KEYS.dlq, {"task": task, "reason": "retries_exhausted"}, id=f"{ms}-{seq}")
+    pipe.execute()
+    estimate = estimate_matching(DeadLetters(redis, Q), DLQFilter(task="a"), budget=1000, samples=10)
+    assert not estimate.exact
+    assert 0.5 * len(matching) <= estimate.count <= 1.5 * len(matching), estimate

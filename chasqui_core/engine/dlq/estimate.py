@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .browse import DLQReader, check_positive
-from .entries import format_id
+from .entries import format_id, id_before, id_of
 from .filter import DLQFilter
 
 
@@ -25,7 +25,7 @@ class Estimate:
     """False: ``count`` is extrapolated from samples ("about")."""
 
 
-def estimate_matching(reader: DLQReader, filter: DLQFilter, *, budget: int = 10_000, samples: int = 10) -> Estimate:
+def estimate_matching(reader: DLQReader, filter: DLQFilter, *, budget: int = 10_000, samples: int = 20) -> Estimate:
     check_positive(budget, "budget")
     check_positive(samples, "samples")
     if filter.is_empty():
@@ -48,21 +48,42 @@ def estimate_matching(reader: DLQReader, filter: DLQFilter, *, budget: int = 10_
             break
     else:
         return Estimate(matched, True)
-    # too many to read now: the share of matches in windows spread over the range's time span
-    window = max(1, budget // samples)
-    span = hi[0] - lo[0]
-    seen = matched = 0
+    # Too many to read now: ``samples`` slices of the range's time span, each read from both of its ends (a
+    # window of entries forward from its start, another backward from its end). A slice whose two windows meet
+    # was read whole; otherwise the densities at its two ends size the part between them (their geometric mean:
+    # a burst at one end weighs in without being stretched over the whole slice).
+    window = max(1, budget // (2 * samples))
+    span = hi[0] - lo[0] + 1
+    edges_ms = [lo[0] + span * k // samples for k in range(samples + 1)]
     pipe = reader.client.pipeline(transaction=False)
     for k in range(samples):
-        start = (lo[0] + span * k // samples, 0) if k else lo
-        pipe.xrange(reader.keys.dlq, format_id(max(start, lo)), format_id(hi), count=window)
-    for rows in pipe.execute():
-        seen += len(rows)
-        matched += len(reader._select(filter, rows))
-    if not seen:
+        first = (edges_ms[k], 0) if k else lo
+        last = id_before((edges_ms[k + 1], 0))
+        last = hi if last is None or last > hi else last
+        pipe.xrange(reader.keys.dlq, format_id(first), format_id(last), count=window)
+        pipe.xrevrange(reader.keys.dlq, format_id(last), format_id(first), count=window)
+    replies = pipe.execute()
+    sized = matches = 0.0
+    for k in range(samples):
+        front, back = replies[2 * k], replies[2 * k + 1]
+        if not front:
+            continue
+        by_id = {row[0]: row for row in front}
+        by_id.update((row[0], row) for row in back)
+        rows = list(by_id.values())
+        share = len(reader._select(filter, rows)) / len(rows)
+        if len(front) < window or id_of(back[-1][0]) <= id_of(front[-1][0]):
+            entries = float(len(rows))  # the two windows meet: the whole slice was read
+        else:
+            t0, t1 = id_of(front[0][0])[0], id_of(front[-1][0])[0]
+            t2, t3 = id_of(back[-1][0])[0], id_of(back[0][0])[0]
+            d_front = len(front) / max(1, t1 - t0 + 1)
+            d_back = len(back) / max(1, t3 - t2 + 1)
+            entries = len(rows) + max(0, t2 - t1 - 1) * (d_front * d_back) ** 0.5
+        sized += entries
+        matches += entries * share
+    if not sized:
         return Estimate(0, True)
-    size = reader.count()
-    if not whole:
-        full_span = max(1, edges[1][0] - edges[0][0])
-        size = size * max(1, span) // full_span
-    return Estimate(round(size * matched / seen), False)
+    if whole:  # the range is the whole DLQ: its length is known, the slices' sizes only weigh the shares
+        matches *= reader.count() / sized
+    return Estimate(round(matches), False)
