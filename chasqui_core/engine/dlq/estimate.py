@@ -3,9 +3,10 @@
 An operator confirming a replay of everything that matches must see the
 figure at once, not after a scan of the whole DLQ. Up to ``budget`` entries
 are read; when the filter's range holds no more than that the count is
-exact. Otherwise the share of matches in ``samples`` windows spread over the
-range's time span, times the range's size, gives an estimate, marked so the
-console says "about". When the DLQ's readers count a filter from an index,
+exact. Otherwise the range's time span is cut in ``samples`` slices, each
+read from both ends; the share of matches in each slice, weighed by the
+slice's size (known when its two ends meet, else sized from the densities
+there), gives an estimate, marked so the console says "about". When the DLQ's readers count a filter from an index,
 ``DLQReader.count_matching`` is exact and quick and takes this one's place.
 """
 
