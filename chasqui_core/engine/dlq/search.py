@@ -28,7 +28,7 @@ from ..scripts import Scripts
 from .browse import check_positive
 from .entries import DeadJob, decode_entry, format_id, id_of, parse_id
 
-CHUNK = 5000
+CHUNK = 2000
 """Entries one script call reads: a few milliseconds of Redis time."""
 MAX_NEEDLE = 200
 
