@@ -361,6 +361,8 @@ class BulkIn(Schema):
 class ReplayIn(BulkIn):
     reset_attempts: bool = Field(True, description="True: a fresh retry budget. False: exactly one more attempt.")
     run_at: datetime | None = Field(None, description="Replay at this time instead of now (ISO 8601).")
+    rate: int | None = Field(None, ge=1, description="By filter only: replay at most this many jobs per second, "
+                                                     "so the workers are not flooded (always runs in the background).")
 
 
 class OneReplayIn(Schema):
@@ -386,13 +388,31 @@ class OperationOut(Schema):
     created_at: datetime
     finished_at: datetime | None
     cancel_requested: bool
+    total_exact: bool = Field(True, description="False while ``total`` is an estimate (the sweep counts exactly).")
+    waiting_for_worker: bool = Field(False, description="True when it waits and no worker of its queue is alive.")
 
     @classmethod
     def from_op(cls, op: Operation) -> OperationOut:
         return cls(id=op.pk, kind=op.kind, queue=op.queue, filter=op.filter, options=op.options, status=op.status,
                    done=op.done, total=op.total, count=op.count, error=mask_text(op.error),
                    created_by=op.created_by.get_username() if op.created_by_id else None,
-                   created_at=op.created_at, finished_at=op.finished_at, cancel_requested=op.cancel_requested)
+                   created_at=op.created_at, finished_at=op.finished_at, cancel_requested=op.cancel_requested,
+                   total_exact=getattr(op, "total_exact", True),
+                   waiting_for_worker=getattr(op, "waiting_for_worker", False))
+
+
+class DLQSearchQuery(Schema):
+    q: str = Field(min_length=1, max_length=200, description="Text to find (case-insensitive) in the job id, "
+                                                           "task, errors or arguments (secrets masked).")
+    cursor: str | None = Field(None, description="``next_cursor`` of the previous answer, to go on.")
+    limit: int = Field(50, ge=1, le=200)
+
+
+class DLQSearchOut(Schema):
+    items: list[DeadJobSummaryOut]
+    next_cursor: str | None = Field(description="Pass back as ``cursor`` to go on; null once the whole DLQ was read.")
+    scanned: int = Field(description="Entries this request read.")
+    total: int = Field(description="Entries in the DLQ when this request started.")
 
 
 class OperationListOut(Schema):

@@ -130,7 +130,11 @@ class AuditEntry(models.Model):
 
 
 class Operation(models.Model):
-    """A replay or discard by filter too big for one request, run in a background thread."""
+    """A replay or discard by filter too big for one request, run by a worker of its queue.
+
+    The lasting record operators list; the live progress is the engine's record in Redis
+    (``engine/dlq/operations.py``), copied onto this row whenever it is read (``services/background.py``).
+    """
 
     class Kind(models.TextChoices):
         REPLAY = "replay"
@@ -163,7 +167,7 @@ class Operation(models.Model):
                                    related_name="+")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     updated_at = models.DateTimeField(null=True, blank=True)
-    """Last sign of life of the thread running it (progress is written at least every few seconds)."""
+    """When the row was last brought up to date from the operation's progress in Redis."""
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested = models.BooleanField(default=False)
 

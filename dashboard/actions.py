@@ -144,18 +144,20 @@ def confirm(request: HttpRequest, name: str) -> HttpResponse:
     ids = bulk.cleaned_data.get("ids") or []
     if bulk.scope == "matching":
         try:
-            count = dlq_service.dlq_count(request.user, name, filter=filters.dlq_filter, source=SOURCE)
+            estimate = dlq_service.dlq_estimate(request.user, name, filter=filters.dlq_filter, source=SOURCE)
         except InvalidInput as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(_dlq_url(name, params))
+        count, approximate = estimate.count, not estimate.exact
     else:
-        count = len(set(ids))
+        count, approximate = len(set(ids)), False
     ctx = {
         "nav_queues": known_queues(), "section": "dlq", "current_queue": name,
         "queue": name, "action": bulk.action, "scope": bulk.scope, "ids": ids, "count": count,
         "filter_params": params, "filter_summary": describe_filter(params),
         "replay_form": ReplayOptionsForm(), "back": _dlq_url(name, params),
-        "background": bulk.scope == "matching" and count > dlq_service.background_threshold(),
+        "approximate": approximate,
+        "background": bulk.scope == "matching" and (approximate or count > dlq_service.background_threshold()),
     }
     return render(request, "chasqui_console/confirm.html", ctx)
 
@@ -191,7 +193,8 @@ def bulk(request: HttpRequest, name: str, action: str) -> HttpResponse:
         if action == "replay":
             assert options is not None
             result = dlq_service.replay(request.user, name, ids=ids, filter=f, reset_attempts=options.reset_attempts,
-                                        run_at=options.cleaned_data.get("run_at"), source=SOURCE)
+                                        run_at=options.cleaned_data.get("run_at"), source=SOURCE,
+                                        rate=options.cleaned_data.get("rate") if scope == "matching" else None)
         else:
             result = dlq_service.discard(request.user, name, ids=ids, filter=f, source=SOURCE)
     except (InvalidInput, Conflict) as exc:

@@ -161,6 +161,9 @@ class ReplayOptionsForm(forms.Form):
     when = forms.ChoiceField(choices=[("now", "Now"), ("at", "At a time")], initial="now",
                              widget=forms.RadioSelect, label="When")
     run_at = _datetime_field("Run at (UTC)")
+    rate = forms.IntegerField(required=False, min_value=1, max_value=10_000_000, label="At most",
+                              widget=forms.NumberInput(attrs={"placeholder": "no limit", "class": "num"}))
+    """Jobs per second, for replays by filter (the confirmation offers it only there)."""
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

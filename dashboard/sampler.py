@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from chasqui_core.models import Operation
+from chasqui_core.services import background
 from chasqui_core.services.common import known_queues, redis_client
 
 from . import fragments
@@ -80,6 +81,7 @@ class Sampler:
             reading = self.read(topics) if needs_redis else None
             op_ids = [t.arg for t in topics if t.kind == "operation"]
             operations = {str(op.pk): op for op in Operation.objects.filter(pk__in=op_ids)} if op_ids else {}
+            background.refresh(operations.values())  # the workers' progress, from Redis
             return {t: fragments.render(t, reading, operations) for t in topics}
         finally:
             close_old_connections()

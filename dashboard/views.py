@@ -137,6 +137,41 @@ def dlq(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "chasqui_console/dlq.html", ctx)
 
 
+@console_page
+def dlq_search(request: HttpRequest, name: str) -> HttpResponse:
+    """Free-text search over the whole DLQ: the page holds the list; ``dlq_search_more`` fills it chunk by chunk."""
+    name = require_queue(name)
+    text = request.GET.get("q", "").strip()[:200]
+    ctx = {**_base(request, "dlq", name), "queue": name, "text": text}
+    return render(request, "chasqui_console/dlq_search.html", ctx)
+
+
+def _count_param(request: HttpRequest, name: str) -> int:
+    value = request.GET.get(name, "")
+    return int(value) if value.isdigit() else 0
+
+
+@console_page
+def dlq_search_more(request: HttpRequest, name: str) -> HttpResponse:
+    """The next matches of a search (about half a second of reading), with the progress and where to go on."""
+    name = require_queue(name)
+    text = request.GET.get("q", "").strip()[:200]
+    ctx: dict[str, Any] = {"queue": name, "text": text, "items": [], "error": ""}
+    try:
+        page = dlq_service.dlq_search(request.user, name, text, cursor=request.GET.get("cursor") or None,
+                                      limit=DLQ_PAGE_SIZE, source="console")
+    except InvalidInput as exc:
+        ctx["error"] = str(exc)
+        return render(request, "chasqui_console/parts/dlq_search_rows.html", ctx)
+    scanned = _count_param(request, "scanned") + page.scanned
+    found = _count_param(request, "found") + len(page.items)
+    ctx.update(items=page.items, next_cursor=page.next_cursor, scanned=scanned, found=found,
+               total=max(page.total, scanned), percent=min(100, scanned * 100 // page.total) if page.total else 100)
+    response = render(request, "chasqui_console/parts/dlq_search_rows.html", ctx)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
 @dataclass(frozen=True, slots=True)
 class Run:
     """One failed run of a job, from its error history."""

@@ -159,3 +159,33 @@ def reclaim_now(redis_url: str, keys: QueueKeys, *, min_idle_ms: int):
             await client.aclose()
 
     return asyncio.run(main())
+
+
+class OperationsRunner:
+    """Runs the DLQ operations of some queues in a thread, as a worker's operations part does (same engine code),
+    without running their jobs: for tests of the console and the API that follow an operation to its end."""
+
+    def __init__(self, redis_url: str, queues: list[str]) -> None:
+        from chasqui_core.engine.connection import connect
+
+        self.client = connect(redis_url)
+        self.queues = queues
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="test-operations-runner", daemon=True)
+
+    def _run(self) -> None:
+        from chasqui_core.engine.dlq.operations import run_pending
+
+        while not self.stopping.is_set():
+            for q in self.queues:
+                run_pending(self.client, q, "test-runner", should_stop=self.stopping.is_set)
+            self.stopping.wait(0.05)
+
+    def __enter__(self) -> OperationsRunner:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(30)
+        self.client.close()

@@ -113,6 +113,15 @@ class QueueKeys:
         ``running``, ``waiting`` and ``parked`` follow it."""
         return f"{self.prefix}limit:{scope}:{bucket}:"
 
+    @property
+    def operations(self) -> str:
+        """The set of unfinished DLQ operations (replays/discards by filter), by id, scored by creation ms."""
+        return f"{self.prefix}ops"
+
+    def operation(self, op_id: str) -> str:
+        """One DLQ operation's record: a hash of its definition and progress (dlq/operations.py)."""
+        return f"{self.prefix}op:{op_id}"
+
     def running(self, worker_id: str) -> str:
         """A worker's start journal on this queue: entry id -> start ms of each run under way (journal.py)."""
         return f"{self.prefix}running:{worker_id}"

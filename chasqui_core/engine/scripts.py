@@ -26,7 +26,7 @@ from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 _LUA_DIR = Path(__file__).with_name("lua")
 
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
-         "schedule_advance", "limit_take", "limit_release")
+         "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_search")
 
 
 @cache
@@ -72,6 +72,9 @@ class Scripts:
     schedule_advance: ScriptCall
     limit_take: ScriptCall
     limit_release: ScriptCall
+    op_claim: ScriptCall
+    op_update: ScriptCall
+    dlq_search: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:

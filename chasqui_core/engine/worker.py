@@ -37,6 +37,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .admission import Admission
+from .dlq.operations import OperationsLoop
 from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, masked
 from .errors import RedisConfigError
 from .housekeeping import Housekeeping, resident_kb
@@ -245,7 +246,8 @@ class Worker(JobRunner):
                                        lock_ttl_ms=self.promoter_lock_ttl_ms)
             leaders.append(self._spawn("scheduler", self._leading(self.scheduler)))
         chores = [self._spawn("housekeeping", self.housekeeping.run),
-                  self._spawn("deadlines", self._watch_deadlines)]
+                  self._spawn("deadlines", self._watch_deadlines),
+                  self._spawn("operations", OperationsLoop(self).run)]  # DLQ replays/discards by filter
         try:
             await self._stop.wait()
         finally:

@@ -1,7 +1,8 @@
 """The dead-letter queue: browse, group and count dead jobs; replay or discard them.
 
 Replays and discards by filter that match more than ``background_threshold()``
-entries are handed to ``background``, which sweeps them outside the request.
+entries (or that are paced with a ``rate``) are handed to ``background``: the
+queue's workers sweep them, outside the web process.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from chasqui_core import access
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.dlq.browse import ErrorGroup, Page
 from chasqui_core.engine.dlq.entries import DeadJob
+from chasqui_core.engine.dlq.estimate import Estimate, estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.replay import DeadLetters
+from chasqui_core.engine.dlq.search import SearchPage, TextSearch
 from chasqui_core.models import AuditEntry, Operation
+from chasqui_core.masking import masked_keys
 from chasqui_core.services.background import launch as launch_in_background
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (
@@ -116,6 +120,37 @@ def dlq_count(actor, queue: str, *, filter: DLQFilter | Mapping[str, Any] | None
         return _dead_letters(queue).count_matching(f)
 
 
+def dlq_estimate(actor, queue: str, *, filter: DLQFilter | Mapping[str, Any] | None = None,
+                 source: Source = "api") -> Estimate:
+    """How many entries match, at once: exact when a bounded read can tell, else "about" (``exact`` False).
+
+    What a confirmation shows before a bulk action, which must not wait on a scan of the whole DLQ.
+    """
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    f = coerce_filter(filter)
+    with engine_errors:
+        return estimate_matching(_dead_letters(queue), f)
+
+
+
+def dlq_search(actor, queue: str, text: str, *, cursor: str | None = None, limit: int = 50,
+               time_limit: float = 0.5, source: Source = "api") -> SearchPage:
+    """Dead jobs whose id, task, error or arguments hold ``text`` (case-insensitive), newest first.
+
+    One call reads the DLQ for at most ``time_limit`` seconds; pass ``next_cursor`` back to go on (None: the
+    whole DLQ was read). Secrets are masked before matching, so a masked value is never found.
+    """
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidInput("Type some text to search the dead letters for")
+    limit = page_limit(limit)
+    with engine_errors:
+        return TextSearch(redis_client(), queue, masked_keys=masked_keys()).search(
+            text, cursor=cursor or None, limit=limit, time_limit=time_limit)
+
+
 # --- replay and discard -------------------------------------------------------------------------
 
 
@@ -127,6 +162,7 @@ def replay(
     filter: DLQFilter | Mapping[str, Any] | None = None,
     reset_attempts: bool = True,
     run_at: datetime | int | None = None,
+    rate: int | None = None,
     source: Source,
     background: bool | None = None,
     progress: Progress | None = None,
@@ -136,7 +172,9 @@ def replay(
 
     ``reset_attempts`` gives each job its whole retry budget again; False
     grants exactly one more run. ``run_at`` schedules them instead of running
-    them now. Returns how many entries were replayed, or, for a filter that
+    them now. ``rate`` (jobs per second, by filter only) paces the replay so
+    it does not flood the workers; a paced replay always runs in the
+    background. Returns how many entries were replayed, or, for a filter that
     matches more than ``background_threshold()`` entries, the started
     background Operation (``background=True``/``False`` forces either way).
     ``progress(done, total)`` and ``should_stop()`` apply when run inline;
@@ -146,7 +184,16 @@ def replay(
     require(actor, access.REPLAY, source)
     if not isinstance(reset_attempts, bool):
         raise InvalidInput("reset_attempts must be true or false")
-    options = {"reset_attempts": reset_attempts, "run_at_ms": epoch_ms(run_at, "run_at")}
+    options: dict[str, Any] = {"reset_attempts": reset_attempts, "run_at_ms": epoch_ms(run_at, "run_at")}
+    if rate is not None:
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate < 1:
+            raise InvalidInput(f"rate must be a whole number of jobs per second, 1 or more (got {rate!r})")
+        if ids is not None:
+            raise InvalidInput("A rate applies to replays by filter; a list of ids is replayed at once")
+        if background is False:
+            raise InvalidInput("A paced replay (with a rate) runs in the background")
+        options["rate"] = rate
+        background = True
     return _bulk(actor, Operation.Kind.REPLAY, queue, ids, filter, options, source, background, progress,
                  should_stop)
 
@@ -191,13 +238,14 @@ def _bulk(actor, kind: str, queue: str, ids, filter, options: dict, source: str,
         return count
 
     f = coerce_filter(filter)
-    matching = None
-    if in_background is None:
+    if in_background is not False:
         with engine_errors:
-            matching = dl.count_matching(f)
-        in_background = matching > background_threshold()
-    if in_background:
-        return launch_in_background(actor, kind, queue, f, options, source, total=matching or 0)
+            matching = estimate_matching(dl, f)
+        if in_background is None:
+            in_background = matching.count > background_threshold()
+        if in_background:
+            return launch_in_background(actor, kind, queue, f, options, source, total=matching.count,
+                                        total_exact=matching.exact)
 
     tracker = _Tracker(progress, should_stop)
     with engine_errors:

@@ -1,8 +1,8 @@
 """Background operations as operators see them: listed, followed and cancelled.
 
-The runner itself is ``background``; this module only reads the Operation
-rows (marking dead runners' rows failed first, so nobody waits on them) and
-asks a running one to stop.
+The queue's workers run them (see ``background``); this module reads the
+Operation rows (brought up to date from the workers' progress in Redis first)
+and asks a running one to stop.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def _operation(op_id: Any) -> Operation:
 
 def get_operation(actor, op_id: Any, *, source: Source = "api") -> Operation:
     require(actor, access.VIEW, source)
-    background.reap_stale()
-    return _operation(op_id)
+    op = _operation(op_id)
+    background.refresh([op])
+    return op
 
 
 def list_operations(
@@ -39,7 +40,7 @@ def list_operations(
     """Background operations, newest first."""
     require(actor, access.VIEW, source)
     limit = page_limit(limit)
-    background.reap_stale()
+    background.refresh_active(queue)
     qs = Operation.objects.all()
     if queue:
         qs = qs.filter(queue=queue)
@@ -47,11 +48,14 @@ def list_operations(
         if status not in Operation.Status.values:
             raise InvalidInput(f"Unknown status {status!r}: use one of {', '.join(Operation.Status.values)}")
         qs = qs.filter(status=status)
-    return list(qs.select_related("created_by")[:limit])
+    ops = list(qs.select_related("created_by")[:limit])
+    background.refresh(ops)
+    return ops
 
 
 def cancel_operation(actor, op_id: Any, *, source: Source) -> Operation:
-    """Ask a background operation to stop after its current chunk (what is done stays done)."""
+    """Ask a background operation to stop after its current chunk (what is done stays done); one no worker
+    has taken yet ends at once."""
     check_source(source)
     op = _operation(op_id)
     require(actor, access.REPLAY if op.kind == Operation.Kind.REPLAY else access.DISCARD, source)
@@ -61,7 +65,7 @@ def cancel_operation(actor, op_id: Any, *, source: Source) -> Operation:
     op.refresh_from_db()
     if not updated:
         raise Conflict(f"Operation {op.pk} has already finished ({op.status}): there is nothing to cancel")
-    background.request_cancel(op.pk)
+    background.request_cancel(op)
     record(actor, AuditEntry.Action.CANCEL_OPERATION, source=source, queue=op.queue, target_ids=[str(op.pk)],
            filter=op.filter, count=0, detail={"kind": op.kind, "done": op.done, "total": op.total})
     return op

@@ -1,5 +1,7 @@
-"""Big replays and discards by filter: background operations, progress, cancel, concurrency."""
+"""Big replays and discards by filter: background operations run by the queue's workers (here the same engine
+code in a thread, which does not run the replayed jobs), progress, cancel, concurrency."""
 
+import io
 import threading
 import time
 import uuid
@@ -13,13 +15,19 @@ from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services import background
 from chasqui_core.services import dlq as dlq_service
 
-from tests.helpers import bulk_dead
+from tests.helpers import OperationsRunner, bulk_dead
 
 from .helpers import dlq_len, stream_jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Q = "default"
+
+
+@pytest.fixture
+def runner(redis_url):
+    with OperationsRunner(redis_url, [Q]) as r:
+        yield r
 
 
 def poll(api, op_id, timeout=120.0):
@@ -32,13 +40,12 @@ def poll(api, op_id, timeout=120.0):
         body = r.json()
         seen.append((body["done"], body["total"]))
         if body["status"] in ("done", "cancelled", "failed"):
-            background.wait(uuid.UUID(op_id), 30)
             return body, seen
         time.sleep(0.1)
     raise AssertionError(f"operation {op_id} did not finish in {timeout} s: {seen[-1:]}")
 
 
-def test_replay_of_20000_by_filter_runs_in_background_to_the_end(op_api, operator, redis):
+def test_replay_of_20000_by_filter_runs_in_background_to_the_end(op_api, operator, redis, runner):
     bulk_dead(redis, Q, 20_000)
     dead_job_ids = {decode(f[b"j"]).id for _, f in redis.xrange(QueueKeys.for_queue(Q).dlq)}
     assert len(dead_job_ids) == 20_000
@@ -65,14 +72,15 @@ def test_replay_of_20000_by_filter_runs_in_background_to_the_end(op_api, operato
     assert [o["id"] for o in listed] == [op_id]
 
 
-def test_two_concurrent_background_replays_move_each_entry_once(op_api, operator, redis, settings):
+def test_two_concurrent_background_replays_move_each_entry_once(op_api, operator, redis, settings, redis_url):
     settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 100}
     bulk_dead(redis, Q, 6_000)
     first = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}}).json()["operation"]["id"]
     second = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {"error_class": "ValueError"}}).json()[
         "operation"]["id"]
-    a, _ = poll(op_api, first)
-    b, _ = poll(op_api, second)
+    with OperationsRunner(redis_url, [Q]), OperationsRunner(redis_url, [Q]):  # two workers
+        a, _ = poll(op_api, first)
+        b, _ = poll(op_api, second)
     assert a["status"] == b["status"] == "done"
     jobs = stream_jobs(redis, Q)
     assert len(jobs) == 6_000
@@ -106,26 +114,19 @@ def test_two_concurrent_inline_replays_move_each_entry_once(operator, redis):
     assert sorted(e.count for e in AuditEntry.objects.filter(action="replay")) == sorted(results)
 
 
-def test_cancel_stops_between_chunks_and_keeps_what_was_done(op_api, operator, redis, settings, monkeypatch):
-    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 100}
+def test_cancel_stops_between_chunks_and_keeps_what_was_done(op_api, operator, redis, runner):
     bulk_dead(redis, Q, 3_000)
-    reached_chunk = threading.Event()
-    release = threading.Event()
-    original = background._Progress.__call__
-
-    def held(self, done, total):
-        original(self, done, total)
-        if done >= 500 and not reached_chunk.is_set():  # after the first chunk, wait for the test
-            reached_chunk.set()
-            release.wait(30)
-
-    monkeypatch.setattr(background._Progress, "__call__", held)
-    op_id = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}}).json()["operation"]["id"]
-    assert reached_chunk.wait(30)
+    r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}, "rate": 1000})
+    assert r.status_code == 202, r.content
+    op_id = r.json()["operation"]["id"]
+    assert r.json()["operation"]["options"]["rate"] == 1000
+    deadline = time.monotonic() + 30
+    while op_api.get(f"/api/operations/{op_id}").json()["done"] == 0:
+        assert time.monotonic() < deadline, "the paced replay did not start"
+        time.sleep(0.05)
     r = op_api.post(f"/api/operations/{op_id}/cancel")
     assert r.status_code == 200, r.content
     assert r.json()["cancel_requested"] is True
-    release.set()
     final, _ = poll(op_api, op_id)
     assert final["status"] == "cancelled"
     assert 0 < final["count"] < 3_000
@@ -141,7 +142,7 @@ def test_cancel_stops_between_chunks_and_keeps_what_was_done(op_api, operator, r
     assert "finished" in again.json()["detail"]
 
 
-def test_background_discard_by_filter(op_api, redis, settings):
+def test_background_discard_by_filter(op_api, redis, settings, runner):
     settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 100}
     bulk_dead(redis, Q, 800, task="old.task")
     bulk_dead(redis, Q, 50, task="keep.task")
@@ -154,7 +155,7 @@ def test_background_discard_by_filter(op_api, redis, settings):
     assert AuditEntry.objects.get(action="discard").count == 800
 
 
-def test_a_big_error_group_replays_in_the_background_by_fingerprint(op_api, redis, settings):
+def test_a_big_error_group_replays_in_the_background_by_fingerprint(op_api, redis, settings, runner):
     settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 100}
     group = bulk_dead(redis, Q, 300, cls="TimeoutError", message="order {i} timed out")
     bulk_dead(redis, Q, 40, cls="ValueError", message="order {i} timed out")  # same message, other class
@@ -175,7 +176,7 @@ def test_a_big_error_group_replays_in_the_background_by_fingerprint(op_api, redi
     assert (entry.count, entry.filter) == (300, {"fingerprint": fp})
 
 
-def test_identical_running_operation_conflicts(op_api, operator, redis, settings):
+def test_identical_running_operation_conflicts(op_api, operator, redis, settings, runner):
     settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
     bulk_dead(redis, Q, 50)
     running = Operation.objects.create(kind="replay", queue=Q, filter={}, status="running", created_by=operator,
@@ -185,8 +186,8 @@ def test_identical_running_operation_conflicts(op_api, operator, redis, settings
     assert r.status_code == 409
     assert str(running.pk) in r.json()["detail"]
     assert dlq_len(redis, Q) == 50
-    # a runner that died long ago does not block for ever
-    Operation.objects.filter(pk=running.pk).update(updated_at=timezone.now() - background.STALE_AFTER * 2)
+    # one whose record Redis lost long ago does not block for ever
+    Operation.objects.filter(pk=running.pk).update(created_at=timezone.now() - background.LOST_AFTER * 2)
     r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}})
     assert r.status_code == 202
     final, _ = poll(op_api, r.json()["operation"]["id"])
@@ -204,3 +205,76 @@ def test_operation_permissions_and_bad_ids(op_api, view_api, operator, redis, se
     bad = op_api.get("/api/operations/not-a-uuid")
     assert bad.status_code == 422
     assert op_api.get("/api/operations", status="sleeping").status_code == 422
+
+
+def test_with_no_worker_an_operation_says_it_waits_and_the_cli_can_run_it(op_api, operator, redis, settings):
+    from django.core.management import call_command
+
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
+    bulk_dead(redis, Q, 120)
+    r = op_api.post(f"/api/queues/{Q}/dlq/discard", {"filter": {}})
+    assert r.status_code == 202, r.content
+    op_id = r.json()["operation"]["id"]
+    body = op_api.get(f"/api/operations/{op_id}").json()
+    assert (body["status"], body["waiting_for_worker"], body["done"]) == ("pending", True, 0)
+    assert dlq_len(redis, Q) == 120
+    out = io.StringIO()
+    call_command("chasqui", "operations", "--run", Q, stdout=out)
+    assert "Ran 1 operation" in out.getvalue()
+    body = op_api.get(f"/api/operations/{op_id}").json()
+    assert (body["status"], body["count"], body["total"], body["total_exact"]) == ("done", 120, 120, True)
+    assert dlq_len(redis, Q) == 0
+    assert AuditEntry.objects.get(action="discard").count == 120  # written once, by whoever saw it end first
+    op_api.get(f"/api/operations/{op_id}")
+    assert AuditEntry.objects.filter(action="discard").count() == 1
+
+
+def test_a_rate_is_for_replays_by_filter(op_api, redis):
+    bulk_dead(redis, Q, 5)
+    r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"ids": ["1-0"], "rate": 10})
+    assert r.status_code == 422 and "rate applies to replays by filter" in r.json()["detail"]
+    assert op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}, "rate": 0}).status_code == 422
+    r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {}, "rate": 50})
+    assert r.status_code == 202 and r.json()["operation"]["options"]["rate"] == 50  # small, but paced: background
+
+
+def test_search_reads_the_whole_dlq_and_never_matches_a_masked_secret(op_api, view_api, redis):
+    from tests.helpers import add_dead, dead_job
+
+    bulk_dead(redis, Q, 3000)
+    rare = add_dead(redis, Q, dead_job(kwargs={"customer": "ACME-7731", "password": "hunter2"}))
+    bulk_dead(redis, Q, 3000)
+    r = view_api.get(f"/api/queues/{Q}/dlq/search", q="acme-7731")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert [i["entry_id"] for i in body["items"]] == [rare]
+    assert body["next_cursor"] is None and body["scanned"] == body["total"] == 6001
+    assert view_api.get(f"/api/queues/{Q}/dlq/search", q="hunter2").json()["items"] == []
+    assert view_api.get(f"/api/queues/{Q}/dlq/search").status_code == 422
+    page = view_api.get(f"/api/queues/{Q}/dlq/search", q="row", limit=2).json()
+    assert len(page["items"]) == 2 and page["next_cursor"]
+    more = view_api.get(f"/api/queues/{Q}/dlq/search", q="row", limit=2, cursor=page["next_cursor"]).json()
+    assert {i["entry_id"] for i in more["items"]}.isdisjoint(i["entry_id"] for i in page["items"])
+
+
+def test_a_worker_process_writes_the_audit_entry_of_an_operation_nobody_looks_at(op_api, redis, settings,
+                                                                                   monkeypatch):
+    from chasqui_core.engine.dlq.operations import run_pending
+
+    settings.CHASQUI = {**settings.CHASQUI, "BACKGROUND_THRESHOLD": 10}
+    bulk_dead(redis, Q, 40)
+    op_id = op_api.post(f"/api/queues/{Q}/dlq/discard", {"filter": {}}).json()["operation"]["id"]
+    [record] = run_pending(redis, Q, "engine-only")  # the engine alone: it cannot write to the database
+    assert record.state == "done" and not AuditEntry.objects.exists()
+    monkeypatch.setattr(background.OperationAudits, "EVERY_S", 0.05)
+    audits = background.OperationAudits([Q])  # what runworker starts beside the worker
+    try:
+        deadline = time.monotonic() + 20
+        while not AuditEntry.objects.filter(action="discard").exists():
+            assert time.monotonic() < deadline, "no audit entry"
+            time.sleep(0.05)
+    finally:
+        audits.stop()
+    entry = AuditEntry.objects.get(action="discard")
+    assert (entry.count, entry.detail["operation"]) == (40, op_id)
+    assert Operation.objects.get(pk=op_id).status == "done"

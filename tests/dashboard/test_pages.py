@@ -370,7 +370,7 @@ def test_a_big_error_group_runs_in_the_background(operator, redis, settings):
     op = Operation.objects.get()
     assert response["Location"] == f"/operations/{op.pk}/"
     assert (op.kind, op.filter, op.total) == ("replay", {"fingerprint": fp}, 30)
-    assert background.wait(op.pk, timeout=30)
+    assert [o.pk for o in background.run_pending(Q)] == [op.pk]  # what a worker of Q does
     page = c.get(f"/operations/{op.pk}/").content.decode()
     assert 'data-status="done"' in page and f"error group:</span> {fp}" in page
     assert re.search(r"<strong data-done>30</strong> of <strong data-total>30</strong>", page)
@@ -389,7 +389,7 @@ def test_a_big_operation_runs_in_the_background_with_progress(operator, redis, s
     response = c.post(f"/queues/{Q}/dlq/replay/", {"scope": "matching", "attempts": "reset", "when": "now"})
     op = Operation.objects.get()
     assert response["Location"] == f"/operations/{op.pk}/"
-    assert background.wait(op.pk, timeout=30)
+    assert [o.pk for o in background.run_pending(Q)] == [op.pk]  # what a worker of Q does
     page = c.get(f"/operations/{op.pk}/").content.decode()
     assert 'data-status="done"' in page and 'aria-valuenow="100"' in page
     assert re.search(r"<strong data-done>60</strong> of <strong data-total>60</strong>", page)
@@ -521,3 +521,45 @@ def test_secrets_never_reach_the_console_nor_its_urls(viewer, redis):
     assert "a@b.c" in pages[2]  # ordinary values still show
     for link in _group_links(pages[0]):
         assert "TopSecret" not in link and "password" not in unescape(link)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_paced_replay_of_a_big_set_is_confirmed_at_once_and_waits_for_a_worker(operator, redis):
+    bulk_dead(redis, Q, 12_000, cls="ValueError")
+    bulk_dead(redis, Q, 500, cls="KeyError")
+    c = _client(operator)
+    confirm = c.post(f"/queues/{Q}/dlq/confirm/", {"intent": "replay-matching", "error_class": "ValueError"})
+    html = confirm.content.decode()
+    assert "Replay about " in html and "estimated from samples" in html and 'name="rate"' in html
+    response = c.post(f"/queues/{Q}/dlq/replay/", {"scope": "matching", "error_class": "ValueError",
+                                                   "attempts": "reset", "when": "now", "rate": "5000"})
+    op = Operation.objects.get()
+    assert response["Location"] == f"/operations/{op.pk}/"
+    assert op.options["rate"] == 5000 and op.status == "pending"
+    page = c.get(f"/operations/{op.pk}/").content.decode()
+    assert "data-waiting-for-worker" in page and "runworker emails" in page
+    assert "paced at 5,000 jobs a second" in page and "of about" in page
+    assert redis.xlen(KEYS.dlq) == 12_500  # nothing moves until a worker (or the shell) runs it
+    [done] = background.run_pending(Q)
+    assert (done.status, done.count, done.total) == ("done", 12_000, 12_000)
+    page = c.get(f"/operations/{op.pk}/").content.decode()
+    assert "data-waiting-for-worker" not in page and "of about" not in page
+    assert AuditEntry.objects.get(action="replay").detail["rate"] == 5000
+
+
+def test_search_fills_its_list_chunk_by_chunk_escaped_and_masked(viewer, redis):
+    bulk_dead(redis, Q, 2000)
+    hit = add_dead(redis, Q, dead_job(kwargs={"note": "ticket ZX-41", "api_key": "ZX-41-secret"},
+                                      messages=("<script>alert('ZX-41')</script>",)))
+    c = _client(viewer)
+    page = c.get(f"/queues/{Q}/dlq/search/", {"q": "zx-41"}).content.decode()
+    assert 'id="search-next"' in page and "/dlq/search/more/?q=zx-41" in page and "data-search-stop" in page
+    more = c.get(f"/queues/{Q}/dlq/search/more/", {"q": "zx-41"}).content.decode()
+    assert f'data-entry="{hit}"' in more and "<script>alert" not in more and "&lt;script&gt;" in more
+    assert 'hx-swap-oob="true"' in more and "<strong data-found>1</strong>" in more
+    assert 'id="search-next"' not in more and "data-search-stop" not in more  # the whole DLQ was read
+    hidden = c.get(f"/queues/{Q}/dlq/search/more/", {"q": "secret"}).content.decode()
+    assert "data-no-match" in hidden and "data-entry" not in hidden
+    bad = c.get(f"/queues/{Q}/dlq/search/more/", {"q": "  "}).content.decode()
+    assert "Type some text" in bad
+    assert c.get("/queues/bad name/dlq/search/").status_code == 404

@@ -19,6 +19,8 @@ import redis
 from chasqui_core.engine import stats
 from chasqui_core.engine.backoff import BackoffSpec
 from chasqui_core.engine.connection import connect, forget, is_cluster_client, node_url
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.operations import Operations
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.embedded import EmbeddedCluster
 from chasqui_core.engine.errors import RedisConfigError, UnrecoverableError
@@ -112,6 +114,12 @@ def test_one_worker_runs_queues_on_three_masters_with_retries_delays_and_the_dlq
         dead = DeadLetters(client, paused)
         assert dead.replay([dead.page().items[0].entry_id]) == 1
         wait_for(lambda: runs[f"{paused}:broken"] == 2, 30, "the replayed job to run again")
+        # a discard by filter, recorded for the workers: the worker's operations part runs it on the queue's master
+        ops = Operations(client, names[1])
+        ops.submit("cluster-op", "discard", DLQFilter())
+        wait_for(lambda: ops.get("cluster-op").state == "done", 30, "the worker to run the DLQ operation")
+        assert ops.get("cluster-op").count == 1 and DeadLetters(client, names[1]).count() == 0
+        assert worker.worker.problem == ""
         assert {w.id for w in stats.workers(client)} == {worker.worker.id}
     finally:
         worker.stop()

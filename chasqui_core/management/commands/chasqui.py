@@ -5,7 +5,7 @@
     chasqui delayed list|cancel|run QUEUE [JOB_ID]
     chasqui pause|resume QUEUE
     chasqui apikey create --user NAME [--name TEXT] | revoke PREFIX | list
-    chasqui operations
+    chasqui operations [--run [QUEUE]]
 
 Every change goes through the same service layer as the API and is audited
 with source "cli", acting as ``--as USER`` (default: the first superuser).
@@ -36,6 +36,7 @@ from chasqui_core.services import api_keys as api_keys_service
 from chasqui_core.services import audit as audit_service
 from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services import dlq as dlq_service
+from chasqui_core.services import background
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services import queues as queues_service
 from chasqui_core.services import workers as workers_service
@@ -176,6 +177,8 @@ class Command(BaseCommand):
                 act.add_argument("--one-more-attempt", action="store_true",
                                  help="Grant exactly one more attempt instead of a fresh retry budget.")
                 act.add_argument("--at", dest="run_at", help="Replay at this time (ISO 8601) instead of now.")
+                act.add_argument("--rate", type=int, help="Replay at most this many jobs per second (by filter): "
+                                 "a worker of the queue runs it in the background.")
 
         delayed = sub.add_parser("delayed", help="Delayed jobs.").add_subparsers(dest="delayed_command",
                                                                                 required=True, metavar="ACTION")
@@ -200,6 +203,9 @@ class Command(BaseCommand):
 
         ops = sub.add_parser("operations", help="Background operations (big replays/discards).")
         ops.add_argument("--limit", type=int, default=20)
+        ops.add_argument("--run", nargs="?", const="", metavar="QUEUE",
+                         help="Run the waiting operations (of QUEUE, or of every queue) in this process, for when "
+                              "no worker serves their queue; Ctrl-C hands the current one back, to be resumed.")
 
     @staticmethod
     def _filters(parser: CommandParser) -> None:
@@ -334,6 +340,13 @@ class Command(BaseCommand):
             extra["reset_attempts"] = not opts.get("one_more_attempt")
             if opts.get("run_at"):
                 extra["run_at"] = parse_when(opts["run_at"])
+            if opts.get("rate") is not None:
+                if ids:
+                    raise CommandError("--rate applies to replays by filter (or --all), not to --ids")
+                op = service(self.actor, queue, filter=f, source="cli", rate=opts["rate"], **extra)
+                self._say(f"Operation {op.pk} recorded: a worker of {queue} replays {op.total:,} entries at most "
+                          f"{opts['rate']:,} a second. Follow it with `chasqui operations`.")
+                return
         if ids:
             if not opts.get("yes"):
                 self._confirm(f"{action.capitalize()} {len(ids)} entr{'y' if len(ids) == 1 else 'ies'} of {queue}?")
@@ -417,6 +430,10 @@ class Command(BaseCommand):
     # --- operations ---------------------------------------------------------------------------------------
 
     def operations(self, opts: dict) -> None:
+        if opts.get("run") is not None:
+            with Interrupt(self.stdout) as interrupt:
+                ran = background.run_pending(opts["run"] or None, should_stop=interrupt)
+            self._say(f"Ran {len(ran)} operation{'s' if len(ran) != 1 else ''}.")
         ops: list[Operation] = operations_service.list_operations(self.actor, limit=opts["limit"], source="cli")
         self._say(table([(op.pk, op.kind, op.queue, op.status, f"{op.done:,}/{op.total:,}", op.count,
                           op.created_at.strftime("%Y-%m-%d %H:%M:%S"),

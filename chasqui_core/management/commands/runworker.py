@@ -32,6 +32,7 @@ from chasqui_core.engine.worker import Worker
 from chasqui_core.outbox import OutboxRelay
 from chasqui_core.schedules import configured as configured_schedules
 from chasqui_core.schedules import afire as fire_schedule
+from chasqui_core.services import background
 from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, SupervisedChild, Supervisor, SupervisorConfig, child_command,
                                      cpu_count)
 from chasqui_core.task_runner import build_registry
@@ -183,11 +184,13 @@ class Command(BaseCommand):
                                     if limit.scope in options["queues"] or limit.scope in registry))
         self.stdout.flush()
         relay = _outbox_relay()
+        audits = background.OperationAudits(options["queues"])  # DLQ operations' audit entries, when they end
         if child is not None:
             child.ready()
         try:
             asyncio.run(worker.run())
         finally:
+            audits.stop()
             if relay is not None:
                 relay.stop()
         code = RECYCLE_EXIT_CODE if worker.recycle_reason else 0

@@ -7,6 +7,7 @@
  * - A session that expired (close code 4401) sends the tab to the login page.
  * - "Tick the page" checkbox and the ticked count of the DLQ table.
  * - data-confirm on a form asks before submitting.
+ * - A DLQ search's Stop button ends the chain of requests that fills its list.
  */
 (function () {
   "use strict";
@@ -83,6 +84,19 @@
     var form = event.target;
     var question = form.getAttribute("data-confirm");
     if (question && !window.confirm(question)) event.preventDefault();
+  });
+
+  document.addEventListener("click", function (event) {
+    var stop = event.target.closest ? event.target.closest("[data-search-stop]") : null;
+    if (!stop) return;
+    var next = document.getElementById("search-next");
+    if (next) {
+      if (window.htmx) window.htmx.trigger(next, "htmx:abort");
+      next.remove();
+    }
+    var state = document.getElementById("search-state");
+    if (state) state.textContent = "stopped";
+    stop.disabled = true;
   });
 
   document.addEventListener("DOMContentLoaded", function () {

@@ -1,0 +1,444 @@
+"""Replays and discards by filter that run in worker processes, not in the process that asked for them.
+
+A request (console, API, CLI) only records an operation: a hash
+``{chasqui:<q>}:op:<id>`` with its definition and progress, and its id in the
+queue's set of unfinished operations. Every worker of the queue looks at that
+set (``OperationsLoop``, one more long-lived part of the worker) and one of
+them claims the operation (``op_claim.lua``) and sweeps the DLQ, oldest
+first, one chunk per call. After each chunk it writes its progress (done,
+count, the cursor where the sweep goes on) with ``op_update.lua``, which is
+also its heartbeat and tells it whether someone asked to cancel.
+
+A worker that dies mid-way stops heartbeating; once its operation has been
+silent for ``STALE_AFTER_MS`` another worker claims it and carries on from the
+cursor. Nothing is replayed twice: each move deletes the entry and re-adds
+the job in one step gated on the delete (``dlq_move.lua``), and entries a
+sweep already moved are no longer there for the next one to find. The
+figures may miss up to one chunk's worth then (moved, but the runner died
+before writing that it had); the entries themselves are exact.
+
+A worker that stops gracefully gives its operation back (state pending), and
+the next worker takes it at once. ``rate`` (jobs per second) paces a replay
+so it does not flood the workers: it moves at most a fifth of a second's worth
+at a time and sleeps between, heartbeating while it waits.
+
+With no worker serving the queue an operation waits; ``run_pending`` runs the
+queue's pending operations in the calling process instead (what
+``manage.py chasqui_operations`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..connection import Client, connect
+from ..keys import QueueKeys
+from ..scripts import Scripts
+from .entries import DeadJob, Row, decode_entry, format_id, id_after, id_of, parse_id
+from .filter import DLQFilter
+from .replay import DeadLetters
+
+if TYPE_CHECKING:
+    from ..worker import Worker
+
+logger = logging.getLogger("chasqui.operations")
+
+KINDS = ("replay", "discard")
+STATES = ("pending", "running", "done", "cancelled", "failed")
+FINISHED = ("done", "cancelled", "failed")
+
+CHUNK = 2000
+"""Entries read (and at most moved) per call of a sweep: big enough for tens of thousands a second, small enough
+that no call holds Redis for long."""
+STALE_AFTER_MS = 15_000
+"""An operation whose runner has written nothing for this long is taken over by another runner."""
+KEEP_FINISHED_S = 7 * 24 * 3600
+"""How long a finished operation's record stays in Redis (the console keeps its own lasting record)."""
+POLL_S = 0.25
+"""How often a worker looks for operations to run: what an operator waits at most before it starts."""
+HEARTBEAT_S = 1.0
+"""How often a rate-limited sweep writes while it waits between moves."""
+PACE_SLICE_S = 0.2
+"""With a rate, at most this many seconds' worth of jobs are moved in one go."""
+
+
+@dataclass(frozen=True, slots=True)
+class OperationRecord:
+    """One operation as Redis holds it."""
+
+    id: str
+    queue: str
+    kind: str
+    filter: dict[str, Any]
+    reset_attempts: bool
+    run_at_ms: int | None
+    rate: int | None
+    """Jobs per second at most; None: as fast as it goes."""
+    state: str
+    done: int
+    """Matching entries handled so far (including ones someone else removed meanwhile)."""
+    total: int
+    """Matching entries expected: an estimate until the operation ends (``total_exact``)."""
+    total_exact: bool
+    count: int
+    """Entries this operation really replayed or discarded."""
+    cursor: str
+    """The id the sweep goes on from ("" before it started)."""
+    owner: str
+    heartbeat_ms: int
+    cancel: bool
+    error: str
+    created_ms: int
+    started_ms: int | None
+    finished_ms: int | None
+    claims: int
+    """How many times a runner took it (more than 1: it was resumed after a runner stopped)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED
+
+    @classmethod
+    def parse(cls, op_id: str, queue: str, raw: dict[bytes, bytes]) -> OperationRecord:
+        d = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
+
+        def num(name: str) -> int:
+            text = d.get(name, "")
+            return int(text) if text.lstrip("-").isdigit() else 0
+
+        return cls(
+            id=op_id,
+            queue=queue,
+            kind=d.get("kind", ""),
+            filter=json.loads(d.get("filter") or "{}"),
+            reset_attempts=d.get("reset_attempts", "1") == "1",
+            run_at_ms=num("run_at_ms") if d.get("run_at_ms") else None,
+            rate=num("rate") or None,
+            state=d.get("state", ""),
+            done=num("done"),
+            total=num("total"),
+            total_exact=d.get("total_exact") == "1",
+            count=num("count"),
+            cursor=d.get("cursor", ""),
+            owner=d.get("owner", ""),
+            heartbeat_ms=num("heartbeat"),
+            cancel=d.get("cancel") == "1",
+            error=d.get("error", ""),
+            created_ms=num("created_ms"),
+            started_ms=num("started_ms") if d.get("started_ms") else None,
+            finished_ms=num("finished_ms") if d.get("finished_ms") else None,
+            claims=num("claims"),
+        )
+
+
+def _check_rate(rate: int | None) -> int | None:
+    if rate is None:
+        return None
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate < 1:
+        raise ValueError(f"rate must be a whole number of jobs per second (1 or more), got {rate!r}")
+    return rate
+
+
+class _LostClaim(Exception):
+    """Another runner owns the operation now: this one stops writing at once."""
+
+
+class Operations:
+    """One queue's DLQ operations on a sync redis-py client (bytes): record, read, cancel, claim and run them."""
+
+    def __init__(self, client: Client, queue: str) -> None:
+        self.client = client
+        self.queue = queue
+        self.keys = QueueKeys.for_queue(queue)
+        self.scripts = Scripts(client)
+
+    # --- what the asking side calls ------------------------------------------------------------
+
+    def submit(
+        self,
+        op_id: str,
+        kind: str,
+        filter: DLQFilter,
+        *,
+        reset_attempts: bool = True,
+        run_at_ms: int | None = None,
+        rate: int | None = None,
+        total: int = 0,
+        total_exact: bool = False,
+    ) -> None:
+        """Record an operation for a worker of the queue to run; ``total`` is the caller's count (or estimate)."""
+        if kind not in KINDS:
+            raise ValueError(f"Unknown operation kind {kind!r}: use one of {', '.join(KINDS)}")
+        if not isinstance(filter, DLQFilter):
+            raise TypeError(f"Pass a DLQFilter (DLQFilter() matches every entry), not {type(filter).__name__}")
+        rate = _check_rate(rate)
+        created = int(time.time() * 1000)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(
+            self.keys.operation(op_id),
+            mapping={
+                "kind": kind,
+                "filter": json.dumps(filter.to_dict()),
+                "reset_attempts": "1" if reset_attempts else "0",
+                "run_at_ms": "" if run_at_ms is None else str(run_at_ms),
+                "rate": str(rate or 0),
+                "state": "pending",
+                "done": 0,
+                "total": total,
+                "total_exact": "1" if total_exact else "0",
+                "count": 0,
+                "cursor": "",
+                "owner": "",
+                "heartbeat": 0,
+                "created_ms": created,
+                "claims": 0,
+            },
+        )
+        pipe.zadd(self.keys.operations, {op_id: created})
+        pipe.execute()
+
+    def get(self, op_id: str) -> OperationRecord | None:
+        raw = self.client.hgetall(self.keys.operation(op_id))
+        return OperationRecord.parse(op_id, self.queue, raw) if raw else None
+
+    def pending(self) -> list[str]:
+        """Ids of the unfinished operations, oldest first."""
+        return [m.decode() for m in self.client.zrange(self.keys.operations, 0, -1)]
+
+    def cancel(self, op_id: str) -> OperationRecord | None:
+        """Ask an operation to stop; one nobody runs yet ends as cancelled now. None when there is no such one."""
+        key = self.keys.operation(op_id)
+        if not self.client.exists(key):
+            return None
+        self.client.hset(key, "cancel", "1")
+        owner = f"canceller:{op_id}"
+        if self._claim(op_id, owner, stale_ms=STALE_AFTER_MS) == 1:  # nobody was running it
+            self._update(op_id, owner, "cancelled", total_exact="1")
+        return self.get(op_id)
+
+    # --- what runners call ---------------------------------------------------------------------
+
+    def claim_next(self, owner: str, *, stale_ms: int = STALE_AFTER_MS) -> str | None:
+        """Take the oldest operation nobody (alive) runs; its id, or None."""
+        for op_id in self.pending():
+            if self._claim(op_id, owner, stale_ms=stale_ms) == 1:
+                return op_id
+        return None
+
+    def run(
+        self, op_id: str, owner: str, *, should_stop: Callable[[], bool] | None = None, chunk: int = CHUNK
+    ) -> OperationRecord | None:
+        """Carry out an operation this runner claimed, from where it stands, to its end.
+
+        ``should_stop`` (the runner itself is stopping) is asked between
+        chunks: the operation is then given back, to be resumed by another
+        runner. Returns the record as it was left.
+        """
+        record = self.get(op_id)
+        if record is None:
+            return None
+        try:
+            if record.cancel:
+                self._update(op_id, owner, "cancelled", total_exact="1", total=record.done)
+            else:
+                self._sweep(record, owner, should_stop or (lambda: False), chunk)
+        except _LostClaim:
+            logger.warning("operation %s on %s: another runner took it over; this one stops", op_id, self.queue)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # Redis went away for a moment: give the operation back rather than fail it; if even that cannot be
+            # written, its heartbeat goes stale and a runner takes it over later, from its cursor
+            logger.warning("operation %s on %s: Redis unavailable (%s); handing it back", op_id, self.queue, exc)
+            with contextlib.suppress(Exception):
+                self._update(op_id, owner, "pending")
+            return None
+        except Exception as exc:
+            logger.exception("operation %s on %s failed", op_id, self.queue)
+            try:
+                self._update(op_id, owner, "failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+            except Exception:  # Redis itself is gone: the record stays running and another runner resumes it
+                logger.warning("operation %s on %s: could not record the failure", op_id, self.queue)
+        return self.get(op_id)
+
+    def _sweep(self, record: OperationRecord, owner: str, should_stop: Callable[[], bool], chunk: int) -> None:
+        op_id = record.id
+        dl = DeadLetters(self.client, self.queue)
+        f = DLQFilter.from_dict(record.filter)
+        sel = None if f.is_empty() else f
+        bounds = dl._bounds(sel)
+        edges = dl._edges()
+        hi_text = self.client.hget(self.keys.operation(op_id), "hi")
+        done, count = record.done, record.count
+        if bounds is None or (edges is None and not hi_text):
+            self._update(op_id, owner, "done", total=done, total_exact="1")
+            return
+        if hi_text:
+            hi = parse_id(hi_text)
+        else:
+            # Only the entries present now: jobs that die during a long sweep are left for an operator to look at.
+            assert edges is not None
+            hi = min(bounds[1], edges[1])
+            self._update(op_id, owner, "running", hi=format_id(hi))
+        lo = parse_id(record.cursor) if record.cursor else bounds[0]
+        pace = _Pace(record.rate)
+        burst = max(1, int(record.rate * PACE_SLICE_S)) if record.rate else chunk
+        for rows in dl._scan_oldest(lo, hi, chunk):
+            if should_stop():
+                self._update(op_id, owner, "pending", done=done, count=count)
+                return
+            matched = dl._select(sel, rows)
+            nxt = id_after(id_of(rows[-1][0]))
+            for start in range(0, len(matched), burst):
+                part = matched[start : start + burst]
+                count += self._act(dl, record, part)
+                done += len(part)
+                pace.moved(len(part))
+                last = start + burst >= len(matched)
+                cursor = format_id(nxt) if last and nxt is not None else format_id(id_of(rows[0][0]))
+                if self._update(op_id, owner, "running", done=done, count=count, cursor=cursor):
+                    self._update(op_id, owner, "cancelled", total=done, total_exact="1")
+                    return
+                if not pace.wait(lambda: self._update(op_id, owner, "running") or should_stop()):
+                    if should_stop():
+                        self._update(op_id, owner, "pending")
+                    else:
+                        self._update(op_id, owner, "cancelled", total=done, total_exact="1")
+                    return
+            if not matched and nxt is not None and self._update(op_id, owner, "running", cursor=format_id(nxt)):
+                self._update(op_id, owner, "cancelled", total=done, total_exact="1")
+                return
+        self._update(op_id, owner, "done", done=done, count=count, total=done, total_exact="1")
+
+    def _act(self, dl: DeadLetters, record: OperationRecord, matched: list[tuple[Row, DeadJob | None]]) -> int:
+        if not matched:
+            return 0
+        if record.kind == "replay":
+            dead = [d if d is not None else decode_entry(self.queue, *row) for row, d in matched]
+            return dl._move(dead, record.reset_attempts, record.run_at_ms)
+        return dl.discard([row[0].decode() for row, _ in matched])
+
+    # --- the scripts ---------------------------------------------------------------------------
+
+    def _claim(self, op_id: str, owner: str, *, stale_ms: int) -> int:
+        return int(
+            self.scripts.op_claim(
+                keys=[self.keys.operation(op_id), self.keys.operations], args=[owner, stale_ms, op_id]
+            )
+        )
+
+    def _update(self, op_id: str, owner: str, state: str, **fields: Any) -> bool:
+        """Write; True when a cancel was asked. Raises _LostClaim when another runner owns it now."""
+        args: list[Any] = [owner, state, op_id, KEEP_FINISHED_S]
+        for name, value in fields.items():
+            args += (name, value)
+        reply = int(self.scripts.op_update(keys=[self.keys.operation(op_id), self.keys.operations], args=args))
+        if reply < 0:
+            raise _LostClaim(op_id)
+        return reply == 1
+
+
+class _Pace:
+    """Keeps a sweep under ``rate`` jobs a second (no limit when None)."""
+
+    def __init__(self, rate: int | None) -> None:
+        self.rate = rate
+        self.started = time.monotonic()
+        self.count = 0
+
+    def moved(self, n: int) -> None:
+        self.count += n
+
+    def wait(self, beat: Callable[[], bool]) -> bool:
+        """Sleep until the rate allows more, calling ``beat`` every HEARTBEAT_S; False when ``beat`` says stop."""
+        if not self.rate:
+            return True
+        due = self.started + self.count / self.rate
+        while True:
+            left = due - time.monotonic()
+            if left <= 0:
+                return True
+            time.sleep(min(left, HEARTBEAT_S))
+            if due - time.monotonic() > 0 and beat():
+                return False
+
+
+def run_pending(
+    client: Client,
+    queue: str,
+    owner: str,
+    *,
+    should_stop: Callable[[], bool] | None = None,
+    stale_ms: int = STALE_AFTER_MS,
+) -> list[OperationRecord]:
+    """Run the queue's pending operations here, one after another, until none is left to claim."""
+    ops = Operations(client, queue)
+    out: list[OperationRecord] = []
+    while should_stop is None or not should_stop():
+        op_id = ops.claim_next(owner, stale_ms=stale_ms)
+        if op_id is None:
+            break
+        record = ops.run(op_id, owner, should_stop=should_stop)
+        if record is not None:
+            out.append(record)
+    return out
+
+
+class OperationsLoop:
+    """The worker's part that runs its queues' operations, in a thread of its own with a sync client.
+
+    Sweeps are blocking work (scripts of a few milliseconds, decoding and
+    encoding envelopes), so they stay off the worker's event loop and never
+    delay its jobs.
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self.url = worker.url
+        self.owner = worker.id
+        self.queues = [k.queue for k in worker.keys]
+        self.stopping = worker.stopping
+
+    async def run(self) -> None:
+        stop = threading.Event()
+        try:
+            await asyncio.to_thread(self._run, stop)
+        finally:
+            stop.set()
+
+    def _run(self, stop: threading.Event) -> None:
+        client = connect(self.url)
+        try:
+            ops = [Operations(client, q) for q in self.queues]
+
+            def stopping() -> bool:
+                return stop.is_set() or self.stopping.is_set()
+
+            while not stopping():
+                ran = False
+                for o in ops:
+                    op_id = o.claim_next(self.owner)
+                    if op_id is not None:
+                        ran = True
+                        record = o.run(op_id, self.owner, should_stop=stopping)
+                        if record is not None:
+                            logger.info(
+                                "operation %s on %s: %s, %d of %d handled",
+                                op_id,
+                                o.queue,
+                                record.state,
+                                record.done,
+                                record.total,
+                            )
+                if not ran:
+                    stop.wait(POLL_S)
+        finally:
+            client.close()
