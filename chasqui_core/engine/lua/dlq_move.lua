@@ -1,16 +1,19 @@
 -- Send dead-letter entries back to work (replay), each at most once.
 --
--- The XDEL result gates each move: when two operators replay the same entry
--- at the same time, only the call that deleted it re-publishes it.
+-- Taking the entry (dlq_take: read, XDEL, undo its index) gates each move:
+-- when two operators replay the same entry at the same time, only the call
+-- that deleted it re-publishes it, and the index loses it once.
 --
 -- KEYS[1] dlq   KEYS[2] stream   KEYS[3] delayed   KEYS[4] all-time totals (counts "replayed")
 -- ARGV triples: dlq entry id, payload to publish, run at epoch ms ("" = now)
 -- Returns the number of entries moved.
+--
+-- Calls dlq_take from dlq_index.lua.
 
 local dlq, stream, delayed = KEYS[1], KEYS[2], KEYS[3]
 local moved = 0
 for i = 1, #ARGV, 3 do
-  if redis.call('XDEL', dlq, ARGV[i]) == 1 then
+  if dlq_take(dlq, ARGV[i]) then
     if ARGV[i + 2] == '' then
       redis.call('XADD', stream, '*', 'j', ARGV[i + 1])
     else
