@@ -21,7 +21,7 @@ from typing import Any
 
 from .connection import Client
 from .dlq.fingerprint import INVALID_RETRY_FINGERPRINT, fingerprint_id
-from .keys import DURATIONS, MINUTE_BUCKET, SECOND_BUCKET, TOTALS
+from .keys import DLQ_INDEX_VERSION, DURATIONS, MINUTE_BUCKET, SECOND_BUCKET, TOTALS
 from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 
 _LUA_DIR = Path(__file__).with_name("lua")
@@ -63,7 +63,8 @@ def prelude() -> str:
 @cache
 def dlq_index() -> str:
     """The DLQ index helpers as one line of Lua (see ``lua/dlq_index.lua``)."""
-    return _squeezed("dlq_index", INVALID_RETRY_FP=_lua_string(fingerprint_id(INVALID_RETRY_FINGERPRINT)),
+    return _squeezed("dlq_index", INDEX_VERSION=DLQ_INDEX_VERSION,
+                     INVALID_RETRY_FP=_lua_string(fingerprint_id(INVALID_RETRY_FINGERPRINT)),
                      INVALID_RETRY_TEXT=_lua_string(INVALID_RETRY_FINGERPRINT))
 
 

@@ -14,7 +14,8 @@ ids found in the others (``ZMSCORE``, no entry read); only a text filter
 reads entries. A walk stops after a caller-given number of ids and says where
 to carry on, as a scan did.
 
-An index is *ready* when it has this module's version, no rebuild is under
+An index is *ready* when it has this layout's version (the scripts record
+it with the first entry they index), no rebuild is under
 way, and it counts as many entries as the stream holds. Entries written
 before the index existed (or by an older worker during a rolling upgrade, or
 straight into the stream) leave it short; entries removed without it (an
@@ -33,13 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..connection import Client
-from ..keys import QueueKeys
+from ..keys import DLQ_INDEX_VERSION, QueueKeys
 from ..scripts import Scripts
 from .entries import Row, decode_entry, field_text, format_id, parse_id
 from .filter import DLQFilter
 from .fingerprint import fingerprint, fingerprint_id
 
-INDEX_VERSION = "1"
+INDEX_VERSION = DLQ_INDEX_VERSION
 """Written in the index's ``v`` hash; an index of another version is rebuilt."""
 
 REBUILD_CHUNK = 1000

@@ -31,11 +31,14 @@
 -- dlq_take(dlq, id)
 --   Read an entry's fields, delete it and undo its index. Returns the fields,
 --   or false when the entry was not there (so two callers never both take it).
+-- DLQ_INDEX_VERSION
+--   The index's layout (keys.py), recorded in v with the first entry indexed.
 -- INVALID_RETRY_FP, INVALID_RETRY_TEXT
 --   The fingerprint settle.lua gives a retry it could not schedule (computed
 --   in Python, where fingerprints are, and written in at load).
 
 local INVALID_RETRY_FP, INVALID_RETRY_TEXT = '${INVALID_RETRY_FP}', '${INVALID_RETRY_TEXT}'
+local DLQ_INDEX_VERSION = '${INDEX_VERSION}'
 
 local function dlq_index_add(dlq, id, task, reason, class, fp, text, job_id)
   local p = dlq .. ':ix:'
@@ -43,6 +46,10 @@ local function dlq_index_add(dlq, id, task, reason, class, fp, text, job_id)
   local ms = string.format('%.0f', tonumber(at) * 2048 + math.min(tonumber(seq), 2047))
   if redis.call('ZADD', p .. 'r:' .. reason, ms, id) == 0 then
     return false
+  end
+  if redis.call('HSETNX', p .. 'v', 'version', DLQ_INDEX_VERSION) == 1 and redis.call('XLEN', dlq) > 1 then
+    -- the first entry indexed, beside older ones: have the readers rebuild rather than trust it
+    redis.call('HSET', p .. 'v', 'version', 'unindexed')
   end
   redis.call('ZADD', p .. 't:' .. task, ms, id)
   redis.call('ZADD', p .. 'c:' .. class, ms, id)
