@@ -38,7 +38,7 @@ from ..keys import DLQ_INDEX_VERSION, QueueKeys
 from ..scripts import Scripts
 from .entries import Row, decode_entry, field_text, format_id, parse_id
 from .filter import DLQFilter
-from .fingerprint import fingerprint, fingerprint_id
+from .fingerprint import error_group, fingerprint_id
 
 INDEX_VERSION = DLQ_INDEX_VERSION
 """Written in the index's ``v`` hash; an index of another version is rebuilt."""
@@ -241,19 +241,33 @@ class DLQIndex:
         start = cursor.decode()
         rows = self.client.xrange(self.keys.dlq, "-" if start == "0-0" else "(" + start, "+", count=REBUILD_CHUNK)
         args: list[Any] = ["chunk", start, rows[-1][0] if len(rows) == REBUILD_CHUNK else ""]
-        for eid, flds in rows:
-            if b"fp" in flds:
-                args += (eid, "", "", "", "")
-                continue
+        for eid, flds in self._unindexed(rows):
             error_class, error = field_text(flds, b"error_class"), field_text(flds, b"error")
-            text = fingerprint(error_class, error)
+            fp, text = error_group(error_class, error)
+            if b"fp" in flds:  # written with its group: only the text is wanted, for the group's title
+                args += (eid, "", text, "", "")
+                continue
             task, job_id = field_text(flds, b"task"), field_text(flds, b"job_id")
             if not task or not job_id:  # written without them: they are in the envelope
                 dead = decode_entry(self.queue, eid, flds)
                 task, job_id = dead.task, dead.job_id
-            args += (eid, fingerprint_id(text), text, task, job_id)
+            args += (eid, fp, text, task, job_id)
         self.scripts.dlq_reindex(keys=[self.keys.dlq], args=args)
         return True
+
+    def _unindexed(self, rows: list[Row]) -> list[Row]:
+        """The rows the index lacks (an indexed entry is in its reason's set): a pass over an index that
+        lacks a few entries reads the stream but computes and sends only those."""
+        by_reason: dict[bytes, list[int]] = {}
+        for i, (_, flds) in enumerate(rows):
+            by_reason.setdefault(flds.get(b"reason", b""), []).append(i)
+        pipe = self.client.pipeline(transaction=False)
+        for reason, positions in by_reason.items():
+            pipe.zmscore(self.ix.reason(reason.decode("utf-8", "replace")), [rows[i][0] for i in positions])
+        missing: list[int] = []
+        for positions, scores in zip(by_reason.values(), pipe.execute(), strict=True):
+            missing += [i for i, score in zip(positions, scores, strict=True) if score is None]
+        return [rows[i] for i in sorted(missing)]
 
     # --- reads --------------------------------------------------------------------------------------
 
