@@ -84,6 +84,10 @@ class Grouping:
     indexing: IndexState | None = None
     """The index's state when it was not ready (a rebuild under way)."""
 
+    @property
+    def groups_not_listed(self) -> int:
+        return self.total_groups - len(self.groups)
+
 
 class DLQReader:
     """The read side of one queue's DLQ, on a sync redis-py client; ``DeadLetters`` adds replay and discard."""

@@ -23,8 +23,12 @@
 -- An entry is indexed when its id is in r:<its reason>; adding and removing
 -- both check that first, so neither ever counts an entry twice.
 --
+-- dlq_index_batch(dlq), dlq_index_put(batch, id, task, reason, class, fp, text, job_id), dlq_index_flush(batch)
+--   Index entries just written (ids XADD returned): put each in a batch, then
+--   flush it once, which writes each key once for the whole batch (one ZADD
+--   per value, one HINCRBY per count) rather than a dozen commands an entry.
 -- dlq_index_add(dlq, id, task, reason, class, fp, text, job_id)
---   Index one entry (an id XADD returned). Returns true when it was not indexed yet.
+--   Index one entry that may be indexed already. Returns true when it was not.
 -- dlq_index_remove(dlq, id, fields)
 --   Undo the index of an entry whose fields (a flat list, as XRANGE gives
 --   them) were read before it was deleted; nothing when it was never indexed.
@@ -40,33 +44,84 @@
 local INVALID_RETRY_FP, INVALID_RETRY_TEXT = '${INVALID_RETRY_FP}', '${INVALID_RETRY_TEXT}'
 local DLQ_INDEX_VERSION = '${INDEX_VERSION}'
 
-local function dlq_index_add(dlq, id, task, reason, class, fp, text, job_id)
-  local p = dlq .. ':ix:'
+local function dlq_index_score(id)
   local at, seq = string.match(id, '^(%d+)-(%d+)')
-  local ms = string.format('%.0f', tonumber(at) * 2048 + math.min(tonumber(seq), 2047))
-  if redis.call('ZADD', p .. 'r:' .. reason, ms, id) == 0 then
-    return false
+  return string.format('%.0f', tonumber(at) * 2048 + math.min(tonumber(seq), 2047))
+end
+
+local function dlq_index_batch(dlq)
+  return {p = dlq .. ':ix:', dlq = dlq, n = 0, zsets = {}, counts = {}, groups = {}, group_tasks = {}, texts = {},
+    jobs = {}}
+end
+
+local function dlq_index_put(b, id, task, reason, class, fp, text, job_id)
+  local score = dlq_index_score(id)
+  for _, key in ipairs({'r:' .. reason, 't:' .. task, 'c:' .. class, 'f:' .. fp}) do
+    local z = b.zsets[key]
+    if not z then
+      z = {}
+      b.zsets[key] = z
+    end
+    z[#z + 1] = score
+    z[#z + 1] = id
   end
-  if redis.call('HSETNX', p .. 'v', 'version', DLQ_INDEX_VERSION) == 1 and redis.call('XLEN', dlq) > 1 then
-    -- the first entry indexed, beside older ones: have the readers rebuild rather than trust it
+  for _, field in ipairs({'t:' .. task, 'r:' .. reason, 'c:' .. class}) do
+    b.counts[field] = (b.counts[field] or 0) + 1
+  end
+  b.n = b.n + 1
+  b.groups[fp] = (b.groups[fp] or 0) + 1
+  local tasks = b.group_tasks[fp]
+  if not tasks then
+    tasks = {}
+    b.group_tasks[fp] = tasks
+  end
+  tasks[task] = (tasks[task] or 0) + 1
+  b.texts[fp] = text
+  if job_id ~= '' then
+    b.jobs[#b.jobs + 1] = job_id
+    b.jobs[#b.jobs + 1] = id
+  end
+end
+
+local function dlq_index_flush(b)
+  if b.n == 0 then
+    return
+  end
+  local p = b.p
+  for key, z in pairs(b.zsets) do
+    for s = 1, #z, 4000 do
+      redis.call('ZADD', p .. key, unpack(z, s, math.min(s + 3999, #z)))
+    end
+  end
+  local n = p .. 'n'
+  if redis.call('HINCRBY', n, 'all', b.n) == b.n and redis.call('HSETNX', p .. 'v', 'version', DLQ_INDEX_VERSION) == 1
+      and redis.call('XLEN', b.dlq) > b.n then
+    -- the first entries indexed, beside older ones: have the readers rebuild rather than trust the index
     redis.call('HSET', p .. 'v', 'version', 'unindexed')
   end
-  redis.call('ZADD', p .. 't:' .. task, ms, id)
-  redis.call('ZADD', p .. 'c:' .. class, ms, id)
-  redis.call('ZADD', p .. 'f:' .. fp, ms, id)
-  local n = p .. 'n'
-  redis.call('HINCRBY', n, 'all', 1)
-  redis.call('HINCRBY', n, 't:' .. task, 1)
-  redis.call('HINCRBY', n, 'r:' .. reason, 1)
-  redis.call('HINCRBY', n, 'c:' .. class, 1)
-  redis.call('ZINCRBY', p .. 'groups', 1, fp)
-  redis.call('HINCRBY', p .. 'ft:' .. fp, task, 1)
-  if text ~= '' then
-    redis.call('HSET', p .. 'fp', fp, text)
+  for field, count in pairs(b.counts) do
+    redis.call('HINCRBY', n, field, count)
   end
-  if job_id ~= '' then
-    redis.call('HSET', p .. 'jobs', job_id, id)
+  for fp, count in pairs(b.groups) do
+    if tonumber(redis.call('ZINCRBY', p .. 'groups', count, fp)) == count and b.texts[fp] ~= '' then
+      redis.call('HSET', p .. 'fp', fp, b.texts[fp])
+    end
+    for task, c in pairs(b.group_tasks[fp]) do
+      redis.call('HINCRBY', p .. 'ft:' .. fp, task, c)
+    end
   end
+  for s = 1, #b.jobs, 4000 do
+    redis.call('HSET', p .. 'jobs', unpack(b.jobs, s, math.min(s + 3999, #b.jobs)))
+  end
+end
+
+local function dlq_index_add(dlq, id, task, reason, class, fp, text, job_id)
+  if redis.call('ZSCORE', dlq .. ':ix:r:' .. reason, id) then
+    return false
+  end
+  local b = dlq_index_batch(dlq)
+  dlq_index_put(b, id, task, reason, class, fp, text, job_id)
+  dlq_index_flush(b)
   return true
 end
 
