@@ -22,7 +22,7 @@ import asyncio
 import os
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,11 +106,12 @@ def _kind(i: int) -> int:
     return 3 if i % 997 == 996 else i % 3
 
 
-def _dead_items(i0: int, n: int, rare_every: int) -> Iterator[tuple[str, str, str, str, bytes]]:
+def _dead_items(i0: int, n: int, rare_every: int,
+                kinds: Sequence[tuple[str, str]] | None = None) -> Iterator[tuple[str, str, str, str, bytes]]:
     """(task, job id, class, message, payload) of n dead jobs, the i-th of the whole DLQ from i0."""
     created = now_ms()
     for i in range(i0, i0 + n):
-        cls, template = KINDS[_kind(i)]
+        cls, template = KINDS[_kind(i)] if kinds is None else kinds[i % len(kinds)]
         message = template.format(host=f"api-{i % 7}.example.com", n=i)
         task = RARE_TASK if i % rare_every == rare_every // 2 else TASKS[i % len(TASKS)]
         job_id = new_job_id()
@@ -123,8 +124,11 @@ def _dead_items(i0: int, n: int, rare_every: int) -> Iterator[tuple[str, str, st
 
 
 def build_dead(client, queue: str, n: int, *, start: int = 0, chunk: int = 1000,
-               rare_every: int = 100_000, progress: Callable[[int], None] | None = None) -> list[str]:
+               rare_every: int = 100_000, kinds: Sequence[tuple[str, str]] | None = None,
+               progress: Callable[[int], None] | None = None) -> list[str]:
     """Add ``n`` dead jobs through ``settle.lua`` as a worker settles them; returns their job ids.
+
+    ``kinds``: (error class, message template) pairs to cycle through instead of ``KINDS``.
 
     Jobs go onto the stream (XADD), are read by a consumer of the group
     (XREADGROUP) and settled dead, ``chunk`` per call, with the dead items a
@@ -142,7 +146,7 @@ def build_dead(client, queue: str, n: int, *, start: int = 0, chunk: int = 1000,
     done = 0
     while done < n:
         size = min(chunk, n - done)
-        items = list(_dead_items(start + done, size, rare_every))
+        items = list(_dead_items(start + done, size, rare_every, kinds))
         pipe = client.pipeline(transaction=False)
         for _, _, _, _, payload in items:
             pipe.xadd(keys.stream, {"j": payload})
