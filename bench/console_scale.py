@@ -95,7 +95,8 @@ class Built:
     rare_job_id: str
     """A dead job of RARE_TASK (the lookups' dead job)."""
     waiting_job_id: str
-    delayed_job_id: str
+    delayed_job_ids: list[str]
+    """A few delayed jobs picked at random: where a ZSCAN finds one is chance, so each is timed once."""
     finished_job_id: str
 
 
@@ -239,7 +240,7 @@ def build(ctx, size: int) -> Built:
                                                         finished_at=stamp + 3, return_value=42), px=3_600_000)
     ctx.say(f"   {waiting:,} waiting and {delayed:,} delayed jobs added in {time.perf_counter() - t0:.1f} s")
     return Built(queue, size, rare[0] if rare else job_ids[-1], waiting_id,
-                 delayed_ids[random.Random(7).randrange(len(delayed_ids))], finished_id)
+                 random.Random(7).sample(delayed_ids, 5), finished_id)
 
 
 def _add_delayed(client, queue: str, n: int, at_ms: int) -> list[str]:
@@ -285,13 +286,14 @@ def measure(ctx, built: Built) -> list[Measurement]:
         out.append(Measurement("console-scale", label(size, case), "ms", _time_ms(call, ctx.repeats), jobs=size,
                                lower_is_better=True, note=f"{note}; server memory {memory:,.0f} MB"))
 
+    index_mb = index_memory_mb(ctx.client, built.queue)
     grouping = dl.grouping()
     shown = sum(g.count for g in grouping.groups)
     adds_up = shown + grouping.other_entries == length
     row(GOAL_GROUPS, dl.grouping,
         f"{len(grouping.groups)} groups over the whole DLQ ({'index' if grouping.whole else 'SCAN'}); counts "
         f"{shown:,} + {grouping.other_entries:,} in groups not shown = {shown + grouping.other_entries:,} of "
-        f"{length:,} entries ({'add up' if adds_up else 'DO NOT add up'})")
+        f"{length:,} entries ({'add up' if adds_up else 'DO NOT add up'}); the index takes {index_mb:,.0f} MB")
 
     rare_fp = error_group(KINDS[3][0], KINDS[3][1].format(host="", n=1))[0]
     filters = (
@@ -313,13 +315,32 @@ def measure(ctx, built: Built) -> list[Measurement]:
         matching = dl.count_matching(f)
         row(f"{GOAL_COUNT} ({name})", lambda f=f: dl.count_matching(f), f"{matching:,} matching")
 
-    for state, job_id in (("dead", built.rare_job_id), ("delayed", built.delayed_job_id),
-                          ("waiting", built.waiting_job_id), ("finished", built.finished_job_id)):
+    for state, job_id in (("dead", built.rare_job_id), ("waiting", built.waiting_job_id),
+                          ("finished", built.finished_job_id)):
         found = find_job(ctx.client, job_id, [built.queue], zscan_limit=10_000_000)
         row(f"{GOAL_FIND} ({state})", lambda job_id=job_id: find_job(ctx.client, job_id, [built.queue],
                                                                      zscan_limit=10_000_000),
             f"found as {found.state}, {found.scanned:,} entries read")
+    samples, read = [], []
+    for job_id in built.delayed_job_ids:
+        t0 = time.perf_counter()
+        found = find_job(ctx.client, job_id, [built.queue], zscan_limit=10_000_000)
+        samples.append((time.perf_counter() - t0) * 1000)
+        read.append(f"{found.scanned:,}" if found.state == "delayed" else "NOT FOUND")
+    out.append(Measurement("console-scale", label(size, f"{GOAL_FIND} (delayed)"), "ms", samples, jobs=size,
+                           lower_is_better=True,
+                           note=f"{len(samples)} jobs picked at random, each looked up once (a ZSCAN meets a member "
+                                f"by chance): entries read {', '.join(read)}; server memory {memory:,.0f} MB"))
     return out
+
+
+def index_memory_mb(client, queue: str) -> float:
+    """What the DLQ's index keys take on the server (MEMORY USAGE, sampled for the big ones)."""
+    from chasqui_core.engine.dlq.index import IndexKeys
+
+    prefix = IndexKeys.for_queue(QueueKeys.for_queue(queue)).prefix
+    total = sum(int(client.memory_usage(key) or 0) for key in client.scan_iter(match=prefix + "*", count=1000))
+    return total / 1e6
 
 
 def extra_measurements(ctx, built: Built) -> list[Measurement]:

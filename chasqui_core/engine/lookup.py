@@ -1,8 +1,8 @@
 """Find one job by its id, in whatever state it is: waiting, running, delayed, dead or finished.
 
-Redis keeps no index from a job id to where the job is, and the scripts that
-move jobs about are the worker's, so this module searches, cheapest places
-first, and stops where it finds the job:
+Redis keeps no index from a job id to where the job is (but for dead jobs:
+the DLQ's index), and the scripts that move jobs about are the worker's, so
+this module searches, cheapest places first, and stops where it finds the job:
 
 1. One pipelined round trip over every queue: the workers' heartbeats (each
    lists the jobs it runs), the ``result:<id>`` record (when result storage
@@ -221,10 +221,10 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
                 eid = indexed[k.queue]
                 rows = search.client.xrange(k.dlq, eid, eid, count=1)
                 if rows:
-                    dead = decode_entry(k.queue, *rows[0])
+                    entry = decode_entry(k.queue, *rows[0])
                     search.note(f"the dead-letter index of {k.queue}: found")
                     return _done(search, results.get(k.queue), JobLookup(job_id, "dead", queue=k.queue,
-                                                                         job=dead.job, dead=dead))
+                                                                         job=entry.job, dead=entry))
 
     # 3. the delayed set
     for k in all_keys:

@@ -24,11 +24,9 @@
 -- both check that first, so neither ever counts an entry twice.
 --
 -- dlq_index_batch(dlq), dlq_index_put(batch, id, task, reason, class, fp, text, job_id), dlq_index_flush(batch)
---   Index entries just written (ids XADD returned): put each in a batch, then
+--   Index entries not indexed yet (ids XADD returned): put each in a batch, then
 --   flush it once, which writes each key once for the whole batch (one ZADD
 --   per value, one HINCRBY per count) rather than a dozen commands an entry.
--- dlq_index_add(dlq, id, task, reason, class, fp, text, job_id)
---   Index one entry that may be indexed already. Returns true when it was not.
 -- dlq_index_remove(dlq, id, fields)
 --   Undo the index of an entry whose fields (a flat list, as XRANGE gives
 --   them) were read before it was deleted; nothing when it was never indexed.
@@ -113,16 +111,6 @@ local function dlq_index_flush(b)
   for s = 1, #b.jobs, 4000 do
     redis.call('HSET', p .. 'jobs', unpack(b.jobs, s, math.min(s + 3999, #b.jobs)))
   end
-end
-
-local function dlq_index_add(dlq, id, task, reason, class, fp, text, job_id)
-  if redis.call('ZSCORE', dlq .. ':ix:r:' .. reason, id) then
-    return false
-  end
-  local b = dlq_index_batch(dlq)
-  dlq_index_put(b, id, task, reason, class, fp, text, job_id)
-  dlq_index_flush(b)
-  return true
 end
 
 local function dlq_index_remove(dlq, id, fields)

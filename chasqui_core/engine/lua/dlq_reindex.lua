@@ -18,7 +18,7 @@
 --         rebuilder that read the same chunk moves nothing and counts nothing).
 --         Returns the number of entries this call indexed.
 --
--- Calls dlq_index_add from dlq_index.lua.
+-- Calls dlq_index_batch, dlq_index_put and dlq_index_flush from dlq_index.lua.
 
 local dlq = KEYS[1]
 local p = dlq .. ':ix:'
@@ -48,7 +48,8 @@ end
 if redis.call('HGET', v, 'cursor') ~= ARGV[2] then
   return 0
 end
-local added = 0
+local added, legacy = 0, {}
+local batch = dlq_index_batch(dlq)
 for i = 4, #ARGV, 5 do
   local id = ARGV[i]
   local rows = redis.call('XRANGE', dlq, id, id)
@@ -59,15 +60,21 @@ for i = 4, #ARGV, 5 do
       f[fields[k]] = fields[k + 1]
     end
     local reason, class = f['reason'] or '', f['error_class'] or ''
-    if f['fp'] then
-      if dlq_index_add(dlq, id, f['task'] or '', reason, class, f['fp'], ARGV[i + 2], f['job_id'] or '') then
-        added = added + 1
+    if not redis.call('ZSCORE', p .. 'r:' .. reason, id) then
+      if f['fp'] then
+        dlq_index_put(batch, id, f['task'] or '', reason, class, f['fp'], ARGV[i + 2], f['job_id'] or '')
+      else
+        dlq_index_put(batch, id, ARGV[i + 3], reason, class, ARGV[i + 1], ARGV[i + 2], ARGV[i + 4])
+        legacy[#legacy + 1] = id
+        legacy[#legacy + 1] = cmsgpack.pack({ARGV[i + 1], ARGV[i + 3], ARGV[i + 4]})
       end
-    elseif dlq_index_add(dlq, id, ARGV[i + 3], reason, class, ARGV[i + 1], ARGV[i + 2], ARGV[i + 4]) then
-      redis.call('HSET', p .. 'legacy', id, cmsgpack.pack({ARGV[i + 1], ARGV[i + 3], ARGV[i + 4]}))
       added = added + 1
     end
   end
+end
+dlq_index_flush(batch)
+for s = 1, #legacy, 4000 do
+  redis.call('HSET', p .. 'legacy', unpack(legacy, s, math.min(s + 3999, #legacy)))
 end
 if ARGV[3] == '' then
   redis.call('HDEL', v, 'cursor')
