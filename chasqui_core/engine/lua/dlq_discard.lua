@@ -4,12 +4,14 @@
 -- ARGV    entry ids
 -- Returns the number of entries deleted (those someone else removed first are not counted).
 --
--- Calls dlq_take from dlq_index.lua.
+-- Calls dlq_removal, dlq_take and dlq_removal_flush from dlq_index.lua.
 
+local removal = dlq_removal(KEYS[1])
 local removed = 0
 for i = 1, #ARGV do
-  if dlq_take(KEYS[1], ARGV[i]) then
+  if dlq_take(removal, ARGV[i]) then
     removed = removed + 1
   end
 end
+dlq_removal_flush(removal)
 return removed

@@ -27,12 +27,12 @@
 --   Index entries not indexed yet (ids XADD returned): put each in a batch, then
 --   flush it once, which writes each key once for the whole batch (one ZADD
 --   per value, one HINCRBY per count) rather than a dozen commands an entry.
--- dlq_index_remove(dlq, id, fields)
---   Undo the index of an entry whose fields (a flat list, as XRANGE gives
---   them) were read before it was deleted; nothing when it was never indexed.
--- dlq_take(dlq, id)
---   Read an entry's fields, delete it and undo its index. Returns the fields,
---   or false when the entry was not there (so two callers never both take it).
+-- dlq_removal(dlq), dlq_take(removal, id), dlq_removal_flush(removal)
+--   Remove entries: dlq_take reads an entry's fields, deletes it and notes
+--   what its index holds (when it was indexed), and returns the fields, or
+--   false when the entry was not there (so two callers never both take it);
+--   dlq_removal_flush then undoes the notes of every entry taken, a command
+--   per key rather than a dozen per entry.
 -- DLQ_INDEX_VERSION
 --   The index's layout (keys.py), recorded in v with the first entry indexed.
 -- INVALID_RETRY_FP, INVALID_RETRY_TEXT
@@ -113,52 +113,108 @@ local function dlq_index_flush(b)
   end
 end
 
-local function dlq_index_remove(dlq, id, fields)
-  local p = dlq .. ':ix:'
+local function dlq_removal(dlq)
+  return {p = dlq .. ':ix:', dlq = dlq, n = 0, zsets = {}, counts = {}, groups = {}, group_tasks = {}, jobs = {},
+    legacy = {}}
+end
+
+local function dlq_take(b, id)
+  local rows = redis.call('XRANGE', b.dlq, id, id)
+  if #rows == 0 or redis.call('XDEL', b.dlq, id) == 0 then
+    return false
+  end
+  local fields = rows[1][2]
   local f = {}
   for k = 1, #fields, 2 do
     f[fields[k]] = fields[k + 1]
   end
+  local p = b.p
   local reason = f['reason'] or ''
-  if redis.call('ZREM', p .. 'r:' .. reason, id) == 0 then
-    return
+  if not redis.call('ZSCORE', p .. 'r:' .. reason, id) then
+    return fields
   end
   local task, class, fp, job_id = f['task'] or '', f['error_class'] or '', f['fp'], f['job_id'] or ''
   if not fp then
-    local packed = redis.call('HGET', p .. 'legacy', id)
     fp = ''
+    local packed = redis.call('HGET', p .. 'legacy', id)
     if packed then
       local l = cmsgpack.unpack(packed)
       fp, task, job_id = l[1], l[2], l[3]
-      redis.call('HDEL', p .. 'legacy', id)
+      b.legacy[#b.legacy + 1] = id
     end
   end
-  redis.call('ZREM', p .. 't:' .. task, id)
-  redis.call('ZREM', p .. 'c:' .. class, id)
-  redis.call('ZREM', p .. 'f:' .. fp, id)
+  for _, key in ipairs({'r:' .. reason, 't:' .. task, 'c:' .. class, 'f:' .. fp}) do
+    local z = b.zsets[key]
+    if not z then
+      z = {}
+      b.zsets[key] = z
+    end
+    z[#z + 1] = id
+  end
+  for _, field in ipairs({'t:' .. task, 'r:' .. reason, 'c:' .. class}) do
+    b.counts[field] = (b.counts[field] or 0) + 1
+  end
+  b.n = b.n + 1
+  b.groups[fp] = (b.groups[fp] or 0) + 1
+  local tasks = b.group_tasks[fp]
+  if not tasks then
+    tasks = {}
+    b.group_tasks[fp] = tasks
+  end
+  tasks[task] = (tasks[task] or 0) + 1
+  if job_id ~= '' then
+    b.jobs[#b.jobs + 1] = {job_id, id}
+  end
+  return fields
+end
+
+local function dlq_removal_flush(b)
+  if b.n == 0 then
+    return
+  end
+  local p = b.p
+  for key, z in pairs(b.zsets) do
+    for s = 1, #z, 4000 do
+      redis.call('ZREM', p .. key, unpack(z, s, math.min(s + 3999, #z)))
+    end
+  end
   local n = p .. 'n'
-  for _, field in ipairs({'all', 't:' .. task, 'r:' .. reason, 'c:' .. class}) do
-    if redis.call('HINCRBY', n, field, -1) <= 0 then
+  b.counts['all'] = b.n
+  for field, count in pairs(b.counts) do
+    if redis.call('HINCRBY', n, field, -count) <= 0 then
       redis.call('HDEL', n, field)
     end
   end
-  if tonumber(redis.call('ZINCRBY', p .. 'groups', -1, fp)) <= 0 then
-    redis.call('ZREM', p .. 'groups', fp)
-    redis.call('HDEL', p .. 'fp', fp)
-    redis.call('DEL', p .. 'ft:' .. fp)
-  elseif redis.call('HINCRBY', p .. 'ft:' .. fp, task, -1) <= 0 then
-    redis.call('HDEL', p .. 'ft:' .. fp, task)
+  for fp, count in pairs(b.groups) do
+    if tonumber(redis.call('ZINCRBY', p .. 'groups', -count, fp)) <= 0 then
+      redis.call('ZREM', p .. 'groups', fp)
+      redis.call('HDEL', p .. 'fp', fp)
+      redis.call('DEL', p .. 'ft:' .. fp)
+    else
+      for task, c in pairs(b.group_tasks[fp]) do
+        if redis.call('HINCRBY', p .. 'ft:' .. fp, task, -c) <= 0 then
+          redis.call('HDEL', p .. 'ft:' .. fp, task)
+        end
+      end
+    end
   end
-  if job_id ~= '' and redis.call('HGET', p .. 'jobs', job_id) == id then
-    redis.call('HDEL', p .. 'jobs', job_id)
+  for s = 1, #b.jobs, 1000 do
+    local names = {}
+    for k = s, math.min(s + 999, #b.jobs) do
+      names[#names + 1] = b.jobs[k][1]
+    end
+    local current = redis.call('HMGET', p .. 'jobs', unpack(names))
+    local gone = {}
+    for k = 1, #names do
+      if current[k] == b.jobs[s + k - 1][2] then
+        gone[#gone + 1] = names[k]
+      end
+    end
+    if #gone > 0 then
+      redis.call('HDEL', p .. 'jobs', unpack(gone))
+    end
   end
-end
-
-local function dlq_take(dlq, id)
-  local rows = redis.call('XRANGE', dlq, id, id)
-  if #rows == 0 or redis.call('XDEL', dlq, id) == 0 then
-    return false
+  for s = 1, #b.legacy, 4000 do
+    redis.call('HDEL', p .. 'legacy', unpack(b.legacy, s, math.min(s + 3999, #b.legacy)))
   end
-  dlq_index_remove(dlq, id, rows[1][2])
-  return rows[1][2]
 end
