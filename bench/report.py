@@ -434,7 +434,8 @@ _SCENARIOS = """\
 | `promoter` | a delayed set of due jobs drained into the stream by the `Promoter` alone (no worker reading) |
 | `latency` | enqueue → handler start, p50 / p99 / p99.9, at 500 jobs/s and at half of saturation |
 | `memory` | peak RSS (`VmHWM`, else `ru_maxrss`) of a fresh worker process draining the backlog; alone and with Django set up |
-| `dlq-page` | `DeadLetters.page(limit=50)`, the console's DLQ page, on 200,000 and 1,000,000 dead jobs |
+| `dlq-page` | `DeadLetters.page(limit=50)`, the console's DLQ page, on 200,000 and 1,000,000 dead jobs (written by plain XADDs, then indexed as after an upgrade) |
+| `console-scale` | the console's DLQ reads on a DLQ built by a worker (a real one for the first 2,000 dead jobs, then `settle.lua` as the settler calls it), `--console-size N` entries (default 1,000,000): the grouped view, a first page of rare filters (task, error class, group, reason, task and reason), filtered counts, and finding a job by id when dead, delayed, waiting and finished (beside 1,000,000 delayed and 100,000 waiting jobs); each row beside issue 29's goal |
 | `peers` | RQ and arq, `worker-concurrent`-like and `queue-add-bulk`-like, on the same server |
 """
 
