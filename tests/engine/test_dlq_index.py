@@ -251,6 +251,9 @@ def test_a_rare_filter_fills_its_first_page_however_few_match(redis, dl):
     newer = [e for e in expected if int(e.split("-")[0]) >= middle]
     assert dl.count_matching(ranged) == len(newer)
     assert [d.entry_id for d in dl.page(filter=ranged, limit=10).items] == newer[:10]
+    everything_newer = [eid for eid, _ in redis.xrange(KEYS.dlq, f"{middle}-0", "+")]
+    assert dl.count_matching(DLQFilter(since_ms=middle)) == len(everything_newer)
+    assert dl.count_matching(DLQFilter(until_ms=middle)) == 30_000 - len(everything_newer)
 
 
 def test_a_text_filter_with_an_indexed_value_checks_only_that_values_entries(redis, dl):

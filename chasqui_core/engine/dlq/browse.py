@@ -208,8 +208,8 @@ class DLQReader:
         bounds = self._bounds(f)
         if bounds is None:
             return 0
-        if has_dimensions(f) and f.error_text is None and self.index.advance().ready:
-            return self.index.count(f)
+        if f.error_text is None and self.index.advance().ready:
+            return self.index.count(f) if has_dimensions(f) else self.index.count_range(f.since_ms, f.until_ms)
         return self._count_in(f, *bounds, chunk)
 
     def groups(self, filter: DLQFilter | None = None, *, scan_limit: int = 100_000) -> list[ErrorGroup]:

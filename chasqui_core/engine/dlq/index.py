@@ -331,6 +331,16 @@ class DLQIndex:
         return sum(len(self._intersect(batch, dims[1:])) for batch in self._walk(dims[0][0], None, lo, hi,
                                                                                  WALK_CHUNK * 5))
 
+    def count_range(self, since_ms: int | None, until_ms: int | None) -> int:
+        """Entries that died in a time range: every entry is in the set of its reason, so ZCOUNT each."""
+        lo, hi = _ms_range(DLQFilter(since_ms=since_ms, until_ms=until_ms))
+        reasons = [field[2:].decode("utf-8", "replace") for field in self.client.hkeys(self.ix.counts)
+                   if field.startswith(b"r:")]
+        pipe = self.client.pipeline(transaction=False)
+        for reason in reasons:
+            pipe.zcount(self.ix.reason(reason), _low(lo), _high(hi))
+        return sum(int(n) for n in pipe.execute())
+
     def page(self, f: DLQFilter, *, cursor: str | None, limit: int, scan_limit: int,
              check: Callable[[Row], bool] | None = None) -> Walked:
         """Up to ``limit`` matching rows, newest first, after ``cursor``.
