@@ -116,14 +116,6 @@ def dlq_grouping(
         return _dead_letters(queue).grouping(f)
 
 
-def dlq_index_state(actor, queue: str, *, source: Source = "api") -> IndexState:
-    """The DLQ index's state, after moving a rebuild on for a moment if one is under way."""
-    require(actor, access.VIEW, source)
-    queue = require_queue(queue)
-    with engine_errors:
-        return _dead_letters(queue).index_state()
-
-
 def rebuild_index(actor, queue: str, *, source: Source = "cli",
                   progress: Callable[[int, int], None] | None = None) -> IndexState:
     """Rebuild the DLQ's index until it is ready (``manage.py chasqui reindex``); reads do this a moment at a

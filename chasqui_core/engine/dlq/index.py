@@ -225,7 +225,7 @@ class DLQIndex:
                 return self.state()
 
     def rebuild(self, progress: Callable[[int, int], None] | None = None) -> IndexState:
-        """Rebuild until the index is ready (what ``manage.py chasqui reindex`` runs); ``progress(indexed, length)``."""
+        """Rebuild until the index is ready (``manage.py chasqui dlq reindex``); ``progress(indexed, length)``."""
         while True:
             st = self.advance(1.0)
             if progress is not None:
