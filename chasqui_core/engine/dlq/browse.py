@@ -1,9 +1,13 @@
 """Reading a queue's DLQ: pages, counts, lookups and error groups.
 
-Without a filter, or with a time range only, a read is an id range and costs
-one XREVRANGE whatever the DLQ's size. Other filters scan in chunks of
-``SCAN_CHUNK`` entries under a caller-given ``scan_limit``, so no read holds
-Redis or the caller's memory for long; a page then says where to carry on.
+Without a filter, or with a time range only, a page is an id range and costs
+one XREVRANGE whatever the DLQ's size. Filters on task, reason, error class
+or group, counts, the whole DLQ's groups and lookups by job id read the DLQ's
+index (``index.py``) once it is ready. What the index cannot answer (a text
+filter alone, groups of a filtered set) and every read while the index is
+being rebuilt scan in chunks of ``SCAN_CHUNK`` entries under a caller-given
+``scan_limit``, so no read holds Redis or the caller's memory for long; a
+page then says where to carry on.
 """
 
 from __future__ import annotations
