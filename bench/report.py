@@ -436,8 +436,9 @@ sorted-set members and a job-id field each; the stream itself took about 800 MB 
 dead job in `settle.lua` (measured on batches of 1,000 dead jobs, with and without the index's writes:
 20–22 µs a job without, 36–51 µs with). Completions and retries do not touch it. Replays and discards
 undo it in the same call: discard by id about 11,000 entries/s (plain XDELs before). Entries written
-before the index (an upgrade) are indexed at about 6,000 a second (`manage.py chasqui dlq reindex`, or a
-moment per console read). The delayed set stays unindexed: every retry, delayed add and promotion would
+before the index (an upgrade) are indexed at about 10,000 a second (`manage.py chasqui dlq reindex`, or a
+moment per console read); their index also keeps each one's group in a hash, about 100 MB more per million
+(`dlq-page`: 1,519 MB for 1,000,000 plainly written entries once indexed, 1,011 MB before). The delayed set stays unindexed: every retry, delayed add and promotion would
 pay for it on the hot path, and a lookup is one server-side `ZSCAN MATCH` of up to 0.7 s at a million.
 """
 
