@@ -432,7 +432,7 @@ on 1,000,000 dead jobs (2,000 from a real worker, 998,000 through `settle.lua`),
 | Find a delayed job by id | < 100 ms | 0.6–0.7 s | 57–532 ms, median 277 ms: **not met** (no index, see below) |
 
 The index costs memory and a little of the dead-letter path: about 400 MB per million dead jobs (four
-sorted-set members and a job-id field each; the stream itself took about 800 MB here), and 15–30 µs per
+sorted-set members and a job-id field each; a million such entries take about 1 GB themselves), and 15–30 µs per
 dead job in `settle.lua` (measured on batches of 1,000 dead jobs, with and without the index's writes:
 20–22 µs a job without, 36–51 µs with). Completions and retries do not touch it. Replays and discards
 undo it in the same call: discard by id about 11,000 entries/s (plain XDELs before). Entries written
