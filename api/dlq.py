@@ -55,9 +55,12 @@ def list_dead(request: HttpRequest, queue: str, q: Query[DLQPageQuery]):
             auth=needs("view_queues"))
 def dead_groups(request: HttpRequest, queue: str, q: Query[DLQQuery]):
     """Groups by fingerprint (exception class + message with ids and numbers normalised), with count and
-    first/last seen, biggest first. Needs view_queues."""
-    groups = dlq_service.dlq_groups(request.auth, queue, filter=_filter(q))
-    return GroupsOut(items=[ErrorGroupOut.from_group(g) for g in groups])
+    first/last seen, biggest first. Over the whole DLQ (or a time range of it) the DLQ's index answers: the 200
+    biggest groups, and `other_entries` in the rest, so the counts add up. Other filters group the newest
+    100,000 matching entries (`whole` is false). Needs view_queues."""
+    grouping = dlq_service.dlq_grouping(request.auth, queue, filter=_filter(q))
+    return GroupsOut(items=[ErrorGroupOut.from_group(g) for g in grouping.groups], whole=grouping.whole,
+                     total_groups=grouping.total_groups, other_entries=grouping.other_entries)
 
 
 @router.post("/{queue}/dlq/replay", response={200: BulkOut, 202: BulkOut, **WITH_BODY},

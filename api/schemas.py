@@ -350,6 +350,11 @@ class ErrorGroupOut(Schema):
 
 class GroupsOut(Schema):
     items: list[ErrorGroupOut]
+    whole: bool = Field(description="True: every matching entry is grouped (from the DLQ's index). False: the "
+                                    "newest matching entries a scan reached (a filter on text, or an index being "
+                                    "rebuilt).")
+    total_groups: int = Field(description="Groups in all; `items` holds the biggest.")
+    other_entries: int = Field(description="Entries in the groups not listed: with the listed counts, the total.")
 
 
 class BulkIn(Schema):

@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 
-from . import report, runner
+from . import console_scale, report, runner
 from .child import PROFILE_DIR_ENV
 from .results import BenchError
 from .scenarios import BY_NAME, SCENARIOS
@@ -36,6 +36,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--profile", metavar="DIR",
                         help="sample every worker process with py-spy into DIR (speedscope files); "
                              "the numbers of a profiled run are not representative")
+    parser.add_argument("--console-size", type=int, default=None, metavar="N",
+                        help="dead jobs in the console-scale scenario's DLQ (default 1,000,000; 20,000 with --smoke)")
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     args = parser.parse_args(argv)
     unknown = [n for n in args.scenarios if n not in BY_NAME]
@@ -76,6 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.profile:
         os.environ[PROFILE_DIR_ENV] = os.path.abspath(args.profile)
+    if args.console_size is not None:
+        if args.console_size < 100:
+            print("--console-size must be 100 or more", file=sys.stderr)
+            return 2
+        os.environ[console_scale.SIZE_ENV] = str(args.console_size)
     selected = [BY_NAME[n] for n in args.scenarios] if args.scenarios else list(SCENARIOS)
     command = "python -m bench" + ("" if not argv else " " + shlex.join(_shown(argv)))
     try:

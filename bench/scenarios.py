@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from . import ceiling, cluster, consumer, django_path, dlq_page, latency, memory, peers, producer, promoter
+from . import (ceiling, cluster, console_scale, consumer, django_path, dlq_page, latency, memory, peers, producer,
+               promoter)
 from .results import Measurement
 
 
@@ -57,6 +58,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("latency", "enqueue -> handler start, producer and worker in separate processes", latency.run),
     Scenario("memory", "peak RSS of a worker process draining a backlog", memory.run),
     Scenario("dlq-page", "the console's DLQ page: DeadLetters.page(limit=50) on a large DLQ", dlq_page.run),
+    Scenario("console-scale", "a DLQ built by a worker (--console-size N, default 1,000,000): grouped view, "
+             "rare filters, filtered counts, find a job by id", console_scale.run),
     Scenario("peers", "RQ and arq on the same server: worker-concurrent and queue-add-bulk", peers.run),
 )
 
@@ -109,6 +112,19 @@ def _on_its_twin(label: str) -> Limit:
     return Limit(TWINS[label], 1.0, "the Django path is the engine's with Django's work added")
 
 
+def _console_goals(size: int) -> dict[str, Goal]:
+    """Issue 29's goals for the console at ``size`` dead jobs, on every console-scale row they apply to."""
+    cs = console_scale
+    goals = {cs.label(size, cs.GOAL_GROUPS): Goal("< 300 ms, counts that add up")}
+    for case in ("task", "error class", "group", "reason", "task and reason"):
+        goals[cs.label(size, f"{cs.GOAL_RARE} ({case})")] = Goal("< 300 ms, complete page")
+    for case in ("error class, 1 in 3", "task and reason"):
+        goals[cs.label(size, f"{cs.GOAL_COUNT} ({case})")] = Goal("< 1 s")
+    for state in ("dead", "delayed", "waiting", "finished"):
+        goals[cs.label(size, f"{cs.GOAL_FIND} ({state})")] = Goal("< 100 ms")
+    return goals
+
+
 GOALS: dict[str, Goal] = {
     "queue-add": Goal("≥ 15,000 jobs/s (close to one round trip per call)", "16,548 jobs/s"),
     "queue-add-bulk": Goal("≥ 200,000 jobs/s", "196,038 jobs/s"),
@@ -134,6 +150,7 @@ GOALS: dict[str, Goal] = {
     memory.LABEL: Goal("≤ 100 MB"),
     dlq_page.label(200_000): Goal("< 300 ms"),
     dlq_page.label(1_000_000): Goal("< 300 ms"),
+    **_console_goals(1_000_000),
 }
 
 

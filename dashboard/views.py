@@ -116,12 +116,13 @@ def dlq(request: HttpRequest, name: str) -> HttpResponse:
     params = form.params()
     view = "groups" if request.GET.get("view") == "groups" and not form.fingerprint else "list"
     cursor = request.GET.get("cursor") or None
-    page = groups = None
+    page = groups = grouping = None
     error = ""
     if valid:
         try:
             if view == "groups":
-                groups = dlq_service.dlq_groups(request.user, name, filter=form.dlq_filter, source="console")
+                grouping = dlq_service.dlq_grouping(request.user, name, filter=form.dlq_filter, source="console")
+                groups = grouping.groups
             else:
                 page = dlq_service.dlq_page(request.user, name, filter=form.dlq_filter, cursor=cursor,
                                             limit=DLQ_PAGE_SIZE, source="console")
@@ -131,7 +132,7 @@ def dlq(request: HttpRequest, name: str) -> HttpResponse:
     ctx = {
         **_base(request, "dlq", name), **_live(topic), **fragments.dlq_context(reading, name),
         "form": form, "filter_params": params, "filtered": bool(params),
-        "view": view, "page": page, "groups": groups, "error": error, "cursor": cursor,
+        "view": view, "page": page, "groups": groups, "grouping": grouping, "error": error, "cursor": cursor,
         "tasks": _task_names(request), "filter_chips": filter_chips(request, name, params),
     }
     return render(request, "chasqui_console/dlq.html", ctx)

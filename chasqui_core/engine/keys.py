@@ -28,6 +28,11 @@ TOTALS = "total"
 DURATIONS = "durations"
 """What follows a queue's ``metrics`` prefix in the key of its run-duration histograms."""
 
+DLQ_INDEX_VERSION = "1"
+"""The layout of a DLQ's index (``dlq/index.py``, ``lua/dlq_index.lua``): an index of another version is rebuilt.
+The scripts that keep the index record it when they first write one, so a queue indexed from its first dead job
+is never rebuilt."""
+
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 

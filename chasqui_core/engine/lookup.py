@@ -1,8 +1,8 @@
 """Find one job by its id, in whatever state it is: waiting, running, delayed, dead or finished.
 
-Redis keeps no index from a job id to where the job is, and the scripts that
-move jobs about are the worker's, so this module searches, cheapest places
-first, and stops where it finds the job:
+Redis keeps no index from a job id to where the job is (but for dead jobs:
+the DLQ's index), and the scripts that move jobs about are the worker's, so
+this module searches, cheapest places first, and stops where it finds the job:
 
 1. One pipelined round trip over every queue: the workers' heartbeats (each
    lists the jobs it runs), the ``result:<id>`` record (when result storage
@@ -14,7 +14,12 @@ first, and stops where it finds the job:
    there, forwards and backwards at once, ``CHUNK`` at a time.
 3. The delayed set: members are envelopes holding the id verbatim, so
    ``ZSCAN MATCH *<id>*`` filters on the server (about 0.7 µs a member).
-4. The dead-letter stream: its entries carry a ``job_id`` field. A job dies
+4. The dead-letter stream. Its index (``dlq/index.py``) maps job ids to
+   entries; it is read in the first round trip, and a job it names is
+   returned as dead after the stream's near search, without reading the
+   delayed set. When the index is ready and does not name the job, the DLQ
+   is not scanned. Otherwise (an index being rebuilt): its entries carry a
+   ``job_id`` field. A job dies
    after it is made, so for a ULID nothing older than its creation (less
    ``CLOCK_SKEW_MS``) is read; the rest is read from both ends at once, from
    just before its creation forwards and from the newest backwards, since a
@@ -40,6 +45,7 @@ import msgpack
 from .connection import Client
 from .delayed import _glob_escape
 from .dlq.entries import DeadJob, decode_entry
+from .dlq.index import DLQIndex, IndexKeys
 from .envelope import DecodeError, Job, decode
 from .keys import GROUP, QueueKeys
 from .results import decode_result
@@ -169,13 +175,17 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
         pipe.hgetall(k.workers)
         pipe.get(k.result + job_id)
         pipe.exists(k.unique + job_id)
+        pipe.hget(IndexKeys.for_queue(k).jobs, job_id)
     replies = pipe.execute()
     now = server_ms(replies[0])
     running: dict[str, Running] = {}
     results: dict[str, dict[str, Any]] = {}
     marked: list[str] = []
+    indexed: dict[str, bytes] = {}
     for i, k in enumerate(all_keys):
-        beats, blob, unique = replies[1 + 3 * i: 4 + 3 * i]
+        beats, blob, unique, dead_entry = replies[1 + 4 * i: 5 + 4 * i]
+        if dead_entry is not None:
+            indexed[k.queue] = dead_entry
         for raw in beats.values():
             info = _decode_worker(raw, now, 10_000)
             if info is None:
@@ -203,6 +213,18 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
             hit = _stream_near(search, k, search.created_ms)
             if hit is not None:
                 return _done(search, results.get(k.queue), _in_stream(search, k, *hit, running.get(k.queue)))
+
+    # the DLQ's index names the job's entry: no scan of the delayed set or the DLQ
+    if not running:
+        for k in all_keys:
+            if k.queue in indexed:
+                eid = indexed[k.queue]
+                rows = search.client.xrange(k.dlq, eid, eid, count=1)
+                if rows:
+                    entry = decode_entry(k.queue, *rows[0])
+                    search.note(f"the dead-letter index of {k.queue}: found")
+                    return _done(search, results.get(k.queue), JobLookup(job_id, "dead", queue=k.queue,
+                                                                         job=entry.job, dead=entry))
 
     # 3. the delayed set
     for k in all_keys:
@@ -411,6 +433,9 @@ def _delayed(search: _Search, k: QueueKeys) -> tuple[Job, int] | None:
 
 
 def _dead(search: _Search, k: QueueKeys) -> DeadJob | None:
+    if DLQIndex(search.client, k.queue).state().ready:  # it would have named the entry
+        search.note(f"the dead-letter index of {k.queue}: not there")
+        return None
     wanted = search.job_id.encode()
     before = search.scanned
     for rows in _wide(search, k.dlq):

@@ -20,37 +20,59 @@ from string import Template
 from typing import Any
 
 from .connection import Client
-from .keys import DURATIONS, MINUTE_BUCKET, SECOND_BUCKET, TOTALS
+from .dlq.fingerprint import INVALID_RETRY_FINGERPRINT, fingerprint_id
+from .keys import DLQ_INDEX_VERSION, DURATIONS, MINUTE_BUCKET, SECOND_BUCKET, TOTALS
 from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 
 _LUA_DIR = Path(__file__).with_name("lua")
 
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
-         "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_search")
+         "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_search", "dlq_discard",
+         "dlq_reindex")
+
+WITH_DLQ_INDEX = frozenset({"settle", "dlq_move", "dlq_discard", "dlq_reindex"})
+"""Scripts that write or remove dead-letter entries: ``lua/dlq_index.lua`` follows the prelude in each."""
 
 
-@cache
-def prelude() -> str:
-    """The prelude as one line of Lua, its constants filled in."""
-    text = Template((_LUA_DIR / "prelude.lua").read_text()).substitute(
-        SECOND_BUCKET=SECOND_BUCKET, MINUTE_BUCKET=MINUTE_BUCKET, TOTALS=TOTALS,
-        DURATIONS=DURATIONS,
-        SECOND_BUCKET_TTL=SECOND_BUCKET_TTL_S, MINUTE_BUCKET_TTL=MINUTE_BUCKET_TTL_S,
-    )
+def _lua_string(text: str) -> str:
+    """``text`` safe inside a single-quoted Lua string."""
+    return text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", " ")
+
+
+def _squeezed(name: str, **constants: object) -> str:
+    """A helper file as one line of Lua, its constants filled in."""
+    text = Template((_LUA_DIR / f"{name}.lua").read_text()).substitute(**constants)
     code = []
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("--"):
             continue
         if "--" in line:  # joined onto one line, a trailing comment would swallow the code after it
-            raise ValueError(f"prelude.lua: put this comment on a line of its own: {line!r}")
+            raise ValueError(f"{name}.lua: put this comment on a line of its own: {line!r}")
         code.append(line)
     return " ".join(code)
 
 
 @cache
+def prelude() -> str:
+    """The prelude as one line of Lua, its constants filled in."""
+    return _squeezed("prelude", SECOND_BUCKET=SECOND_BUCKET, MINUTE_BUCKET=MINUTE_BUCKET, TOTALS=TOTALS,
+                     DURATIONS=DURATIONS, SECOND_BUCKET_TTL=SECOND_BUCKET_TTL_S,
+                     MINUTE_BUCKET_TTL=MINUTE_BUCKET_TTL_S)
+
+
+@cache
+def dlq_index() -> str:
+    """The DLQ index helpers as one line of Lua (see ``lua/dlq_index.lua``)."""
+    return _squeezed("dlq_index", INDEX_VERSION=DLQ_INDEX_VERSION,
+                     INVALID_RETRY_FP=_lua_string(fingerprint_id(INVALID_RETRY_FINGERPRINT)),
+                     INVALID_RETRY_TEXT=_lua_string(INVALID_RETRY_FINGERPRINT))
+
+
+@cache
 def source(name: str) -> str:
-    return f"{prelude()} {(_LUA_DIR / f'{name}.lua').read_text()}"
+    helpers = f"{prelude()} {dlq_index()}" if name in WITH_DLQ_INDEX else prelude()
+    return f"{helpers} {(_LUA_DIR / f'{name}.lua').read_text()}"
 
 
 ScriptCall = Callable[..., Any]
@@ -75,6 +97,8 @@ class Scripts:
     op_claim: ScriptCall
     op_update: ScriptCall
     dlq_search: ScriptCall
+    dlq_discard: ScriptCall
+    dlq_reindex: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:

@@ -18,6 +18,7 @@ import msgpack
 
 from . import events
 from .connection import Client
+from .dlq.fingerprint import error_group
 from .events import Event
 from .keys import GROUP, QueueKeys
 from .scripts import Scripts
@@ -170,8 +171,10 @@ class Settler:
              task: str = "", error_class: str = "", error: str = "", handler_failed: bool = False,
              duration_ms: int = 0, result: tuple[str, int, bytes] | None = None) -> None:
         batch = self._batch(keys)
-        batch.dead += (entry_id, payload, reason, task, job_id, error_class, error[:2000], 1 if handler_failed else 0,
-                       duration_ms)
+        error = error[:2000]
+        group, group_text = error_group(error_class, error)
+        batch.dead += (entry_id, payload, reason, task, job_id, error_class, error, 1 if handler_failed else 0,
+                       duration_ms, group, group_text)
         batch.n_dead += 1
         if handler_failed:
             batch.failed_tasks.append(task)
@@ -191,7 +194,7 @@ class Settler:
         ids: list[bytes] = []
         for b in (self._batches.get(keys.queue), self._flushing.get(keys.queue)):
             if b is not None:
-                ids += [*b.done, *b.retries[::3], *b.dead[::9], *b.requeues[::2], *b.skipped[::5]]
+                ids += [*b.done, *b.retries[::3], *b.dead[::11], *b.requeues[::2], *b.skipped[::5]]
         return ids
 
     def fetched(self, keys: QueueKeys, count: int) -> None:

@@ -13,10 +13,11 @@ from typing import Any
 
 from chasqui_core import access
 from chasqui_core.conf import chasqui_settings
-from chasqui_core.engine.dlq.browse import ErrorGroup, Page
+from chasqui_core.engine.dlq.browse import ErrorGroup, Grouping, Page
 from chasqui_core.engine.dlq.entries import DeadJob
 from chasqui_core.engine.dlq.estimate import Estimate, estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.index import IndexState
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.dlq.search import SearchPage, TextSearch
 from chasqui_core.models import AuditEntry, Operation
@@ -104,11 +105,29 @@ def dlq_groups(
     actor, queue: str, *, filter: DLQFilter | Mapping[str, Any] | None = None, source: Source = "api"
 ) -> list[ErrorGroup]:
     """Dead jobs grouped by error fingerprint (class + normalised message), biggest group first."""
+    return dlq_grouping(actor, queue, filter=filter, source=source).groups
+
+
+def dlq_grouping(
+    actor, queue: str, *, filter: DLQFilter | Mapping[str, Any] | None = None, source: Source = "api"
+) -> Grouping:
+    """The grouped view: the biggest groups, and whether they cover every matching entry (from the DLQ's
+    index) or the newest ones a scan reached; see ``DLQReader.grouping``."""
     require(actor, access.VIEW, source)
     queue = require_queue(queue)
     f = coerce_filter(filter)
     with engine_errors:
-        return _dead_letters(queue).groups(f)
+        return _dead_letters(queue).grouping(f)
+
+
+def rebuild_index(actor, queue: str, *, source: Source = "cli",
+                  progress: Callable[[int, int], None] | None = None) -> IndexState:
+    """Rebuild the DLQ's index until it is ready (``manage.py chasqui reindex``); reads do this a moment at a
+    time by themselves, this does it at once."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    with engine_errors:
+        return _dead_letters(queue).index.rebuild(progress)
 
 
 def dlq_count(actor, queue: str, *, filter: DLQFilter | Mapping[str, Any] | None = None,

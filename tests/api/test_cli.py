@@ -106,6 +106,18 @@ def test_dlq_groups_print_fingerprints_that_select_one_group(redis):
     assert dlq_len(redis, Q) == 2
 
 
+def test_dlq_reindex_builds_the_index_of_entries_written_without_it(redis):
+    from chasqui_core.engine.dlq.index import DLQIndex
+
+    bulk_dead(redis, Q, 1500, cls="TimeoutError", message="gateway timed out after {i} s")  # plain XADDs
+    assert not DLQIndex(redis, Q).state().ready
+    out = run("dlq", "reindex", Q)
+    assert "Indexing: 1,500/1,500" in out and "ready: 1,500 entries" in out
+    state = DLQIndex(redis, Q).state()
+    assert state.ready and state.indexed == 1500
+    assert AuditEntry.objects.count() == 0, "building an index changes no job: nothing to audit"
+
+
 def test_dlq_actions_need_a_selection_and_a_confirmation(redis):
     bulk_dead(redis, Q, 2)
     with pytest.raises(CommandError, match="Nothing selected"):

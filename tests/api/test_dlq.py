@@ -100,6 +100,10 @@ def test_groups(view_api, redis):
     assert [g["count"] for g in only] == [1]
     one = view_api.get(f"/api/queues/{Q}/dlq/groups", fingerprint=groups[0]["fingerprint"]).json()["items"]
     assert [(g["fingerprint"], g["count"]) for g in one] == [("LookupError: user <n> not found", 3)]
+    # the whole DLQ is grouped from its index; a text filter groups the newest entries it scans
+    assert {k: r.json()[k] for k in ("whole", "total_groups", "other_entries")} == {
+        "whole": True, "total_groups": 2, "other_entries": 0}
+    assert view_api.get(f"/api/queues/{Q}/dlq/groups", error_text="user").json()["whole"] is False
 
 
 def test_list_filtered_by_fingerprint(view_api, redis):

@@ -2,7 +2,8 @@
 
 A queue's DLQ is a Redis stream whose entry ids carry the time each job died,
 so a time range is an id range and a page is one XREVRANGE call, quick at any
-size. Filters on other fields scan in bounded chunks, and the bulk operations
+size. Filters on task, reason, error class or group read an index the
+scripts keep beside the stream; a text filter scans in bounded chunks, and the bulk operations
 act one chunk per call, so sweeping 100,000 entries never blocks Redis for
 long and an operator can stop a sweep half way (what is done stays done).
 
@@ -18,6 +19,7 @@ The modules, in the order they build on each other:
 - ``entries``: entry ids, and a DLQ entry decoded into a ``DeadJob``
 - ``fingerprint``: the error fingerprint that groups failures with one cause
 - ``filter``: ``DLQFilter``, which dead jobs to show or act on
+- ``index``: ``DLQIndex``, the counts and entry sets the scripts keep as they write and remove entries
 - ``browse``: ``DLQReader``: pages, counts, lookups and error groups
 - ``replay``: ``DeadLetters``: everything ``DLQReader`` reads, plus replay and discard
 """

@@ -1,9 +1,13 @@
 """Reading a queue's DLQ: pages, counts, lookups and error groups.
 
-Without a filter, or with a time range only, a read is an id range and costs
-one XREVRANGE whatever the DLQ's size. Other filters scan in chunks of
-``SCAN_CHUNK`` entries under a caller-given ``scan_limit``, so no read holds
-Redis or the caller's memory for long; a page then says where to carry on.
+Without a filter, or with a time range only, a page is an id range and costs
+one XREVRANGE whatever the DLQ's size. Filters on task, reason, error class
+or group, counts, the whole DLQ's groups and lookups by job id read the DLQ's
+index (``index.py``) once it is ready. What the index cannot answer (a text
+filter alone, groups of a filtered set) and every read while the index is
+being rebuilt scan in chunks of ``SCAN_CHUNK`` entries under a caller-given
+``scan_limit``, so no read holds Redis or the caller's memory for long; a
+page then says where to carry on.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .entries import (
 )
 from .filter import DLQFilter
 from .fingerprint import fingerprint, fingerprint_id
+from .index import DLQIndex, IndexState, has_dimensions
 
 SCAN_CHUNK = 500
 """Entries read per round trip when scanning; bounds each call's work and memory."""
@@ -61,11 +66,31 @@ class ErrorGroup:
     last_seen_ms: int
     sample_entry_id: str
     tasks: list[str]
+    fingerprint_id: str = ""
+    """The id the entries were written with (empty: computed from ``fingerprint``)."""
 
     @property
     def id(self) -> str:
         """The fingerprint's id: pass it as a filter's ``fingerprint`` to act on this group."""
-        return fingerprint_id(self.fingerprint)
+        return self.fingerprint_id or fingerprint_id(self.fingerprint)
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    """The grouped view: the biggest groups, and what says whether they cover the whole DLQ."""
+
+    groups: list[ErrorGroup]
+    whole: bool
+    """True when every entry matching the filter was grouped (from the index); False after a bounded scan."""
+    total_groups: int
+    other_entries: int
+    """Entries of the groups not listed (``whole`` only): the listed counts plus this are the total."""
+    indexing: IndexState | None = None
+    """The index's state when it was not ready (a rebuild under way)."""
+
+    @property
+    def groups_not_listed(self) -> int:
+        return self.total_groups - len(self.groups)
 
 
 class DLQReader:
@@ -80,6 +105,11 @@ class DLQReader:
         self.client = client
         self.queue = queue
         self.keys = QueueKeys.for_queue(queue)
+        self.index = DLQIndex(client, queue)
+
+    def index_state(self) -> IndexState:
+        """The index's state, after moving a rebuild on for a moment if one is needed (see ``DLQIndex.advance``)."""
+        return self.index.advance()
 
     def count(self) -> int:
         return int(self.client.xlen(self.keys.dlq))
@@ -111,6 +141,13 @@ class DLQReader:
             more = len(rows) > limit
             page = [decode_entry(self.queue, eid, flds) for eid, flds in rows[:limit]]
             return Page(page, page[-1].entry_id if more else None, len(page))
+        if has_dimensions(f) and self.index.advance().ready:
+            check = None
+            if f.error_text is not None:
+                def check(row: Row) -> bool:
+                    return self._match(f, *row) is not None
+            walked = self.index.page(f, cursor=cursor, limit=limit, scan_limit=scan_limit, check=check)
+            return Page([decode_entry(self.queue, *row) for row in walked.rows], walked.next_cursor, walked.scanned)
         items: list[DeadJob] = []
         scanned = 0
         while True:
@@ -145,8 +182,16 @@ class DLQReader:
         return decode_entry(self.queue, *rows[0])
 
     def find_by_job_id(self, job_id: str, *, scan_limit: int = 100_000) -> DeadJob | None:
-        """The newest entry of this job among the newest ``scan_limit`` entries."""
+        """The job's entry: from the index when it has it, or the newest among the newest ``scan_limit`` entries."""
         check_positive(scan_limit, "scan_limit")
+        ready = self.index.advance().ready
+        entry_id = self.index.find_job(job_id)
+        if entry_id is not None:
+            rows = self.client.xrange(self.keys.dlq, entry_id, entry_id, count=1)
+            if rows:
+                return decode_entry(self.queue, *rows[0])
+        if ready:
+            return None
         wanted = job_id.encode()
         for eid, flds in self._scan_newest(None, scan_limit):
             stored = flds.get(b"job_id")
@@ -165,12 +210,51 @@ class DLQReader:
         if f is None:
             return self.count()
         bounds = self._bounds(f)
-        return 0 if bounds is None else self._count_in(f, *bounds, chunk)
+        if bounds is None:
+            return 0
+        if f.error_text is None and self.index.advance().ready:
+            return self.index.count(f) if has_dimensions(f) else self.index.count_range(f.since_ms, f.until_ms)
+        return self._count_in(f, *bounds, chunk)
 
     def groups(self, filter: DLQFilter | None = None, *, scan_limit: int = 100_000) -> list[ErrorGroup]:
-        """Matching entries among the newest ``scan_limit``, grouped by fingerprint, biggest first."""
+        """Matching entries grouped by fingerprint, biggest first; see ``grouping``."""
+        return self.grouping(filter, scan_limit=scan_limit).groups
+
+    def grouping(self, filter: DLQFilter | None = None, *, scan_limit: int = 100_000,
+                 limit: int = 200) -> Grouping:
+        """Entries grouped by fingerprint, biggest first.
+
+        Over the whole DLQ (or a time range of it) the index answers, with
+        the ``limit`` biggest groups and the count of the rest, so the counts
+        add up to the DLQ's length. Other filters, or an index being rebuilt,
+        group the matching entries among the newest ``scan_limit``.
+        """
         check_positive(scan_limit, "scan_limit")
+        check_positive(limit, "limit")
         f = filter if filter is not None and not filter.is_empty() else None
+        state = self.index.advance()
+        if state.ready and (f is None or f.time_only()):
+            found = self.index.groups(limit=limit, since_ms=f.since_ms if f else None,
+                                      until_ms=f.until_ms if f else None)
+            samples = self._sample_rows([g.sample_entry_id for g in found.groups])
+            out = []
+            for g in found.groups:
+                row = samples.get(g.sample_entry_id)
+                error_class = field_text(row, b"error_class") if row else g.text.partition(":")[0]
+                message = field_text(row, b"error") if row else ""
+                out.append(ErrorGroup(g.text, error_class, message, g.count, g.first_seen_ms, g.last_seen_ms,
+                                      g.sample_entry_id, g.tasks, g.id))
+            return Grouping(out, True, found.total_groups, found.other_entries)
+        groups = self._scan_groups(f, scan_limit)
+        return Grouping(groups, False, len(groups), 0, None if state.ready else state)
+
+    def _sample_rows(self, ids: list[str]) -> dict[str, dict[bytes, bytes]]:
+        pipe = self.client.pipeline(transaction=False)
+        for eid in ids:
+            pipe.xrange(self.keys.dlq, eid, eid, count=1)
+        return {eid: found[0][1] for eid, found in zip(ids, pipe.execute(), strict=True) if found}
+
+    def _scan_groups(self, f: DLQFilter | None, scan_limit: int) -> list[ErrorGroup]:
         acc: dict[str, list[Any]] = {}
         for eid, flds in self._scan_newest(f, scan_limit):
             decided = True if f is None else f.precheck(id_of(eid)[0], flds)
@@ -184,6 +268,9 @@ class DLQReader:
                 task = dead.task
             error_class, message = field_text(flds, b"error_class"), field_text(flds, b"error")
             key = fingerprint(error_class, message)
+            stored = field_text(flds, b"fp")
+            if stored:
+                key = f"{key}\0{stored}"  # one group per id written, as the index counts them
             dead_at = id_of(eid)[0]
             group = acc.get(key)
             if group is None:  # newest first: the first seen is the sample
@@ -193,8 +280,8 @@ class DLQReader:
                 group[3] = min(group[3], dead_at)
                 group[4] = max(group[4], dead_at)
                 group[6].add(task)
-        out = [ErrorGroup(key, g[0], g[1], g[2], g[3], g[4], g[5], sorted(t for t in g[6] if t))
-               for key, g in acc.items()]
+        out = [ErrorGroup(key.partition("\0")[0], g[0], g[1], g[2], g[3], g[4], g[5], sorted(t for t in g[6] if t),
+                          key.partition("\0")[2]) for key, g in acc.items()]
         out.sort(key=lambda g: (-g.count, -g.last_seen_ms))
         return out
 

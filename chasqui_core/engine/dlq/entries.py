@@ -93,6 +93,8 @@ class DeadJob:
     payload: bytes
     errors: list[dict[str, Any]]
     """The envelope's error history; a panic gets a ``WorkerLost`` record at the end (see ``_synthesised``)."""
+    stored_fingerprint_id: str = ""
+    """The fingerprint id the worker wrote with the entry (its ``fp`` field); empty for older entries."""
 
     @property
     def fingerprint(self) -> str:
@@ -100,7 +102,8 @@ class DeadJob:
 
     @property
     def fingerprint_id(self) -> str:
-        return fingerprint_id(self.fingerprint)
+        """The group this entry is counted in: the id written with it, or for an older entry the one computed."""
+        return self.stored_fingerprint_id or fingerprint_id(self.fingerprint)
 
     @property
     def replayable(self) -> bool:
@@ -169,4 +172,5 @@ def decode_entry(queue: str, raw_id: bytes | str, fields: dict[bytes, bytes]) ->
         job=job,
         payload=payload,
         errors=errors,
+        stored_fingerprint_id=field_text(fields, b"fp"),
     )

@@ -28,6 +28,13 @@ def _fingerprint_matches(wanted: str, actual: str) -> bool:
     return actual == wanted
 
 
+def _group_matches(wanted: str, stored_id: str, error_class: str, error: str) -> bool:
+    """Whether an entry is in the group ``wanted``: by the fingerprint id written with it when it has one."""
+    if stored_id and _FINGERPRINT_ID.fullmatch(wanted):
+        return stored_id == wanted
+    return _fingerprint_matches(wanted, fingerprint(error_class, error))
+
+
 def _class_matches(wanted: str, actual: str) -> bool:
     return actual == wanted or actual.rpartition(".")[2] == wanted
 
@@ -123,7 +130,8 @@ class DLQFilter:
             return False
         if self.error_class is not None and not _class_matches(self.error_class, job.error_class):
             return False
-        if self.fingerprint is not None and not _fingerprint_matches(self.fingerprint, job.fingerprint):
+        if self.fingerprint is not None and not _group_matches(self.fingerprint, job.stored_fingerprint_id,
+                                                               job.error_class, job.error):
             return False
         if self.error_text is not None:
             needle = self.error_text.casefold()
@@ -148,8 +156,9 @@ class DLQFilter:
             return False
         if self.error_class is not None and not _class_matches(self.error_class, field_text(fields, b"error_class")):
             return False
-        if self.fingerprint is not None and not _fingerprint_matches(
-                self.fingerprint, fingerprint(field_text(fields, b"error_class"), field_text(fields, b"error"))):
+        if self.fingerprint is not None and not _group_matches(
+                self.fingerprint, field_text(fields, b"fp"), field_text(fields, b"error_class"),
+                field_text(fields, b"error")):
             return False
         undecided = False
         if self.task is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from functools import lru_cache
 
 from ..redact import mask_text
 
@@ -47,3 +48,19 @@ def fingerprint(error_class: str, message: str) -> str:
 def fingerprint_id(fingerprint_text: str) -> str:
     """A short, stable id for a fingerprint: what URLs and filters carry instead of its text."""
     return hashlib.blake2b(fingerprint_text.encode(), digest_size=8).hexdigest()
+
+
+INVALID_RETRY_FINGERPRINT = fingerprint("InvalidRetry", "the retry delay is not a usable number of milliseconds")
+"""The fingerprint of a retry ``settle.lua`` could not schedule: it dead-letters the job itself, in Lua,
+where the normalisers above do not run, so this one is computed here and written into the script."""
+
+
+@lru_cache(maxsize=4096)
+def error_group(error_class: str, message: str) -> tuple[str, str]:
+    """The fingerprint id and text of a failure, as the worker writes them with each dead-letter entry.
+
+    Remembered, since a failing job usually fails as its neighbours did: a burst
+    of one error costs the normalisers once per distinct message.
+    """
+    text = fingerprint(error_class, message)
+    return fingerprint_id(text), text

@@ -17,6 +17,7 @@ from ..scripts import Scripts
 from .browse import DLQReader, check_positive
 from .entries import DeadJob, Row, decode_entry, format_id, parse_id
 from .filter import DLQFilter
+from .index import has_dimensions
 
 MOVE_CHUNK = 500
 """Entries replayed or deleted per call when acting on a list of ids."""
@@ -86,7 +87,11 @@ class DeadLetters(DLQReader):
     def discard(self, entry_ids: Iterable[str]) -> int:
         """Delete entries for good; returns how many were still there."""
         ids = _id_list(entry_ids, "discard")
-        return sum(int(self.client.xdel(self.keys.dlq, *chunk)) for chunk in _chunks(ids, MOVE_CHUNK))
+        return sum(self._discard(chunk) for chunk in _chunks(ids, MOVE_CHUNK))
+
+    def _discard(self, ids: list[Any]) -> int:
+        """Delete entries with ``dlq_discard.lua``, which takes each out of the index in the same call."""
+        return int(self._scripts.dlq_discard(keys=[self.keys.dlq], args=ids)) if ids else 0
 
     def replay_matching(
         self,
@@ -118,7 +123,7 @@ class DeadLetters(DLQReader):
         """``discard`` every entry that matches, oldest first, one call per chunk; see ``_sweep``."""
 
         def act(matched: list[tuple[Row, DeadJob | None]]) -> int:
-            return int(self.client.xdel(self.keys.dlq, *[row[0] for row, _ in matched])) if matched else 0
+            return self._discard([row[0] for row, _ in matched])
 
         return self._sweep(filter, act, chunk, progress, should_stop)
 
@@ -164,7 +169,14 @@ class DeadLetters(DLQReader):
                 progress(0, 0)
             return 0
         lo, hi = bounds[0], min(bounds[1], edges[1])
-        total = self.count() if f is None else (self._count_in(f, lo, hi, max(chunk, 1000)) if lo <= hi else 0)
+        if f is None:
+            total = self.count()
+        elif lo > hi:
+            total = 0
+        elif has_dimensions(f) and f.error_text is None and self.index.advance().ready:
+            total = self.index.count(f)
+        else:
+            total = self._count_in(f, lo, hi, max(chunk, 1000))
         done = acted = 0
         if progress is not None:
             progress(0, total)

@@ -1,16 +1,20 @@
 -- Send dead-letter entries back to work (replay), each at most once.
 --
--- The XDEL result gates each move: when two operators replay the same entry
--- at the same time, only the call that deleted it re-publishes it.
+-- Taking the entry (dlq_take: read, XDEL, note its index) gates each move:
+-- when two operators replay the same entry at the same time, only the call
+-- that deleted it re-publishes it, and the index loses it once.
 --
 -- KEYS[1] dlq   KEYS[2] stream   KEYS[3] delayed   KEYS[4] all-time totals (counts "replayed")
 -- ARGV triples: dlq entry id, payload to publish, run at epoch ms ("" = now)
 -- Returns the number of entries moved.
+--
+-- Calls dlq_removal, dlq_take and dlq_removal_flush from dlq_index.lua.
 
 local dlq, stream, delayed = KEYS[1], KEYS[2], KEYS[3]
+local removal = dlq_removal(dlq)
 local moved = 0
 for i = 1, #ARGV, 3 do
-  if redis.call('XDEL', dlq, ARGV[i]) == 1 then
+  if dlq_take(removal, ARGV[i]) then
     if ARGV[i + 2] == '' then
       redis.call('XADD', stream, '*', 'j', ARGV[i + 1])
     else
@@ -19,6 +23,7 @@ for i = 1, #ARGV, 3 do
     moved = moved + 1
   end
 end
+dlq_removal_flush(removal)
 if moved > 0 then
   redis.call('HINCRBY', KEYS[4], 'replayed', moved)
 end

@@ -28,9 +28,10 @@
 --         error message]. It goes to the events stream as it is when every
 --         retry was scheduled (the usual case), so the script only unpacks it
 --         when some were not
--- then    number of dead jobs D and, when D > 0, one msgpack array of 9 items per
+-- then    number of dead jobs D and, when D > 0, one msgpack array of 11 items per
 --         job laid flat: stream id, payload, reason, task, job id, error class,
---         error message, counts-as-failure (0/1), duration ms
+--         error message, counts-as-failure (0/1), duration ms, error fingerprint
+--         id, fingerprint text (the worker computes them: engine/dlq/fingerprint.py)
 -- (one packed argument per section keeps a batch cheap to send)
 -- then    number of requeues Q, then Q pairs: stream id, payload
 -- then    number of histogram fields H and, when H > 0, one msgpack array of
@@ -57,7 +58,12 @@
 -- are checked before its XACK, so an item is either applied whole or not
 -- acknowledged at all.
 --
--- Calls server_ms, bump_counters and durations_key from prelude.lua.
+-- The dead-letter entries written are indexed together at the end (counts per
+-- task, reason, error class and fingerprint, the entry's id under each, its
+-- job id), so the console reads them without scanning; see dlq_index.lua.
+--
+-- Calls server_ms, bump_counters and durations_key from prelude.lua; dlq_index_batch, dlq_index_put and
+-- dlq_index_flush from dlq_index.lua.
 
 local stream, delayed, dlq, events, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
@@ -65,6 +71,7 @@ local now = server_ms()
 local i = 5
 
 local acked = {}
+local index = dlq_index_batch(dlq)  -- the dead-letter entries written, indexed together at the end
 
 -- acknowledge one entry; true when it was pending. It is deleted with the others at the end.
 local function settle(id)
@@ -142,8 +149,9 @@ if n > 0 then
       if settle(id) then
         jobs = jobs or cmsgpack.unpack(record)
         local job_id, task, duration = jobs[k][1], jobs[k][2], jobs[k][5]
-        redis.call('XADD', dlq, '*', 'j', payload, 'reason', 'internal', 'task', task, 'job_id', job_id,
-          'source_id', id, 'error_class', 'InvalidRetry', 'error', why)
+        local eid = redis.call('XADD', dlq, '*', 'j', payload, 'reason', 'internal', 'task', task, 'job_id', job_id,
+          'source_id', id, 'error_class', 'InvalidRetry', 'error', why, 'fp', INVALID_RETRY_FP)
+        dlq_index_put(index, eid, task, 'internal', 'InvalidRetry', INVALID_RETRY_FP, INVALID_RETRY_TEXT, job_id)
         redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', job_id, 'task', task,
           'reason', 'internal', 'error_class', 'InvalidRetry', 'error', why, 'duration_ms', duration)
         internal = internal + 1
@@ -177,11 +185,12 @@ local dead, failed_dead, bad_signature = internal, internal, 0
 local d = tonumber(ARGV[i]); i = i + 1
 if d > 0 then
   local r = cmsgpack.unpack(ARGV[i]); i = i + 1
-  for j = 1, #r, 9 do
+  for j = 1, #r, 11 do
     local id = r[j]
     if settle(id) then
-      redis.call('XADD', dlq, '*', 'j', r[j + 1], 'reason', r[j + 2], 'task', r[j + 3],
-        'job_id', r[j + 4], 'source_id', id, 'error_class', r[j + 5], 'error', r[j + 6])
+      local eid = redis.call('XADD', dlq, '*', 'j', r[j + 1], 'reason', r[j + 2], 'task', r[j + 3],
+        'job_id', r[j + 4], 'source_id', id, 'error_class', r[j + 5], 'error', r[j + 6], 'fp', r[j + 9])
+      dlq_index_put(index, eid, r[j + 3], r[j + 2], r[j + 5], r[j + 9], r[j + 10], r[j + 4])
       dead = dead + 1
       failed_dead = failed_dead + (tonumber(r[j + 7]) or 0)
       if r[j + 2] == 'bad_signature' then bad_signature = bad_signature + 1 end
@@ -251,6 +260,7 @@ local fetched = tonumber(ARGV[i]) or 0
 i = i + 1
 
 delete(acked)
+dlq_index_flush(index)
 
 local failed = retried + failed_dead
 local counts = {'completed', completed, 'failed', failed, 'retried', retried, 'dlq', dead,

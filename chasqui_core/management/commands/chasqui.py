@@ -167,6 +167,8 @@ class Command(BaseCommand):
         peek.add_argument("--entry", help="Show one entry in full, with its error history.")
         groups = dlq.add_parser("groups", help="Dead jobs grouped by error.")
         self._filters(groups)
+        dlq.add_parser("reindex", help="Build the DLQ's index now (for entries written before it existed; "
+                                       "the console otherwise builds it a moment per page view).").add_argument("queue")
         for name, text in (("replay", "Send dead jobs back to work."), ("discard", "Delete dead jobs for good.")):
             act = dlq.add_parser(name, help=text)
             self._filters(act)
@@ -296,6 +298,14 @@ class Command(BaseCommand):
         queue = opts["queue"]
         if action == "peek":
             return self._peek(queue, opts)
+        if action == "reindex":
+            bar = ProgressBar(self.stdout, "Indexing")
+            try:
+                state = dlq_service.rebuild_index(self.actor, queue, source="cli", progress=bar)
+            finally:
+                bar.close()
+            self._say(f"The dead-letter index of {queue} is ready: {state.indexed:,} entries.")
+            return
         if action == "groups":
             groups = dlq_service.dlq_groups(self.actor, queue, filter=self._filter(opts), source="cli")
             self._say(table([(g.id, g.count, _fmt_ms(g.first_seen_ms), _fmt_ms(g.last_seen_ms), ",".join(g.tasks),

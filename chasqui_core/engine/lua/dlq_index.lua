@@ -1,0 +1,220 @@
+-- The dead-letter index: helpers for the scripts that write or remove DLQ
+-- entries (settle.lua, dlq_move.lua, dlq_discard.lua, dlq_reindex.lua).
+--
+-- scripts.py squeezes this file onto those scripts' first line after the
+-- prelude, as it does the prelude (comment lines dropped, code lines joined),
+-- so a comment here must be on a line of its own, never after code.
+--
+-- The index lives beside the DLQ stream under the queue's hash tag, in keys
+-- that start with <dlq>:ix: (engine/dlq/index.py reads them):
+--   n          hash: entries indexed (all), and per value t:<task>, r:<reason>, c:<error class>
+--   groups     zset: fingerprint id -> entries
+--   fp         hash: fingerprint id -> fingerprint text
+--   ft:<fp>    hash: task -> entries of that fingerprint
+--   t:<task>, r:<reason>, c:<class>, f:<fp>
+--              zsets: entry id, score = the id's millisecond * 2048 + its sequence
+--              (at most 2047), so the sets keep the stream's order (exact in a
+--              double until the year 2109)
+--   jobs       hash: job id -> entry id (its newest entry)
+--   legacy     hash: entry id -> msgpack [fp, task, job id] for entries written
+--              without an fp field (before the index existed), as the rebuild
+--              indexed them, so their removal undoes exactly that
+--   v          hash: the index's version, and the rebuild's cursor while one runs
+-- An entry is indexed when its id is in r:<its reason>; adding and removing
+-- both check that first, so neither ever counts an entry twice.
+--
+-- dlq_index_batch(dlq), dlq_index_put(batch, id, task, reason, class, fp, text, job_id), dlq_index_flush(batch)
+--   Index entries not indexed yet (ids XADD returned): put each in a batch, then
+--   flush it once, which writes each key once for the whole batch (one ZADD
+--   per value, one HINCRBY per count) rather than a dozen commands an entry.
+-- dlq_removal(dlq), dlq_take(removal, id), dlq_removal_flush(removal)
+--   Remove entries: dlq_take reads an entry's fields, deletes it and notes
+--   what its index holds (when it was indexed), and returns the fields, or
+--   false when the entry was not there (so two callers never both take it);
+--   dlq_removal_flush then undoes the notes of every entry taken, a command
+--   per key rather than a dozen per entry.
+-- DLQ_INDEX_VERSION
+--   The index's layout (keys.py), recorded in v with the first entry indexed.
+-- INVALID_RETRY_FP, INVALID_RETRY_TEXT
+--   The fingerprint settle.lua gives a retry it could not schedule (computed
+--   in Python, where fingerprints are, and written in at load).
+
+local INVALID_RETRY_FP, INVALID_RETRY_TEXT = '${INVALID_RETRY_FP}', '${INVALID_RETRY_TEXT}'
+local DLQ_INDEX_VERSION = '${INDEX_VERSION}'
+
+local function dlq_index_score(id)
+  local at, seq = string.match(id, '^(%d+)-(%d+)')
+  return string.format('%.0f', tonumber(at) * 2048 + math.min(tonumber(seq), 2047))
+end
+
+local function dlq_index_batch(dlq)
+  return {p = dlq .. ':ix:', dlq = dlq, n = 0, zsets = {}, counts = {}, groups = {}, group_tasks = {}, texts = {},
+    jobs = {}}
+end
+
+local function dlq_index_put(b, id, task, reason, class, fp, text, job_id)
+  local score = dlq_index_score(id)
+  for _, key in ipairs({'r:' .. reason, 't:' .. task, 'c:' .. class, 'f:' .. fp}) do
+    local z = b.zsets[key]
+    if not z then
+      z = {}
+      b.zsets[key] = z
+    end
+    z[#z + 1] = score
+    z[#z + 1] = id
+  end
+  for _, field in ipairs({'t:' .. task, 'r:' .. reason, 'c:' .. class}) do
+    b.counts[field] = (b.counts[field] or 0) + 1
+  end
+  b.n = b.n + 1
+  b.groups[fp] = (b.groups[fp] or 0) + 1
+  local tasks = b.group_tasks[fp]
+  if not tasks then
+    tasks = {}
+    b.group_tasks[fp] = tasks
+  end
+  tasks[task] = (tasks[task] or 0) + 1
+  b.texts[fp] = text
+  if job_id ~= '' then
+    b.jobs[#b.jobs + 1] = job_id
+    b.jobs[#b.jobs + 1] = id
+  end
+end
+
+local function dlq_index_flush(b)
+  if b.n == 0 then
+    return
+  end
+  local p = b.p
+  for key, z in pairs(b.zsets) do
+    for s = 1, #z, 4000 do
+      redis.call('ZADD', p .. key, unpack(z, s, math.min(s + 3999, #z)))
+    end
+  end
+  local n = p .. 'n'
+  if redis.call('HINCRBY', n, 'all', b.n) == b.n and redis.call('HSETNX', p .. 'v', 'version', DLQ_INDEX_VERSION) == 1
+      and redis.call('XLEN', b.dlq) > b.n then
+    -- the first entries indexed, beside older ones: have the readers rebuild rather than trust the index
+    redis.call('HSET', p .. 'v', 'version', 'unindexed')
+  end
+  for field, count in pairs(b.counts) do
+    redis.call('HINCRBY', n, field, count)
+  end
+  for fp, count in pairs(b.groups) do
+    if tonumber(redis.call('ZINCRBY', p .. 'groups', count, fp)) == count and b.texts[fp] ~= '' then
+      redis.call('HSET', p .. 'fp', fp, b.texts[fp])
+    end
+    for task, c in pairs(b.group_tasks[fp]) do
+      redis.call('HINCRBY', p .. 'ft:' .. fp, task, c)
+    end
+  end
+  for s = 1, #b.jobs, 4000 do
+    redis.call('HSET', p .. 'jobs', unpack(b.jobs, s, math.min(s + 3999, #b.jobs)))
+  end
+end
+
+local function dlq_removal(dlq)
+  return {p = dlq .. ':ix:', dlq = dlq, n = 0, zsets = {}, counts = {}, groups = {}, group_tasks = {}, jobs = {},
+    legacy = {}}
+end
+
+local function dlq_take(b, id)
+  local rows = redis.call('XRANGE', b.dlq, id, id)
+  if #rows == 0 or redis.call('XDEL', b.dlq, id) == 0 then
+    return false
+  end
+  local fields = rows[1][2]
+  local f = {}
+  for k = 1, #fields, 2 do
+    f[fields[k]] = fields[k + 1]
+  end
+  local p = b.p
+  local reason = f['reason'] or ''
+  if not redis.call('ZSCORE', p .. 'r:' .. reason, id) then
+    return fields
+  end
+  local task, class, fp, job_id = f['task'] or '', f['error_class'] or '', f['fp'], f['job_id'] or ''
+  if not fp then
+    fp = ''
+    local packed = redis.call('HGET', p .. 'legacy', id)
+    if packed then
+      local l = cmsgpack.unpack(packed)
+      fp, task, job_id = l[1], l[2], l[3]
+      b.legacy[#b.legacy + 1] = id
+    end
+  end
+  for _, key in ipairs({'r:' .. reason, 't:' .. task, 'c:' .. class, 'f:' .. fp}) do
+    local z = b.zsets[key]
+    if not z then
+      z = {}
+      b.zsets[key] = z
+    end
+    z[#z + 1] = id
+  end
+  for _, field in ipairs({'t:' .. task, 'r:' .. reason, 'c:' .. class}) do
+    b.counts[field] = (b.counts[field] or 0) + 1
+  end
+  b.n = b.n + 1
+  b.groups[fp] = (b.groups[fp] or 0) + 1
+  local tasks = b.group_tasks[fp]
+  if not tasks then
+    tasks = {}
+    b.group_tasks[fp] = tasks
+  end
+  tasks[task] = (tasks[task] or 0) + 1
+  if job_id ~= '' then
+    b.jobs[#b.jobs + 1] = {job_id, id}
+  end
+  return fields
+end
+
+local function dlq_removal_flush(b)
+  if b.n == 0 then
+    return
+  end
+  local p = b.p
+  for key, z in pairs(b.zsets) do
+    for s = 1, #z, 4000 do
+      redis.call('ZREM', p .. key, unpack(z, s, math.min(s + 3999, #z)))
+    end
+  end
+  local n = p .. 'n'
+  b.counts['all'] = b.n
+  for field, count in pairs(b.counts) do
+    if redis.call('HINCRBY', n, field, -count) <= 0 then
+      redis.call('HDEL', n, field)
+    end
+  end
+  for fp, count in pairs(b.groups) do
+    if tonumber(redis.call('ZINCRBY', p .. 'groups', -count, fp)) <= 0 then
+      redis.call('ZREM', p .. 'groups', fp)
+      redis.call('HDEL', p .. 'fp', fp)
+      redis.call('DEL', p .. 'ft:' .. fp)
+    else
+      for task, c in pairs(b.group_tasks[fp]) do
+        if redis.call('HINCRBY', p .. 'ft:' .. fp, task, -c) <= 0 then
+          redis.call('HDEL', p .. 'ft:' .. fp, task)
+        end
+      end
+    end
+  end
+  for s = 1, #b.jobs, 1000 do
+    local names = {}
+    for k = s, math.min(s + 999, #b.jobs) do
+      names[#names + 1] = b.jobs[k][1]
+    end
+    local current = redis.call('HMGET', p .. 'jobs', unpack(names))
+    local gone = {}
+    for k = 1, #names do
+      if current[k] == b.jobs[s + k - 1][2] then
+        gone[#gone + 1] = names[k]
+      end
+    end
+    if #gone > 0 then
+      redis.call('HDEL', p .. 'jobs', unpack(gone))
+    end
+  end
+  for s = 1, #b.legacy, 4000 do
+    redis.call('HDEL', p .. 'legacy', unpack(b.legacy, s, math.min(s + 3999, #b.legacy)))
+  end
+end
