@@ -1,4 +1,4 @@
-"""Queues: live stats, metrics, pause and resume."""
+"""Queues: live stats, metrics, pause and resume, purge."""
 
 from typing import Literal
 
@@ -7,7 +7,7 @@ from ninja import Query, Router
 
 from .auth import needs
 from .errors import CHANGE, READ
-from .schemas import MetricsOut, QueueListOut, QueueStatsOut, SwitchOut
+from .schemas import MetricsOut, PurgeOut, QueueListOut, QueueStatsOut, SwitchOut
 from chasqui_core.engine.metrics import FIELDS
 from chasqui_core.services import queues as queues_service
 
@@ -42,6 +42,15 @@ def resume_queue(request: HttpRequest, queue: str):
     """Workers read the queue again. Needs pause_queues."""
     changed = queues_service.resume(request.auth, queue, source="api")
     return SwitchOut(queue=queue, paused=False, changed=changed)
+
+
+@router.post("/{queue}/purge", response={200: PurgeOut, **CHANGE}, summary="Empty a queue's waiting jobs",
+             auth=needs("discard_jobs"))
+def purge_queue(request: HttpRequest, queue: str):
+    """Delete the queue's waiting jobs: those no worker was handed yet. Jobs a worker holds (running, or
+    fetched and about to run), the delayed set and the DLQ are left alone; jobs added after the purge began
+    are kept. Deleted jobs are counted as ``purged`` in the queue's totals. Needs discard_jobs."""
+    return PurgeOut(queue=queue, purged=queues_service.purge(request.auth, queue, source="api"))
 
 
 @router.get("/{queue}/metrics", response={200: MetricsOut, **READ}, summary="Counters over time",

@@ -1,4 +1,4 @@
-"""Queues: live statistics and counter series, and pausing or resuming a queue."""
+"""Queues: live statistics and counter series, pausing or resuming a queue, and purging its waiting jobs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from typing import Any
 from chasqui_core import access
 from chasqui_core.engine import stats
 from chasqui_core.engine import metrics as metrics_mod
+from chasqui_core.engine import purge as purge_mod
 from chasqui_core.engine import waiting
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.scripts import Scripts
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (
@@ -71,3 +74,27 @@ def stream_page(actor, queue: str, *, cursor: str | None = None, limit: int = 50
     limit = page_limit(limit)
     with engine_errors:
         return waiting.page(redis_client(), queue, cursor=cursor or None, limit=limit, newest_first=newest_first)
+
+
+def waiting_count(actor, queue: str, *, source: Source = "api") -> int:
+    """How many jobs a purge of the queue would delete now: its waiting jobs, not those handed to a worker."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    return purge_mod.waiting(redis_client(), QueueKeys.for_queue(queue))
+
+
+def purge(actor, queue: str, *, source: Source) -> int:
+    """Delete the queue's waiting jobs (not yet handed to a worker); returns how many. Needs discard_jobs.
+
+    Jobs a worker holds (running, or fetched and about to run), the delayed
+    set and the DLQ are left alone. Jobs added after the purge began are kept.
+    The deleted jobs are counted as ``purged`` in the queue's counters.
+    """
+    check_source(source)
+    require(actor, access.DISCARD, source)
+    queue = require_queue(queue)
+    client = redis_client()
+    keys = QueueKeys.for_queue(queue)
+    deleted = purge_mod.purge_waiting(Scripts(client), keys, upto=purge_mod.newest_id(client, keys))
+    record(actor, AuditEntry.Action.PURGE, source=source, queue=queue, count=deleted, detail={"purged": deleted})
+    return deleted
