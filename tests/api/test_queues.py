@@ -106,3 +106,20 @@ def test_metrics_bad_input_is_422(view_api):
     r = view_api.get("/api/queues/default/metrics", resolution="minute", window=2000)
     assert r.status_code == 422
     assert "window" in r.json()["detail"]
+
+
+def test_purge_deletes_waiting_jobs_only_and_is_audited(op_api, view_api, operator, redis):
+    q = Queue("default", redis_client=redis)
+    for i in range(12):
+        q.add(TASK, [i, 0])
+    keys = QueueKeys.for_queue("default")
+    redis.xgroup_create(keys.stream, "chasqui", id="0", mkstream=True)
+    redis.xreadgroup("chasqui", "w-1", {keys.stream: ">"}, count=2)
+    assert view_api.post("/api/queues/default/purge").status_code == 403
+    r = op_api.post("/api/queues/default/purge")
+    assert r.status_code == 200, r.content
+    assert r.json() == {"queue": "default", "purged": 10}
+    assert redis.xlen(keys.stream) == 2, "the two jobs a worker holds stay"
+    [entry] = AuditEntry.objects.all()
+    assert (entry.action, entry.queue, entry.count, entry.actor_id) == ("purge", "default", 10, operator.pk)
+    assert op_api.post("/api/queues/ghost/purge").status_code == 404
