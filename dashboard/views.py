@@ -8,6 +8,7 @@ process's sampler, the same one that feeds the websockets.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from chasqui_core.services import jobs as jobs_service
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services import queues as queues_service
 from chasqui_core.services import schedules as schedules_service
+from chasqui_core.services import workers as workers_service
 from chasqui_core.services.common import InvalidInput, NotFound, known_queues, require_queue
 
 from . import fragments
@@ -312,3 +314,43 @@ def live(request: HttpRequest, topic: str) -> HttpResponse:
     response = HttpResponse(html)
     response["Cache-Control"] = "no-store"
     return response
+
+
+# --- workers ------------------------------------------------------------------------------------
+
+WORKER_RUNS_PAGE_SIZE = 50
+
+
+@console_page
+def workers(request: HttpRequest) -> HttpResponse:
+    """Every worker with its state, queues, host and runs; quiet and stop for operators. htmx refreshes it."""
+    found = workers_service.worker_list(request.user, source="console")
+    ctx = {**_base(request, "workers"), "workers": found, "now_ms": int(time.time() * 1000)}
+    if request.htmx:
+        return render(request, "chasqui_console/parts/worker_list.html", ctx)
+    return render(request, "chasqui_console/workers.html", ctx)
+
+
+@console_page
+def worker(request: HttpRequest, worker_id: str) -> HttpResponse:
+    """One worker and every job it runs now, paged (from its start journals), each linked to its job page."""
+    try:
+        offset = max(0, int(request.GET.get("offset") or 0))
+    except ValueError:
+        offset = 0
+    info = workers_service.worker_detail(request.user, worker_id, source="console")
+    runs = workers_service.worker_running(request.user, worker_id, offset=offset, limit=WORKER_RUNS_PAGE_SIZE,
+                                          source="console")
+    if offset and not runs.items and runs.total:  # the page emptied meanwhile: show the last one
+        offset = (runs.total - 1) // WORKER_RUNS_PAGE_SIZE * WORKER_RUNS_PAGE_SIZE
+        runs = workers_service.worker_running(request.user, worker_id, offset=offset,
+                                              limit=WORKER_RUNS_PAGE_SIZE, source="console")
+    ctx = {
+        **_base(request, "workers"), "w": info, "runs": runs, "now_ms": int(time.time() * 1000),
+        "prev_offset": max(0, offset - WORKER_RUNS_PAGE_SIZE) if offset else None,
+        "next_offset": offset + WORKER_RUNS_PAGE_SIZE if offset + WORKER_RUNS_PAGE_SIZE < runs.total else None,
+        "first_shown": offset + 1, "last_shown": offset + len(runs.items),
+    }
+    if request.htmx:
+        return render(request, "chasqui_console/parts/worker_detail.html", ctx)
+    return render(request, "chasqui_console/worker.html", ctx)
