@@ -44,7 +44,6 @@ RUNNING, QUIET_STATE, STOPPING = "running", "quiet", "stopping"
 """A worker's states, as its heartbeat reports them."""
 
 
-
 def control_key(worker_id: str) -> str:
     return CONTROL_PREFIX + worker_id
 

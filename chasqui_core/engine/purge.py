@@ -53,8 +53,14 @@ def newest_id(client: Client, keys: QueueKeys) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
-def purge_waiting(scripts: Scripts, keys: QueueKeys, *, upto: str = "+", chunk: int = CHUNK,
-                  progress: Callable[[int], None] | None = None) -> int:
+def purge_waiting(
+    scripts: Scripts,
+    keys: QueueKeys,
+    *,
+    upto: str = "+",
+    chunk: int = CHUNK,
+    progress: Callable[[int], None] | None = None,
+) -> int:
     """Delete the waiting entries of the queue's stream up to entry id ``upto``, chunk by chunk.
 
     Returns how many were deleted. With ``upto`` the newest id when the purge

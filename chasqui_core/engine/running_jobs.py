@@ -41,8 +41,7 @@ def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
-def running_jobs(client: Client, worker_id: str, queues: list[str], *, offset: int = 0,
-                 limit: int = 50) -> RunningPage:
+def running_jobs(client: Client, worker_id: str, queues: list[str], *, offset: int = 0, limit: int = 50) -> RunningPage:
     """The runs under way on ``worker_id`` over its ``queues``, oldest first, ``limit`` from ``offset``."""
     if limit < 1 or limit > MAX_PAGE:
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
@@ -60,7 +59,7 @@ def running_jobs(client: Client, worker_id: str, queues: list[str], *, offset: i
             except ValueError:
                 continue
     runs.sort(key=lambda r: (r[0], r[1]))
-    chosen = runs[offset:offset + limit]
+    chosen = runs[offset : offset + limit]
     pipe = client.pipeline(transaction=False)
     for _, entry, _, k in chosen:
         pipe.xrange(k.stream, entry, entry)

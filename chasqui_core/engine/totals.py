@@ -26,8 +26,18 @@ from dataclasses import dataclass
 from .connection import Client
 from .keys import QueueKeys
 
-FIELDS = ("enqueued", "completed", "failed", "retried", "dlq", "replayed", "promoted", "skipped", "bad_signature",
-          "purged")
+FIELDS = (
+    "enqueued",
+    "completed",
+    "failed",
+    "retried",
+    "dlq",
+    "replayed",
+    "promoted",
+    "skipped",
+    "bad_signature",
+    "purged",
+)
 """The counters of ``<metrics>total``; ``failed`` counts handler runs that raised (retried or dead), ``skipped``
 jobs acknowledged without running because their idempotency key had completed, ``bad_signature`` jobs refused
 for a missing or wrong signature (also counted in ``dlq``), ``purged`` waiting jobs an operator deleted (purge.py)."""

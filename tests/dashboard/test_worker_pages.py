@@ -80,7 +80,9 @@ def test_quiet_and_stop_from_the_console_are_posts_checked_and_audited(operator,
     assert "asked to stop" in r.content.decode()
     assert redis.get(control.control_key(WID)) == b"stop"
     assert [(e.action, e.source, e.target_ids) for e in AuditEntry.objects.order_by("id")] == [
-        ("worker_quiet", "console", [WID]), ("worker_stop", "console", [WID])]
+        ("worker_quiet", "console", [WID]),
+        ("worker_stop", "console", [WID]),
+    ]
 
 
 def test_purge_confirms_with_the_count_then_deletes_waiting_jobs_only(operator, viewer, redis):

@@ -22,8 +22,9 @@ def test_purge_deletes_waiting_jobs_only_and_counts_them(redis):
     q, keys, held = _setup(redis, "p-waiting", 2_500, 7)
     assert purge.waiting(redis, keys) == 2_493
     chunks = []
-    deleted = purge.purge_waiting(Scripts(redis), keys, upto=purge.newest_id(redis, keys), chunk=1000,
-                                  progress=chunks.append)
+    deleted = purge.purge_waiting(
+        Scripts(redis), keys, upto=purge.newest_id(redis, keys), chunk=1000, progress=chunks.append
+    )
     assert deleted == 2_493
     assert chunks == [1000, 2000, 2493]
     assert [eid for eid, _ in redis.xrange(keys.stream)] == held, "entries a worker holds stay"
