@@ -62,8 +62,9 @@ def _start_worker(url: str):
 
     registry = HandlerRegistry()
     registry.register("boom", boom)
-    worker = Worker([QUEUE], registry, url=url, install_signal_handlers=False, concurrency=10,
-                    policy=RetryPolicy(max_attempts=1))
+    worker = Worker(
+        [QUEUE], registry, url=url, install_signal_handlers=False, concurrency=10, policy=RetryPolicy(max_attempts=1)
+    )
     thread = threading.Thread(target=worker.run_sync, daemon=True, name="bench-console-live-worker")
     thread.start()
     return worker, thread
@@ -105,7 +106,7 @@ async def _run(url: str, bursts: int, jobs: int) -> tuple[list[float], dict[str,
 
     client = connect(url)
     queue = Queue(QUEUE, redis_client=client)
-    queue.add("boom", [0], delay=3600)  # registers the queue without a run
+    queue.add("boom", [0], delay=3_600_000)  # registers the queue without a run
     layer = get_channel_layer()
     channel = await layer.new_channel()
     topic = Topic("overview")
@@ -161,11 +162,28 @@ def measure(url: str, *, bursts: int = 3, jobs: int = 20, interval: float = 1.0)
     logging.getLogger("chasqui.worker").setLevel(logging.ERROR)  # a line per failed job otherwise
     latencies, cost = asyncio.run(_run(url, bursts, jobs))
     note = f"sampler interval {interval:g} s, bursts of {jobs} failing jobs"
-    out = [Measurement(SCENARIO, "first failure on the overview's Failed/s card", "ms",
-                       [round(s * 1000, 1) for s in latencies], jobs=jobs, note=note, lower_is_better=True)]
+    out = [
+        Measurement(
+            SCENARIO,
+            "first failure on the overview's Failed/s card",
+            "ms",
+            [round(s * 1000, 1) for s in latencies],
+            jobs=jobs,
+            note=note,
+            lower_is_better=True,
+        )
+    ]
     for name, rate in cost.items():
-        out.append(Measurement(SCENARIO, f"console Redis commands/s, idle overview, {name}", "cmd/s",
-                               [round(rate, 1)], lower_is_better=True, note=note))
+        out.append(
+            Measurement(
+                SCENARIO,
+                f"console Redis commands/s, idle overview, {name}",
+                "cmd/s",
+                [round(rate, 1)],
+                lower_is_better=True,
+                note=note,
+            )
+        )
     return out
 
 
