@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from . import control
+from . import control, history
 from .envelope import now_ms
 from .recovery import Leases, forget_dead_workers, reclaim_abandoned
 
@@ -47,7 +47,7 @@ class Housekeeping:
 
     async def run(self) -> None:
         w = self.w
-        last_lease = last_heartbeat = last_reclaim = last_forget = last_control = 0.0
+        last_lease = last_heartbeat = last_reclaim = last_forget = last_control = last_snapshot = 0.0
         lease_every = self.leases.every
         reclaim_every = max(0.05, min(w.visibility_timeout_ms / 2000, 15.0))
         forget_every = max(0.5, min(w.dead_worker_grace_ms / 4000, 60.0))
@@ -70,6 +70,9 @@ class Housekeeping:
                 if now - last_control >= control.CONTROL_INTERVAL:
                     await self.take_command()
                     last_control = now
+                if now - last_snapshot >= history.SNAPSHOT_EVERY_S:
+                    await self.snapshot()
+                    last_snapshot = now
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -106,6 +109,13 @@ class Housekeeping:
             for name in await forget_dead_workers(w.client, keys, w.id, grace_ms=w.dead_worker_grace_ms):
                 logger.info("removed worker %s from %s: silent for over %d s and holding no jobs", name, keys.queue,
                             w.dead_worker_grace_ms // 1000)
+
+    async def snapshot(self) -> None:
+        """Offer each queue's history snapshots (history.py): one small script call per queue."""
+        w = self.w
+        args = history.snapshot_args()
+        for k in w.keys:
+            await w.scripts.rollup(keys=[k.metrics], args=args)
 
     async def take_command(self) -> None:
         """Read the operator's command for this worker (control.py) and act on it; beat at once if it changed

@@ -26,7 +26,7 @@ from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 _LUA_DIR = Path(__file__).with_name("lua")
 
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
-         "schedule_advance", "control_send", "purge")
+         "schedule_advance", "control_send", "purge", "rollup")
 
 
 @cache
@@ -72,6 +72,7 @@ class Scripts:
     schedule_advance: ScriptCall
     control_send: ScriptCall
     purge: ScriptCall
+    rollup: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:
