@@ -7,7 +7,7 @@ from ninja import Query, Router
 
 from .auth import needs
 from .errors import CHANGE, READ
-from .schemas import MetricsOut, PurgeOut, QueueListOut, QueueStatsOut, SwitchOut
+from .schemas import HistoryOut, MetricsOut, PurgeOut, QueueListOut, QueueStatsOut, SwitchOut, TaskFiguresOut, _dt
 from chasqui_core.engine.metrics import FIELDS
 from chasqui_core.services import queues as queues_service
 
@@ -67,6 +67,19 @@ def queue_metrics(
     series = queues_service.queue_metrics(request.auth, queue, resolution=resolution, window=window)
     return MetricsOut(queue=series.queue, resolution=series.resolution, start_ms=series.start_ms,
                       step_ms=series.step_ms, fields=list(FIELDS), points=series.points)
+
+
+@router.get("/{queue}/history", response={200: HistoryOut, **READ}, summary="Failures and run time per task",
+            auth=needs("view_queues"))
+def queue_history(request: HttpRequest, queue: str, range: Literal["1h", "24h", "7d"] = Query("1h")):
+    """Failed runs over the last hour (per minute), day (per 15 minutes) or week (per hour), and each task's
+    runs, failures, mean and p50 / p95 run time since the range's start (read against the snapshot taken
+    nearest after it: ``since``). Needs view_queues."""
+    w = queues_service.queue_history(request.auth, queue, range=range)
+    return HistoryOut(queue=w.queue, range=w.range.name, since=_dt(w.since_ms), step_seconds=w.range.step_s,
+                      start=_dt(w.start_ms), failures=w.failures,
+                      tasks=[TaskFiguresOut(task=t.task, runs=t.runs, failures=t.failures, mean_ms=round(t.mean_ms, 1),
+                                            p50_ms=t.p50_ms, p95_ms=t.p95_ms) for t in w.tasks])
 
 
 def _stats(s) -> dict:

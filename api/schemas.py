@@ -551,3 +551,24 @@ class ScheduleSwitchOut(Schema):
     schedule: str
     paused: bool
     changed: bool = Field(description="False when the schedule already was in that state.")
+
+
+class TaskFiguresOut(Schema):
+    task: str
+    runs: int = Field(description="Runs that ended in the range (succeeded or raised).")
+    failures: int = Field(description="Runs that raised (retried or dead).")
+    mean_ms: float
+    p50_ms: int | None = Field(description="At most this many ms for half the runs: the upper bound of the "
+                                           "histogram bucket holding the median; null above 300,000.")
+    p95_ms: int | None
+
+
+class HistoryOut(Schema):
+    queue: str
+    range: Literal["1h", "24h", "7d"]
+    since: datetime | None = Field(description="When the snapshot the per-task figures start from was taken "
+                                               "(near the range's start); null: no snapshot, figures are all-time.")
+    step_seconds: int
+    start: datetime | None
+    failures: list[int | None] = Field(description="Failed runs per step, oldest first; null where unknown.")
+    tasks: list[TaskFiguresOut] = Field(description="Busiest first.")

@@ -53,6 +53,7 @@ urlpatterns = [
     path("queues/<queue:name>/delayed/run/", actions.delayed_run, name="delayed_run"),
     path("queues/<queue:name>/delayed/cancel/", actions.delayed_cancel, name="delayed_cancel"),
     path("queues/<queue:name>/stream/", views.stream, name="stream"),
+    path("queues/<queue:name>/history/", views.history, name="history"),
     path("queues/<queue:name>/purge/confirm/", actions.purge_confirm, name="purge_confirm"),
     path("queues/<queue:name>/purge/", actions.purge, name="purge"),
     path("queues/<queue:name>/dlq/", views.dlq, name="dlq"),

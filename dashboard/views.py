@@ -75,8 +75,25 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
     ctx = {
         **_base(request, "queue", name), **_live(topic), **fragments.queue_context(reading, name),
         "delayed": delayed, "delayed_error": delayed_error, "delayed_cursor": cursor,
+        **_history(request, name),
     }
     return render(request, "chasqui_console/queue.html", ctx)
+
+
+def _history(request: HttpRequest, name: str) -> dict[str, Any]:
+    chosen = request.GET.get("range") or "1h"
+    if chosen not in dict(fragments.RANGE_CHOICES):
+        chosen = "1h"
+    return fragments.history_context(queues_service.queue_history(request.user, name, range=chosen,
+                                                                  source="console"))
+
+
+@console_page
+def history(request: HttpRequest, name: str) -> HttpResponse:
+    """A queue's history panel for one time range: what the range picker swaps in (or a page of its own)."""
+    name = require_queue(name)
+    ctx = {**_base(request, "queue", name), "q_name": name, **_history(request, name)}
+    return render(request, "chasqui_console/parts/history.html", ctx)
 
 
 # --- the dead-letter queue ----------------------------------------------------------------

@@ -158,8 +158,14 @@ def window(client: Client, queue: str, range_name: str) -> Window:
             break
     diff = _minus(current, base) if base is not None else current
     tasks = [
-        TaskFigures(h.task, h.count, h.failures, h.sum_ms / h.count if h.count else 0.0,
-                    quantile_ms(h, 0.5), quantile_ms(h, 0.95))
+        TaskFigures(
+            h.task,
+            h.count,
+            h.failures,
+            h.sum_ms / h.count if h.count else 0.0,
+            quantile_ms(h, 0.5),
+            quantile_ms(h, 0.95),
+        )
         for h in histograms(diff).values()
         if h.count or h.failures
     ]
@@ -167,9 +173,7 @@ def window(client: Client, queue: str, range_name: str) -> Window:
     if rng.name == "7d":
         marks = [None if r is None else int(r) for r in replies[SEARCH_AHEAD + 2 :]]
         marks[-1] = marks[-1] or 0  # no failure ever: the counter is not there yet
-        failures = [
-            None if a is None or b is None else max(0, b - a) for a, b in zip(marks, marks[1:], strict=False)
-        ]
+        failures = [None if a is None or b is None else max(0, b - a) for a, b in zip(marks, marks[1:], strict=False)]
         start_ms = first_hour * hour * 1000
     else:
         minutes = metrics_mod.series(client, queue, resolution="minute", window=rng.seconds // 60, now_ms=now_ms)

@@ -8,6 +8,7 @@ from typing import Any
 from chasqui_core import access
 from chasqui_core.engine import stats
 from chasqui_core.engine import metrics as metrics_mod
+from chasqui_core.engine import history
 from chasqui_core.engine import purge as purge_mod
 from chasqui_core.engine import waiting
 from chasqui_core.engine.keys import QueueKeys
@@ -98,3 +99,11 @@ def purge(actor, queue: str, *, source: Source) -> int:
     deleted = purge_mod.purge_waiting(Scripts(client), keys, upto=purge_mod.newest_id(client, keys))
     record(actor, AuditEntry.Action.PURGE, source=source, queue=queue, count=deleted, detail={"purged": deleted})
     return deleted
+
+
+def queue_history(actor, queue: str, *, range: str = "1h", source: Source = "api") -> history.Window:
+    """Failures over the last hour, day or week, and each task's runs, failures and run time since then."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    with engine_errors:
+        return history.window(redis_client(), queue, range)

@@ -194,3 +194,35 @@ def test_a_first_failure_shows_on_the_overview_without_waiting_for_the_next_tick
             assert took < 2.5, f"the first failure took {took:.2f} s to reach the card"
         finally:
             browser.close()
+
+
+def test_the_history_range_picker_switches_in_place_from_the_keyboard(env, redis, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    from chasqui_core.engine import totals
+
+    Queue(QUEUE, redis_client=redis).add(CHARGE, [1])
+    flat = totals.duration_increments([CHARGE] * 4, [40, 40, 40, 900], [CHARGE])
+    for field, amount in zip(flat[::2], flat[1::2], strict=True):
+        redis.hincrby(KEYS.durations, field, amount)
+    with serve(env, log_path=tmp_path / "daphne.log") as base, sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+            log_in(page, base, "vera", "vera-password", next_path=f"/queues/{QUEUE}/")
+            panel = page.locator("#history")
+            expect(panel.locator("a[aria-current=page]")).to_have_text("1 hour")
+            expect(panel.locator(".chart-title")).to_have_text("Failed runs per minute, last 1 hour")
+            expect(panel.locator(f'tr[data-task="{CHARGE}"] [data-col=failures]')).to_have_text("1")
+            page.evaluate("window.__sameDocument = true")
+
+            panel.locator("a[data-range='24h']").focus()
+            page.keyboard.press("Enter")
+            expect(page.locator("#history a[aria-current=page]")).to_have_text("24 hours")
+            expect(page.locator("#history .chart-title")).to_have_text("Failed runs per 15 minutes, last 24 hours")
+            page.locator("#history a[data-range='7d']").click()
+            expect(page.locator("#history .chart-title")).to_have_text("Failed runs per hour, last 7 days")
+            expect(page.locator(f'#history tr[data-task="{CHARGE}"] [data-col=runs]')).to_have_text("4")
+            assert page.evaluate("window.__sameDocument") is True, "the panel was swapped, the page not reloaded"
+        finally:
+            browser.close()
