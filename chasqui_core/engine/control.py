@@ -25,10 +25,8 @@ from __future__ import annotations
 from typing import Literal
 
 from .connection import Client
+from .keys import worker_control
 from .scripts import Scripts
-
-CONTROL_PREFIX = "chasqui:control:"
-"""``<prefix><worker id>`` holds the command an operator sent to that worker."""
 
 QUIET = "quiet"
 STOP = "stop"
@@ -45,7 +43,8 @@ RUNNING, QUIET_STATE, STOPPING = "running", "quiet", "stopping"
 
 
 def control_key(worker_id: str) -> str:
-    return CONTROL_PREFIX + worker_id
+    """The key that holds the command for ``worker_id`` (keys.py)."""
+    return worker_control(worker_id)
 
 
 def send(scripts: Scripts, worker_id: str, command: Command) -> bool:

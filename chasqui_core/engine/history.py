@@ -32,13 +32,13 @@ from dataclasses import dataclass
 
 from . import metrics as metrics_mod
 from .connection import Client
-from .keys import QueueKeys
+from .keys import SNAPSHOT_1H, SNAPSHOT_5M, QueueKeys
 from .scripts import Scripts
 from .totals import DURATION_BOUNDS_MS, DurationHistogram, histograms
 
 SNAPSHOTS: tuple[tuple[str, int, int], ...] = (
-    ("snap:5m:", 300, 2 * 3600),
-    ("snap:1h:", 3600, 8 * 24 * 3600 + 3600),
+    (SNAPSHOT_5M, 300, 2 * 3600),
+    (SNAPSHOT_1H, 3600, 8 * 24 * 3600 + 3600),
 )
 """(key part after the queue's metrics prefix, period s, lifetime s) of each kind of snapshot."""
 
