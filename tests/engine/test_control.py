@@ -87,3 +87,22 @@ def test_stop_lets_running_jobs_finish_and_returns_the_rest(redis, workers):
 def test_a_command_is_refused_in_words(redis):
     with pytest.raises(ValueError, match="quiet, stop"):
         control.send(Scripts(redis), "w", "pause")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+def test_quiet_hands_back_sync_jobs_no_thread_has_started(redis, workers):
+    proc = workers.start("c-quiet-sync", concurrency=2, block_ms=3000)
+    workers.wait_ready(redis, "c-quiet-sync", 1)
+    q = Queue("c-quiet-sync", redis_client=redis)
+    ids = {e.job_id for e in q.add_bulk([JobSpec("block", kwargs={"seconds": 2.0}) for _ in range(10)])}
+    wait_for(lambda: redis.llen(RUNS_KEY) >= 2, 20, "two sync jobs to start")
+    worker = _only_worker(redis, "c-quiet-sync")
+    assert control.send(Scripts(redis), worker.id, "quiet")
+    wait_for(lambda: _only_worker(redis, "c-quiet-sync").state == "quiet", 10, "the worker to report quiet")
+    keys = QueueKeys.for_queue("c-quiet-sync")
+    wait_for(lambda: redis.xpending(keys.stream, GROUP)["pending"] == 0, 20, "the two runs to be settled")
+    started = {r.job_id for r in read_runs(redis)}
+    assert len(started) == 2, "a quiet worker's threads start nothing more"
+    assert {decode(f[b"j"]).id for _, f in redis.xrange(keys.stream)} == ids - started
+    assert control.send(Scripts(redis), worker.id, "stop")
+    assert proc.wait(20) == 0, workers.logs()
