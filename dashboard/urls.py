@@ -47,6 +47,7 @@ app_name = "chasqui_console"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("history/", views.overview_history, name="overview_history"),
     path("queues/<queue:name>/", views.queue, name="queue"),
     path("queues/<queue:name>/pause/", actions.pause, name="pause"),
     path("queues/<queue:name>/resume/", actions.resume, name="resume"),

@@ -55,7 +55,8 @@ def _base(request: HttpRequest, section: str, queue: str | None = None) -> dict[
 def overview(request: HttpRequest) -> HttpResponse:
     topic = Topic("overview")
     reading = get_sampler().read([topic])
-    ctx = {**_base(request, "overview"), **_live(topic), **fragments.overview_context(reading)}
+    ctx = {**_base(request, "overview"), **_live(topic), **fragments.overview_context(reading),
+           **_all_history(request)}
     return render(request, "chasqui_console/overview.html", ctx)
 
 
@@ -80,12 +81,31 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "chasqui_console/queue.html", ctx)
 
 
-def _history(request: HttpRequest, name: str) -> dict[str, Any]:
+def _range(request: HttpRequest) -> str:
     chosen = request.GET.get("range") or "1h"
-    if chosen not in dict(fragments.RANGE_CHOICES):
-        chosen = "1h"
-    return fragments.history_context(queues_service.queue_history(request.user, name, range=chosen,
+    return chosen if chosen in dict(fragments.RANGE_CHOICES) else "1h"
+
+
+def _history(request: HttpRequest, name: str) -> dict[str, Any]:
+    return fragments.history_context(queues_service.queue_history(request.user, name, range=_range(request),
                                                                   source="console"))
+
+
+def _all_history(request: HttpRequest) -> dict[str, Any]:
+    try:
+        window = queues_service.all_history(request.user, range=_range(request), source="console")
+    except InvalidInput:  # no queue yet: the overview says so already
+        return {}
+    return fragments.history_context(window)
+
+
+@console_page
+def overview_history(request: HttpRequest) -> HttpResponse:
+    """The overview's history panel (every queue) for one time range: what its range picker swaps in."""
+    ctx = _all_history(request)
+    if not ctx:
+        return HttpResponse("")
+    return render(request, "chasqui_console/parts/history.html", {**_base(request, "overview"), **ctx})
 
 
 @console_page

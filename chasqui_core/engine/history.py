@@ -182,3 +182,31 @@ def window(client: Client, queue: str, range_name: str) -> Window:
         failures = [sum(per_minute[i : i + group]) for i in range(0, len(per_minute), group)]
         start_ms = minutes.start_ms
     return Window(queue, rng, now_ms, since_ms, tasks, list(failures), start_ms)
+
+
+def combined(windows: list[Window]) -> Window:
+    """Several queues' windows of one range as one: failures added step by step (unknown where any is), and
+    every queue's tasks, named ``<queue>: <task>``, busiest first; ``since_ms`` the latest of theirs."""
+    if not windows:
+        raise ValueError("nothing to combine")
+    first = windows[0]
+    failures: list[int | None] = []
+    for i in range(len(first.failures)):
+        values = [w.failures[i] if i < len(w.failures) else None for w in windows]
+        failures.append(None if any(v is None for v in values) else sum(v for v in values if v is not None))
+    tasks = [
+        TaskFigures(f"{w.queue}: {t.task}", t.runs, t.failures, t.mean_ms, t.p50_ms, t.p95_ms)
+        for w in windows
+        for t in w.tasks
+    ]
+    tasks.sort(key=lambda t: (-t.runs, t.task))
+    sinces = [w.since_ms for w in windows if w.since_ms is not None]
+    return Window(
+        "all",
+        first.range,
+        first.now_ms,
+        max(sinces) if len(sinces) == len(windows) else None,
+        tasks,
+        failures,
+        first.start_ms,
+    )

@@ -107,3 +107,14 @@ def queue_history(actor, queue: str, *, range: str = "1h", source: Source = "api
     queue = require_queue(queue)
     with engine_errors:
         return history.window(redis_client(), queue, range)
+
+
+def all_history(actor, *, range: str = "1h", source: Source = "api") -> history.Window:
+    """``queue_history`` for every known queue at once (the console's overview)."""
+    require(actor, access.VIEW, source)
+    client = redis_client()
+    with engine_errors:
+        names = known_queues()
+        if not names:
+            raise ValueError("no queue is known yet")
+        return history.combined([history.window(client, name, range) for name in names])

@@ -60,3 +60,20 @@ def test_the_range_picker_swaps_the_panel_and_counts_from_the_ranges_snapshot(vi
     assert "Failed runs per hour, last 7 days" in week
     assert c.get(f"/queues/{Q}/history/?range=bogus").status_code == 200  # falls back to the hour
     assert c.get("/queues/ghost/history/").status_code == 404
+
+
+def test_the_overview_shows_every_queues_tasks_and_switches_range(viewer, redis):
+    Queue(Q, redis_client=redis).add("emails.tasks.send", [1])
+    Queue("billing", redis_client=redis).add("billing.tasks.charge", [1])
+    _settle(redis, ["emails.tasks.send"] * 2, [3, 3], ["emails.tasks.send"])
+    billing = QueueKeys.for_queue("billing")
+    flat = totals.duration_increments(["billing.tasks.charge"] * 5, [30] * 5)
+    for field, amount in zip(flat[::2], flat[1::2], strict=True):
+        redis.hincrby(billing.durations, field, amount)
+    c = _client(viewer)
+    html = c.get("/").content.decode()
+    assert "Failures and run time per task, every queue" in html
+    rows = re.findall(r'<tr data-task="([^"]+)">', html)
+    assert rows[:2] == ["billing: billing.tasks.charge", "emails: emails.tasks.send"], "busiest first"
+    week = c.get("/history/?range=7d", HTTP_HX_REQUEST="true").content.decode()
+    assert "Failed runs per hour, last 7 days" in week and 'hx-get="/history/?range=24h"' in week

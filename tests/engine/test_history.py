@@ -72,3 +72,13 @@ def test_seven_days_of_failures_per_hour_from_the_hourly_snapshots(redis):
 def test_an_unknown_range_is_refused_in_words(redis):
     with pytest.raises(ValueError, match="1h, 24h, 7d"):
         history.window(redis, "q", "2w")
+
+
+def test_queues_combine_step_by_step_and_an_unknown_step_stays_unknown():
+    rng = history.RANGES["7d"]
+    a = history.Window("a", rng, 0, 10, [history.TaskFigures("t", 3, 1, 5.0, 5, 10)], [1, None, 2], 0)
+    b = history.Window("b", rng, 0, 20, [history.TaskFigures("t", 7, 0, 5.0, 5, 10)], [4, 5, 6], 0)
+    both = history.combined([a, b])
+    assert both.failures == [5, None, 8]
+    assert [(t.task, t.runs) for t in both.tasks] == [("b: t", 7), ("a: t", 3)]
+    assert both.since_ms == 20
