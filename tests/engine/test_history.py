@@ -47,6 +47,11 @@ def test_a_snapshot_is_taken_once_per_period_and_ranges_count_from_it(redis):
     assert (by_task["bill"].runs, by_task["bill"].failures, by_task["bill"].p95_ms) == (2, 1, 10)
     assert [t.task for t in w.tasks] == ["send", "bill"], "busiest first"
     assert len(w.failures) == 60
+    redis.hincrby(f"{keys.minute_counters}{w.now_ms // 60_000}", "failed", 3)
+    redis.hincrby(f"{keys.minute_counters}{w.now_ms // 60_000 - 59}", "failed", 2)
+    again = history.window(redis, "h-q", "1h")
+    if again.now_ms // 60_000 == w.now_ms // 60_000:  # the minute did not turn meanwhile
+        assert again.failures[-1] == 3 and again.failures[0] == 2 and sum(again.failures) == 5
 
 
 def test_without_a_snapshot_the_figures_are_all_time_and_say_so(redis):
