@@ -1,4 +1,4 @@
-"""Queues: live stats, metrics, pause and resume."""
+"""Queues: live stats, metrics, pause and resume, purge."""
 
 from typing import Literal
 
@@ -7,7 +7,8 @@ from ninja import Query, Router
 
 from .auth import needs
 from .errors import CHANGE, READ
-from .schemas import LimitBucketOut, LimitListOut, LimitOut, MetricsOut, QueueListOut, QueueStatsOut, SwitchOut
+from .schemas import (HistoryOut, LimitBucketOut, LimitListOut, LimitOut, MetricsOut, PurgeOut, QueueListOut,
+                      QueueStatsOut, SwitchOut, TaskFiguresOut, _dt)
 from chasqui_core.engine.metrics import FIELDS
 from chasqui_core.services import queues as queues_service
 
@@ -44,6 +45,15 @@ def resume_queue(request: HttpRequest, queue: str):
     return SwitchOut(queue=queue, paused=False, changed=changed)
 
 
+@router.post("/{queue}/purge", response={200: PurgeOut, **CHANGE}, summary="Empty a queue's waiting jobs",
+             auth=needs("discard_jobs"))
+def purge_queue(request: HttpRequest, queue: str):
+    """Delete the queue's waiting jobs: those no worker was handed yet. Jobs a worker holds (running, or
+    fetched and about to run), the delayed set and the DLQ are left alone; jobs added after the purge began
+    are kept. Deleted jobs are counted as ``purged`` in the queue's totals. Needs discard_jobs."""
+    return PurgeOut(queue=queue, purged=queues_service.purge(request.auth, queue, source="api"))
+
+
 @router.get("/{queue}/metrics", response={200: MetricsOut, **READ}, summary="Counters over time",
             auth=needs("view_queues"))
 def queue_metrics(
@@ -73,6 +83,19 @@ def queue_limits(request: HttpRequest, queue: str):
                                                                 waiting=b.waiting, started=b.started)
                                                  for b in limit.buckets])
         for limit in limits])
+
+
+@router.get("/{queue}/history", response={200: HistoryOut, **READ}, summary="Failures and run time per task",
+            auth=needs("view_queues"))
+def queue_history(request: HttpRequest, queue: str, range: Literal["1h", "24h", "7d"] = Query("1h")):
+    """Failed runs over the last hour (per minute), day (per 15 minutes) or week (per hour), and each task's
+    runs, failures, mean and p50 / p95 run time since the range's start (read against the snapshot taken
+    nearest after it: ``since``). Needs view_queues."""
+    w = queues_service.queue_history(request.auth, queue, range=range)
+    return HistoryOut(queue=w.queue, range=w.range.name, since=_dt(w.since_ms), step_seconds=w.range.step_s,
+                      start=_dt(w.start_ms), failures=w.failures,
+                      tasks=[TaskFiguresOut(task=t.task, runs=t.runs, failures=t.failures, mean_ms=round(t.mean_ms, 1),
+                                            p50_ms=t.p50_ms, p95_ms=t.p95_ms) for t in w.tasks])
 
 
 def _stats(s) -> dict:

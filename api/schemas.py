@@ -458,6 +458,8 @@ class WorkerOut(Schema):
         default_factory=list, description="Its longest-running jobs at the last heartbeat, oldest first (at most 20).")
     supervisor_pid: int | None = Field(None, description="Pid of the `runworker --processes` supervisor it runs "
                                                          "under (on the same host); null when it runs alone.")
+    state: Literal["running", "quiet", "stopping"] = Field(
+        "running", description="running; quiet (asked to take no more jobs); stopping (finishing, then exits).")
 
     @classmethod
     def from_info(cls, w) -> WorkerOut:
@@ -467,11 +469,38 @@ class WorkerOut(Schema):
                    problem=w.problem, memory_kb=w.memory_kb,
                    current=[CurrentJobOut(task=j.task, job_id=j.job_id, started_at=_dt(j.started_at_ms))
                             for j in w.current],
-                   supervisor_pid=w.supervisor_pid)
+                   supervisor_pid=w.supervisor_pid,
+                   state=w.state if w.state in ("running", "quiet", "stopping") else "running")
 
 
 class WorkerListOut(Schema):
     items: list[WorkerOut]
+
+
+class RunningJobOut(Schema):
+    queue: str
+    entry_id: str
+    task: str = Field(description="Empty when the run was settled between the reads, or is not readable.")
+    job_id: str
+    started_at: datetime | None
+
+
+class RunningPageOut(Schema):
+    items: list[RunningJobOut]
+    total: int = Field(description="Runs under way on the worker, over all its queues.")
+    offset: int
+
+
+class WorkerCommandOut(Schema):
+    worker: str
+    command: Literal["quiet", "stop"]
+    changed: bool = Field(description="False when the worker had been asked already (a stop is never undone by "
+                                      "a quiet).")
+
+
+class PurgeOut(Schema):
+    queue: str
+    purged: int = Field(description="Waiting jobs deleted (jobs a worker held were left alone).")
 
 
 class AuditQuery(Schema):
@@ -569,3 +598,24 @@ class ScheduleSwitchOut(Schema):
     schedule: str
     paused: bool
     changed: bool = Field(description="False when the schedule already was in that state.")
+
+
+class TaskFiguresOut(Schema):
+    task: str
+    runs: int = Field(description="Runs that ended in the range (succeeded or raised).")
+    failures: int = Field(description="Runs that raised (retried or dead).")
+    mean_ms: float
+    p50_ms: int | None = Field(description="At most this many ms for half the runs: the upper bound of the "
+                                           "histogram bucket holding the median; null above 300,000.")
+    p95_ms: int | None
+
+
+class HistoryOut(Schema):
+    queue: str
+    range: Literal["1h", "24h", "7d"]
+    since: datetime | None = Field(description="When the snapshot the per-task figures start from was taken "
+                                               "(near the range's start); null: no snapshot, figures are all-time.")
+    step_seconds: int
+    start: datetime | None
+    failures: list[int | None] = Field(description="Failed runs per step, oldest first; null where unknown.")
+    tasks: list[TaskFiguresOut] = Field(description="Busiest first.")

@@ -96,6 +96,9 @@ class AuditEntry(models.Model):
         SCHEDULE_PAUSE = "schedule_pause"
         SCHEDULE_RESUME = "schedule_resume"
         SCHEDULE_RUN = "schedule_run"
+        WORKER_QUIET = "worker_quiet"
+        WORKER_STOP = "worker_stop"
+        PURGE = "purge"
 
     class Source(models.TextChoices):
         API = "api"

@@ -49,6 +49,8 @@ logger = logging.getLogger("chasqui.supervisor")
 
 RECYCLE_EXIT_CODE = 75
 """A child's exit code after stopping itself at its job or memory limit (EX_TEMPFAIL: "try again")."""
+STOPPED_EXIT_CODE = 76
+"""A child's exit code after an operator stopped it (engine/control.py): its slot is retired, not refilled."""
 SUPERVISOR_PID_ENV = "CHASQUI_SUPERVISOR_PID"
 READY_FD_ENV = "CHASQUI_READY_FD"
 KILL_GRACE = 5.0
@@ -128,6 +130,8 @@ class _Slot:
     """Quick deaths in a row (children that died before ``stable_after``)."""
     start_at: float | None = 0.0
     """When to start the slot's next child; None while a child serves it."""
+    retired: bool = False
+    """An operator stopped the slot's child: nothing is started in it again."""
 
 
 class Supervisor:
@@ -151,7 +155,7 @@ class Supervisor:
         logger.info("supervisor %d: keeping %d worker process(es) running: %s", os.getpid(), self.config.processes,
                     " ".join(self.config.command))
         try:
-            while not self._stop_signals:
+            while not self._stop_signals and not self._all_retired():
                 self._start_due_slots()
                 self._wait(0.5)
                 self._reap()
@@ -165,6 +169,13 @@ class Supervisor:
             self._restore_signal_handlers()
         logger.info("supervisor %d: stopped", os.getpid())
         return 0
+
+    def _all_retired(self) -> bool:
+        """Every slot's child was stopped by an operator: the supervisor has nothing left to keep running."""
+        if all(slot.retired for slot in self._slots) and not self._children:
+            logger.info("supervisor %d: every worker process was stopped by an operator; exiting", os.getpid())
+            return True
+        return False
 
     def _install_signal_handlers(self) -> None:
         """Signals only set flags; the loop wakes up at once through the wake-up pipe and acts on them."""
@@ -275,6 +286,12 @@ class Supervisor:
                          "the reload is given up and the old processes keep running", child.pid, child.slot, how)
             self._reload_slots.clear()
             return
+        if code == STOPPED_EXIT_CODE:
+            logger.info("worker process %d (slot %d) was stopped by an operator; not starting another in its slot",
+                        child.pid, child.slot)
+            slot.retired = True
+            slot.start_at = None
+            return
         if code == RECYCLE_EXIT_CODE:
             logger.info("worker process %d (slot %d) recycled itself at its limit; starting a fresh one",
                         child.pid, child.slot)
@@ -300,8 +317,8 @@ class Supervisor:
         if self._reload_slots:
             logger.info("reload requested while one is under way: the remaining slots are replaced anyway")
             return
-        self._reload_slots = list(range(self.config.processes))
-        logger.info("reloading: replacing %d worker process(es) one at a time", self.config.processes)
+        self._reload_slots = [n for n, slot in enumerate(self._slots) if not slot.retired]  # stopped stay stopped
+        logger.info("reloading: replacing %d worker process(es) one at a time", len(self._reload_slots))
 
     def _successor_of(self, slot: int) -> _Child | None:
         return next((c for c in self._children.values() if c.slot == slot and c.role == "successor"), None)

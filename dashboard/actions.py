@@ -23,6 +23,7 @@ from chasqui_core.services import dlq as dlq_service
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services import queues as queues_service
 from chasqui_core.services import schedules as schedules_service
+from chasqui_core.services import workers as workers_service
 from chasqui_core.services.common import Conflict, InvalidInput, NotFound, known_queues, require, require_queue
 
 from .forms import BulkForm, DLQFilterForm, ReplayOptionsForm, describe_filter
@@ -252,3 +253,52 @@ def operation_cancel(request: HttpRequest, op_id: str) -> HttpResponse:
     except Conflict as exc:
         messages.info(request, str(exc))
     return HttpResponseRedirect(reverse("chasqui_console:operation", args=[op_id]))
+
+
+# --- workers: quiet and stop ------------------------------------------------------------------
+
+
+@console_action
+def worker_quiet(request: HttpRequest, worker_id: str) -> HttpResponse:
+    sent = workers_service.quiet(request.user, worker_id, source=SOURCE)
+    messages.success(request, f"Worker {worker_id} is asked to quiet down: within a second or two it takes no more "
+                              "jobs, hands back those it had not started, and finishes the ones it runs."
+                     if sent.changed else f"Worker {worker_id} had been asked already.")
+    return _back(request, reverse("chasqui_console:worker", args=[worker_id]))
+
+
+@console_action
+def worker_stop(request: HttpRequest, worker_id: str) -> HttpResponse:
+    sent = workers_service.stop(request.user, worker_id, source=SOURCE)
+    replaced = " Its supervisor does not start another in its place." if sent.worker.supervisor_pid else ""
+    messages.success(request, f"Worker {worker_id} is asked to stop: it finishes its running jobs, hands back the "
+                              f"rest and exits.{replaced}" if sent.changed
+                     else f"Worker {worker_id} had been asked to stop already.")
+    return _back(request, reverse("chasqui_console:workers"))
+
+
+# --- queue housekeeping: purge ------------------------------------------------------------------
+
+
+@console_action
+def purge_confirm(request: HttpRequest, name: str) -> HttpResponse:
+    """Say how many waiting jobs a purge would delete, and ask to go ahead."""
+    name = require_queue(name)
+    require(request.user, access.DISCARD, SOURCE)
+    count = queues_service.waiting_count(request.user, name, source=SOURCE)
+    ctx = {"nav_queues": known_queues(), "section": "queue", "current_queue": name, "queue": name, "count": count,
+           "back": reverse("chasqui_console:queue", args=[name])}
+    return render(request, "chasqui_console/purge_confirm.html", ctx)
+
+
+@console_action
+def purge(request: HttpRequest, name: str) -> HttpResponse:
+    """Carry out a confirmed purge of a queue's waiting jobs."""
+    name = require_queue(name)
+    deleted = queues_service.purge(request.user, name, source=SOURCE)
+    if deleted:
+        messages.success(request, f"Deleted {deleted:,} waiting job{'s' if deleted != 1 else ''} from {name}. "
+                                  "Jobs a worker held are running or about to, as before.")
+    else:
+        messages.info(request, f"Queue {name} had no waiting jobs: nothing was deleted.")
+    return HttpResponseRedirect(reverse("chasqui_console:queue", args=[name]))

@@ -24,6 +24,9 @@ from .charts import Chart, peaks, series_chart
 from .readings import RATE_SECONDS, QueueLive, Reading
 from .topics import Topic
 
+RANGE_CHOICES = (("1h", "1 hour"), ("24h", "24 hours"), ("7d", "7 days"))
+"""The console's time ranges (engine/history.py RANGES), as the picker shows them."""
+
 FIVE_MINUTES = ("5 min ago", "4 min", "3 min", "2 min", "1 min", "now")
 ONE_DAY = ("24 h ago", "18 h", "12 h", "6 h", "now")
 DAY_BINS = 288
@@ -145,3 +148,24 @@ def render(topic: Topic, reading: Reading | None, operations: dict[str, Operatio
     ctx = context(topic, reading, operations)
     ctx["oob"] = True
     return render_to_string(TEMPLATES[topic.kind], ctx)
+
+
+HISTORY_LABELS = {
+    "1h": ("1 h ago", "45 min", "30 min", "15 min", "now"),
+    "24h": ("24 h ago", "18 h", "12 h", "6 h", "now"),
+    "7d": ("7 days ago", "5 days", "3 days", "1 day", "now"),
+}
+STEP_WORDS = {60: "per minute", 900: "per 15 minutes", 3600: "per hour"}
+
+
+def history_context(window: Any) -> dict[str, Any]:
+    """The history panel of a queue: failures over the range and the per-task table (engine/history.py)."""
+    rng = window.range
+    known = [v for v in window.failures if v is not None]
+    chart = series_chart(
+        window.failures, title=f"Failed runs {STEP_WORDS.get(rng.step_s, '')}, last {rng.label}",
+        value=f"{sum(known):,} in {rng.label}", x_labels=HISTORY_LABELS[rng.name],
+        note="" if len(known) == len(window.failures) else
+        "Gaps: no worker took the hourly snapshots then.",
+    )
+    return {"history": window, "history_chart": chart, "ranges": RANGE_CHOICES}

@@ -30,7 +30,8 @@ SECOND_WINDOW = 300
 MINUTE_WINDOW = 1440
 """Minutes in the day charts (the last 24 hours)."""
 RATE_SECONDS = 10
-"""Complete seconds averaged for a live rate: steady enough to read, quick to react."""
+"""Complete seconds averaged for a live rate, with the part of the current second already past: steady
+enough to read, and quick to react (a first failure counts in the very reading that follows it)."""
 REFETCH = 2
 """Newest buckets read again on every reading: they may still be filling."""
 DEPTH_TTL = 2 * SECOND_WINDOW
@@ -73,11 +74,21 @@ class QueueLive:
     dlq: int = 0
     workers: int = 0
     paused: bool = False
+    now_ms: int = 0
+    """The server's clock at the reading: how much of the newest (filling) second has passed."""
 
     def rate(self, counter: str) -> float:
-        """Events per second over the last RATE_SECONDS complete seconds."""
-        values = self.seconds.points[counter][-RATE_SECONDS - 1:-1]
-        return sum(values) / RATE_SECONDS if values else 0.0
+        """Events per second over the last RATE_SECONDS complete seconds and the part of this one already past.
+
+        The filling second counts with its elapsed fraction in the divisor, so a
+        steady rate reads the same at any point of a second, and an event counted
+        this second shows now rather than once the second is over.
+        """
+        values = self.seconds.points[counter][-RATE_SECONDS - 1:]
+        if not values:
+            return 0.0
+        elapsed = (self.now_ms % 1000) / 1000 if self.now_ms else 0.0
+        return sum(values) / (len(values) - 1 + elapsed) if len(values) - 1 + elapsed > 0 else 0.0
 
     def total(self, counter: str) -> int:
         """Events in the live window (the last 5 minutes)."""
@@ -177,7 +188,7 @@ class Reader:
                     [samples.get(s) for s in range(first, newest + 1)],
                     stream_length=st.stream_length, pending=st.pending, delayed=st.delayed,
                     oldest_overdue_age_ms=st.oldest_overdue_age_ms, dlq=st.dlq, workers=st.workers,
-                    paused=st.paused,
+                    paused=st.paused, now_ms=now_ms,
                 )
         return Reading(now_ms, live, _total(live, now_ms, workers), workers)
 
@@ -225,5 +236,5 @@ def _total(live: dict[str, QueueLive], now_ms: int, workers: list[WorkerInfo]) -
         stream_length=sum(q.stream_length for q in items), pending=sum(q.pending for q in items),
         delayed=sum(q.delayed for q in items),
         oldest_overdue_age_ms=max((q.oldest_overdue_age_ms for q in items), default=0),
-        dlq=sum(q.dlq for q in items), workers=live_workers, paused=False,
+        dlq=sum(q.dlq for q in items), workers=live_workers, paused=False, now_ms=now_ms,
     )

@@ -8,6 +8,7 @@ process's sampler, the same one that feeds the websockets.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from chasqui_core.services import jobs as jobs_service
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services import queues as queues_service
 from chasqui_core.services import schedules as schedules_service
+from chasqui_core.services import workers as workers_service
 from chasqui_core.services.common import InvalidInput, NotFound, known_queues, require_queue
 
 from . import fragments
@@ -53,7 +55,8 @@ def _base(request: HttpRequest, section: str, queue: str | None = None) -> dict[
 def overview(request: HttpRequest) -> HttpResponse:
     topic = Topic("overview")
     reading = get_sampler().read([topic])
-    ctx = {**_base(request, "overview"), **_live(topic), **fragments.overview_context(reading)}
+    ctx = {**_base(request, "overview"), **_live(topic), **fragments.overview_context(reading),
+           **_all_history(request)}
     return render(request, "chasqui_console/overview.html", ctx)
 
 
@@ -74,8 +77,44 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
         **_base(request, "queue", name), **_live(topic), **fragments.queue_context(reading, name),
         "delayed": delayed, "delayed_error": delayed_error, "delayed_cursor": cursor,
         "limits": queues_service.queue_limits(request.user, name, source="console"),
+        **_history(request, name),
     }
     return render(request, "chasqui_console/queue.html", ctx)
+
+
+def _range(request: HttpRequest) -> str:
+    chosen = request.GET.get("range") or "1h"
+    return chosen if chosen in dict(fragments.RANGE_CHOICES) else "1h"
+
+
+def _history(request: HttpRequest, name: str) -> dict[str, Any]:
+    return fragments.history_context(queues_service.queue_history(request.user, name, range=_range(request),
+                                                                  source="console"))
+
+
+def _all_history(request: HttpRequest) -> dict[str, Any]:
+    try:
+        window = queues_service.all_history(request.user, range=_range(request), source="console")
+    except InvalidInput:  # no queue yet: the overview says so already
+        return {}
+    return fragments.history_context(window)
+
+
+@console_page
+def overview_history(request: HttpRequest) -> HttpResponse:
+    """The overview's history panel (every queue) for one time range: what its range picker swaps in."""
+    ctx = _all_history(request)
+    if not ctx:
+        return HttpResponse("")
+    return render(request, "chasqui_console/parts/history.html", {**_base(request, "overview"), **ctx})
+
+
+@console_page
+def history(request: HttpRequest, name: str) -> HttpResponse:
+    """A queue's history panel for one time range: what the range picker swaps in (or a page of its own)."""
+    name = require_queue(name)
+    ctx = {**_base(request, "queue", name), "q_name": name, **_history(request, name)}
+    return render(request, "chasqui_console/parts/history.html", ctx)
 
 
 # --- the dead-letter queue ----------------------------------------------------------------
@@ -349,3 +388,43 @@ def live(request: HttpRequest, topic: str) -> HttpResponse:
     response = HttpResponse(html)
     response["Cache-Control"] = "no-store"
     return response
+
+
+# --- workers ------------------------------------------------------------------------------------
+
+WORKER_RUNS_PAGE_SIZE = 50
+
+
+@console_page
+def workers(request: HttpRequest) -> HttpResponse:
+    """Every worker with its state, queues, host and runs; quiet and stop for operators. htmx refreshes it."""
+    found = workers_service.worker_list(request.user, source="console")
+    ctx = {**_base(request, "workers"), "workers": found, "now_ms": int(time.time() * 1000)}
+    if request.htmx:
+        return render(request, "chasqui_console/parts/worker_list.html", ctx)
+    return render(request, "chasqui_console/workers.html", ctx)
+
+
+@console_page
+def worker(request: HttpRequest, worker_id: str) -> HttpResponse:
+    """One worker and every job it runs now, paged (from its start journals), each linked to its job page."""
+    try:
+        offset = max(0, int(request.GET.get("offset") or 0))
+    except ValueError:
+        offset = 0
+    info = workers_service.worker_detail(request.user, worker_id, source="console")
+    runs = workers_service.worker_running(request.user, worker_id, offset=offset, limit=WORKER_RUNS_PAGE_SIZE,
+                                          source="console")
+    if offset and not runs.items and runs.total:  # the page emptied meanwhile: show the last one
+        offset = (runs.total - 1) // WORKER_RUNS_PAGE_SIZE * WORKER_RUNS_PAGE_SIZE
+        runs = workers_service.worker_running(request.user, worker_id, offset=offset,
+                                              limit=WORKER_RUNS_PAGE_SIZE, source="console")
+    ctx = {
+        **_base(request, "workers"), "w": info, "runs": runs, "now_ms": int(time.time() * 1000),
+        "prev_offset": max(0, offset - WORKER_RUNS_PAGE_SIZE) if offset else None,
+        "next_offset": offset + WORKER_RUNS_PAGE_SIZE if offset + WORKER_RUNS_PAGE_SIZE < runs.total else None,
+        "first_shown": offset + 1, "last_shown": offset + len(runs.items),
+    }
+    if request.htmx:
+        return render(request, "chasqui_console/parts/worker_detail.html", ctx)
+    return render(request, "chasqui_console/worker.html", ctx)

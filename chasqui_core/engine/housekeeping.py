@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from . import control, history
 from .envelope import now_ms
 from .recovery import Leases, forget_dead_workers, reclaim_abandoned
 
@@ -46,7 +47,7 @@ class Housekeeping:
 
     async def run(self) -> None:
         w = self.w
-        last_lease = last_heartbeat = last_reclaim = last_forget = 0.0
+        last_lease = last_heartbeat = last_reclaim = last_forget = last_control = last_snapshot = 0.0
         lease_every = self.leases.every
         reclaim_every = max(0.05, min(w.visibility_timeout_ms / 2000, 15.0))
         forget_every = max(0.5, min(w.dead_worker_grace_ms / 4000, 60.0))
@@ -66,6 +67,12 @@ class Housekeeping:
                 if now - last_forget >= forget_every:
                     await self.forget_dead_workers()
                     last_forget = now
+                if now - last_control >= control.CONTROL_INTERVAL:
+                    await self.take_command()
+                    last_control = now
+                if now - last_snapshot >= history.SNAPSHOT_EVERY_S:
+                    await self.snapshot()
+                    last_snapshot = now
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -73,7 +80,7 @@ class Housekeeping:
             w.outcomes.summarise_logs()
             w.admission.summarise_logs()
             w.journal.summarise_logs()
-            await asyncio.sleep(min(lease_every, reclaim_every, w.heartbeat_interval))
+            await asyncio.sleep(min(lease_every, reclaim_every, w.heartbeat_interval, control.CONTROL_INTERVAL))
 
     async def keep_leases(self) -> None:
         """Alive keys, renewals and orphans, queue by queue (see recovery.Leases).
@@ -105,6 +112,19 @@ class Housekeeping:
                 logger.info("removed worker %s from %s: silent for over %d s and holding no jobs", name, keys.queue,
                             w.dead_worker_grace_ms // 1000)
 
+    async def snapshot(self) -> None:
+        """Offer each queue's history snapshots (history.py): one small script call per queue."""
+        w = self.w
+        args = history.snapshot_args()
+        for k in w.keys:
+            await w.scripts.rollup(keys=[k.metrics], args=args)
+
+    async def take_command(self) -> None:
+        """Read the operator's command for this worker (control.py) and act on it; beat at once if it changed
+        the worker's state, so the console shows it without waiting for the next heartbeat."""
+        if await self.w.obey(await control.read(self.w.client, self.w.id)):
+            await self.heartbeat()
+
     async def heartbeat(self) -> None:
         w = self.w
         info = msgpack.packb({
@@ -113,7 +133,7 @@ class Housekeeping:
             "processed": w.stats.processed, "failed": w.stats.failed,
             "started_at": int(w.stats.started_at * 1000), "last_seen": now_ms(),
             "problem": w.problem, "rss_kb": resident_kb(), "current": self.current_jobs(),
-            "supervisor": w.supervisor_pid,
+            "supervisor": w.supervisor_pid, "state": w.state,
         })
         pipe = w.client.pipeline(transaction=False)
         for k in w.keys:
@@ -142,6 +162,7 @@ class Housekeeping:
                 pipe.delete(k.alive(w.id))
                 if not w.in_flight:
                     pipe.delete(k.running(w.id))
+            pipe.delete(control.control_key(w.id))
             await pipe.execute()
         except Exception:
             pass

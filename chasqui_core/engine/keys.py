@@ -27,6 +27,10 @@ TOTALS = "total"
 """What follows a queue's ``metrics`` prefix in the key of its all-time counters (written into the prelude too)."""
 DURATIONS = "durations"
 """What follows a queue's ``metrics`` prefix in the key of its run-duration histograms."""
+SNAPSHOT_5M = "snap:5m:"
+"""What follows a queue's ``metrics`` prefix in a 5-minute snapshot of its totals and histograms (history.py)."""
+SNAPSHOT_1H = "snap:1h:"
+"""What follows a queue's ``metrics`` prefix in an hourly snapshot of its totals and histograms (history.py)."""
 
 DLQ_INDEX_VERSION = "1"
 """The layout of a DLQ's index (``dlq/index.py``, ``lua/dlq_index.lua``): an index of another version is rebuilt.
@@ -134,6 +138,14 @@ class QueueKeys:
 
 QUEUES_REGISTRY = "chasqui:queues"
 """A set of every queue name ever used, so operators can list queues without SCAN."""
+
+WORKER_CONTROL_PREFIX = "chasqui:control:"
+"""``<prefix><worker id>``: the command an operator left for one worker (control.py). Outside any queue's tag,
+since a worker serves several queues."""
+
+
+def worker_control(worker_id: str) -> str:
+    return WORKER_CONTROL_PREFIX + worker_id
 
 
 SCHEDULES_PREFIX = "{chasqui:schedules}:"

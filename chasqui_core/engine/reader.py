@@ -54,7 +54,7 @@ class Reader:
         wait = BACKOFF_S[0]
         try:
             while not stop.is_set():
-                if w.paused[keys.queue]:
+                if w.paused[keys.queue] or w.quiet:  # paused queue, or the worker quieted (control.py)
                     await w.sleep_unless_stopped(0.5)
                     continue
                 count = w.room_to_read()

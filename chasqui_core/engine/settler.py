@@ -292,7 +292,7 @@ class Settler:
         argv.append(b.n_requeues)
         argv += b.requeues
         histogram = duration_increments([*map(_task_of, b.completed), *b.failed_tasks],
-                                        [*map(_duration_of, b.completed), *b.failed_ms])
+                                        [*map(_duration_of, b.completed), *b.failed_ms], b.failed_tasks)
         argv.append(len(histogram) // 2)
         if histogram:
             argv.append(_pack_items(histogram))

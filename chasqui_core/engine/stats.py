@@ -84,6 +84,8 @@ class WorkerInfo:
     """Its longest-running jobs at the last heartbeat, oldest first (at most 20)."""
     supervisor_pid: int | None = None
     """The pid of the ``runworker --processes`` supervisor this worker runs under; None when it runs alone."""
+    state: str = "running"
+    """``running``, ``quiet`` (takes no more jobs) or ``stopping``: see control.py."""
 
 
 # --- queues -----------------------------------------------------------------
@@ -266,6 +268,7 @@ def _decode_worker(raw: bytes, now: int, stale_after_ms: int) -> WorkerInfo | No
             current=tuple(CurrentJob(str(task), str(job_id), int(started))
                           for task, job_id, started in info.get("current") or ()),
             supervisor_pid=int(info["supervisor"]) if info.get("supervisor") else None,
+            state=str(info.get("state") or "running"),
         )
     except Exception:  # a heartbeat not written by a Chasqui worker
         return None

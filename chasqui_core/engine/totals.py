@@ -21,22 +21,25 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .connection import Client
 from .keys import QueueKeys
 
 FIELDS = ("enqueued", "completed", "failed", "retried", "dlq", "replayed", "promoted", "skipped", "bad_signature",
-          "deferred")
+          "deferred", "purged")
 """The counters of ``<metrics>total``; ``failed`` counts handler runs that raised (retried or dead), ``skipped``
 jobs acknowledged without running because their idempotency key had completed, ``bad_signature`` jobs refused
 for a missing or wrong signature (also counted in ``dlq``), ``deferred`` jobs put back in the delayed set to wait for
-room in a rate or concurrency limit (each wait counted)."""
+room in a rate or concurrency limit (each wait counted), ``purged`` waiting jobs an operator deleted (purge.py)."""
 
 DURATION_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000)
 """Upper bounds of the histogram's buckets: a run of d ms falls in the first bucket with d <= bound."""
 
 _BUCKET_NAMES = tuple(str(b) for b in DURATION_BOUNDS_MS) + ("inf",)
+FAILURES = "fail"
+"""``fail:<task>`` in the durations hash counts the task's runs that raised (retried or dead)."""
 _POSITION = {name: i for i, name in enumerate(_BUCKET_NAMES)}
 
 READS = 2
@@ -49,6 +52,8 @@ class DurationHistogram:
     counts: tuple[int, ...]
     """Runs per bucket, not cumulative: one per bound of DURATION_BOUNDS_MS, then the runs above the last."""
     sum_ms: int
+    failures: int = 0
+    """Runs that raised, among ``count``."""
 
     @property
     def count(self) -> int:
@@ -64,13 +69,17 @@ class QueueTotals:
     """By task name, for the tasks that ran at least once."""
 
 
-def duration_increments(tasks: list[str], durations_ms: list[int]) -> list[str | int]:
+def duration_increments(
+    tasks: list[str], durations_ms: list[int], failed_tasks: Sequence[str] = ()
+) -> list[str | int]:
     """The histogram increments of one batch of runs, laid flat for settle.lua: field, amount, field, amount...
 
     ``tasks[i]`` ran for ``durations_ms[i]``. This runs for every job a
     worker settles, so the per-job step is one C-level pass (a Counter of
     (task, milliseconds) pairs: a batch holds few distinct ones); the bucket
-    of each distinct duration is then found once.
+    of each distinct duration is then found once. ``failed_tasks`` names the
+    task of each run that raised (also among ``tasks``): they are counted in
+    ``fail:<task>``, so failures per task come with the same increments.
     """
     if not tasks:
         return []
@@ -88,6 +97,9 @@ def duration_increments(tasks: list[str], durations_ms: list[int]) -> list[str |
             if name in buckets:
                 out += (f"{name}:{task}", buckets[name])
         out += (f"sum:{task}", sums[task])
+    if failed_tasks:
+        for task, failures in Counter(failed_tasks).items():
+            out += (f"{FAILURES}:{task}", failures)
     return out
 
 
@@ -111,19 +123,28 @@ def parse(queue: str, counters_reply: dict[bytes, bytes], durations_reply: dict[
         field = _text(name)
         if field in counters:
             counters[field] = int(value)
+    return QueueTotals(queue, counters, histograms(durations_reply))
+
+
+def histograms(fields: dict[bytes, bytes] | dict[str, int]) -> dict[str, DurationHistogram]:
+    """Per-task histograms from the fields of a durations hash (or a difference of two); unknown fields left out."""
     counts: dict[str, list[int]] = {}
     sums: dict[str, int] = {}
-    for name, value in durations_reply.items():
+    failures: dict[str, int] = {}
+    for name, value in fields.items():
         bucket, _, task = _text(name).partition(":")
         if bucket == "sum":
             sums[task] = int(value)
+        elif bucket == FAILURES:
+            failures[task] = int(value)
         elif bucket in _POSITION:
             counts.setdefault(task, [0] * len(_BUCKET_NAMES))[_POSITION[bucket]] = int(value)
-    durations = {
-        task: DurationHistogram(task, tuple(counts.get(task, [0] * len(_BUCKET_NAMES))), sums.get(task, 0))
+    return {
+        task: DurationHistogram(
+            task, tuple(counts.get(task, [0] * len(_BUCKET_NAMES))), sums.get(task, 0), failures.get(task, 0)
+        )
         for task in sorted(set(counts) | set(sums))
     }
-    return QueueTotals(queue, counters, durations)
 
 
 def read_totals(client: Client, queues: list[str]) -> dict[str, QueueTotals]:

@@ -37,6 +37,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .admission import Admission
+from .control import QUIET, QUIET_STATE, RUNNING, STOP, STOPPING
 from .dlq.operations import OperationsLoop
 from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, masked
 from .errors import RedisConfigError
@@ -157,6 +158,10 @@ class Worker(JobRunner):
         self.problem = ""
         """What went wrong inside the worker itself, if anything (shown with its heartbeat)."""
         self.paused: dict[str, bool] = {k.queue: False for k in self.keys}
+        self.quiet = False
+        """Asked to take no more jobs (control.py): the readers rest, what was fetched and not started went back."""
+        self.stopped_by_operator = False
+        """Stopped by an operator's command (control.py) rather than a signal or a limit."""
         self.held = InFlight()
         """Every delivery read and not yet handed to the settler, by (queue, entry id)."""
         self._stop = asyncio.Event()  # made anew by each run()
@@ -177,6 +182,35 @@ class Worker(JobRunner):
         """Jobs running now, on the loop and in the sync threads."""
         lane = self._lane
         return self._running + (lane.outstanding if lane is not None else 0)
+
+    @property
+    def state(self) -> str:
+        """``running``, ``quiet`` or ``stopping``, as the heartbeat reports it."""
+        if self._stop.is_set():
+            return STOPPING
+        return QUIET_STATE if self.quiet else RUNNING
+
+    async def obey(self, command: str | None) -> bool:
+        """Act on an operator's command (control.py); True when the worker's state changed."""
+        if command == STOP and not self._stop.is_set():
+            logger.info("worker %s: stopping, as an operator asked", self.id)
+            self.stopped_by_operator = True
+            self._stop.set()
+            return True
+        if command == QUIET and not self.quiet and not self._stop.is_set():
+            logger.info("worker %s: quiet, as an operator asked: taking no more jobs, finishing the %d running",
+                        self.id, self.in_flight)
+            self.quiet = True
+            for reader in self.readers:  # a read blocked now returns at once, empty
+                await reader.unblock()
+            unstarted = list(self._inbox)
+            self._inbox.clear()
+            if self._lane is not None:
+                unstarted += self._lane.take_unstarted()
+            for d in unstarted:  # fetched, never started: back on the stream as they were, uncharged
+                self._requeue(d)
+            return True
+        return False
 
     def request_stop(self) -> None:
         """Ask the worker to stop; safe to call from a signal handler or another thread."""

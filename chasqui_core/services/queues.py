@@ -1,4 +1,4 @@
-"""Queues: live statistics and counter series, and pausing or resuming a queue."""
+"""Queues: live statistics and counter series, pausing or resuming a queue, and purging its waiting jobs."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from typing import Any
 from chasqui_core import access
 from chasqui_core.engine import stats
 from chasqui_core.engine import metrics as metrics_mod
+from chasqui_core.engine import history
+from chasqui_core.engine import purge as purge_mod
 from chasqui_core.engine import waiting
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.limits import BucketState, read_buckets
+from chasqui_core.engine.scripts import Scripts
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (
@@ -118,3 +121,44 @@ def queue_limits(actor, queue: str, *, buckets: int = 20, source: Source = "api"
         out.append(LimitState(scope, limit.describe() if limit else "", sum(b.running for b in held),
                               sum(b.waiting for b in held), sum(b.started for b in held), held[:buckets]))
     return out
+def waiting_count(actor, queue: str, *, source: Source = "api") -> int:
+    """How many jobs a purge of the queue would delete now: its waiting jobs, not those handed to a worker."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    return purge_mod.waiting(redis_client(), QueueKeys.for_queue(queue))
+
+
+def purge(actor, queue: str, *, source: Source) -> int:
+    """Delete the queue's waiting jobs (not yet handed to a worker); returns how many. Needs discard_jobs.
+
+    Jobs a worker holds (running, or fetched and about to run), the delayed
+    set and the DLQ are left alone. Jobs added after the purge began are kept.
+    The deleted jobs are counted as ``purged`` in the queue's counters.
+    """
+    check_source(source)
+    require(actor, access.DISCARD, source)
+    queue = require_queue(queue)
+    client = redis_client()
+    keys = QueueKeys.for_queue(queue)
+    deleted = purge_mod.purge_waiting(Scripts(client), keys, upto=purge_mod.newest_id(client, keys))
+    record(actor, AuditEntry.Action.PURGE, source=source, queue=queue, count=deleted, detail={"purged": deleted})
+    return deleted
+
+
+def queue_history(actor, queue: str, *, range: str = "1h", source: Source = "api") -> history.Window:
+    """Failures over the last hour, day or week, and each task's runs, failures and run time since then."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    with engine_errors:
+        return history.window(redis_client(), queue, range)
+
+
+def all_history(actor, *, range: str = "1h", source: Source = "api") -> history.Window:
+    """``queue_history`` for every known queue at once (the console's overview)."""
+    require(actor, access.VIEW, source)
+    client = redis_client()
+    with engine_errors:
+        names = known_queues()
+        if not names:
+            raise ValueError("no queue is known yet")
+        return history.combined([history.window(client, name, range) for name in names])

@@ -106,3 +106,39 @@ def test_metrics_bad_input_is_422(view_api):
     r = view_api.get("/api/queues/default/metrics", resolution="minute", window=2000)
     assert r.status_code == 422
     assert "window" in r.json()["detail"]
+
+
+def test_purge_deletes_waiting_jobs_only_and_is_audited(op_api, view_api, operator, redis):
+    q = Queue("default", redis_client=redis)
+    for i in range(12):
+        q.add(TASK, [i, 0])
+    keys = QueueKeys.for_queue("default")
+    redis.xgroup_create(keys.stream, "chasqui", id="0", mkstream=True)
+    redis.xreadgroup("chasqui", "w-1", {keys.stream: ">"}, count=2)
+    assert view_api.post("/api/queues/default/purge").status_code == 403
+    r = op_api.post("/api/queues/default/purge")
+    assert r.status_code == 200, r.content
+    assert r.json() == {"queue": "default", "purged": 10}
+    assert redis.xlen(keys.stream) == 2, "the two jobs a worker holds stay"
+    [entry] = AuditEntry.objects.all()
+    assert (entry.action, entry.queue, entry.count, entry.actor_id) == ("purge", "default", 10, operator.pk)
+    assert op_api.post("/api/queues/ghost/purge").status_code == 404
+
+
+def test_history_gives_failures_and_run_time_per_task(view_api, redis):
+    from chasqui_core.engine import totals
+
+    Queue("default", redis_client=redis).add(TASK, [1, 2])
+    keys = QueueKeys.for_queue("default")
+    flat = totals.duration_increments(["t.a", "t.a"], [40, 4000], ["t.a"])
+    for field, amount in zip(flat[::2], flat[1::2], strict=True):
+        redis.hincrby(keys.durations, field, amount)
+    r = view_api.get("/api/queues/default/history", range="24h")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["range"] == "24h" and body["step_seconds"] == 900 and len(body["failures"]) == 96
+    assert body["since"] is None
+    assert body["tasks"] == [{"task": "t.a", "runs": 2, "failures": 1, "mean_ms": 2020.0, "p50_ms": 50,
+                              "p95_ms": 5000}]
+    assert view_api.get("/api/queues/default/history", range="2w").status_code == 422
+    assert view_api.get("/api/queues/ghost/history").status_code == 404

@@ -2,6 +2,12 @@
 
 import pytest
 
+from chasqui_core.engine import control
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.queue import Queue
+from chasqui_core.models import AuditEntry
+from tests.helpers import TASK
+
 from .helpers import heartbeat
 
 pytestmark = pytest.mark.django_db
@@ -43,3 +49,51 @@ def test_queue_stats_count_live_workers(view_api, redis):
     heartbeat(redis, ["default"], "w2", age_ms=3_600_000, in_flight=5)
     stats = view_api.get("/api/queues/default").json()
     assert (stats["workers"], stats["in_flight"]) == (1, 2)
+
+
+def test_quiet_and_stop_leave_the_command_and_are_audited(op_api, operator, redis):
+    heartbeat(redis, ["default"], "box-1:4242:aa")
+    r = op_api.post("/api/workers/box-1:4242:aa/quiet")
+    assert r.status_code == 200, r.content
+    assert r.json() == {"worker": "box-1:4242:aa", "command": "quiet", "changed": True}
+    assert redis.get(control.control_key("box-1:4242:aa")) == b"quiet"
+    assert op_api.post("/api/workers/box-1:4242:aa/quiet").json()["changed"] is False
+    assert op_api.post("/api/workers/box-1:4242:aa/stop").json() == {
+        "worker": "box-1:4242:aa", "command": "stop", "changed": True}
+    assert redis.get(control.control_key("box-1:4242:aa")) == b"stop"
+    assert op_api.post("/api/workers/box-1:4242:aa/quiet").json()["changed"] is False, "a stop is not undone"
+    entries = list(AuditEntry.objects.order_by("id"))
+    assert [(e.action, e.count, e.target_ids, e.source, e.actor_id) for e in entries] == [
+        ("worker_quiet", 1, ["box-1:4242:aa"], "api", operator.pk),
+        ("worker_quiet", 0, ["box-1:4242:aa"], "api", operator.pk),
+        ("worker_stop", 1, ["box-1:4242:aa"], "api", operator.pk),
+        ("worker_quiet", 0, ["box-1:4242:aa"], "api", operator.pk),
+    ]
+
+
+def test_commands_need_the_permission_and_a_live_worker(op_api, view_api, redis):
+    heartbeat(redis, ["default"], "w-live")
+    heartbeat(redis, ["default"], "w-gone", age_ms=120_000)
+    assert view_api.post("/api/workers/w-live/stop").status_code == 403
+    assert redis.get(control.control_key("w-live")) is None
+    r = op_api.post("/api/workers/nobody/quiet")
+    assert r.status_code == 404 and "No worker 'nobody'" in r.json()["detail"]
+    assert op_api.post("/api/workers/w-gone/stop").status_code == 404
+    assert not AuditEntry.objects.exists()
+
+
+def test_a_workers_running_jobs_paged_from_its_start_journal(view_api, redis):
+    heartbeat(redis, ["default", "emails"], "w-run")
+    q, e = Queue("default", redis_client=redis), Queue("emails", redis_client=redis)
+    jobs = [q.add(TASK, [i, 0]) for i in range(3)] + [e.add(TASK, [9, 9])]
+    for n, job in enumerate(jobs):
+        queue = "emails" if n == 3 else "default"
+        redis.hset(QueueKeys.for_queue(queue).running("w-run"), job.entry_id, 1_760_000_000_000 + n)
+    first = view_api.get("/api/workers/w-run/running", limit=3).json()
+    assert first["total"] == 4 and first["offset"] == 0
+    assert [(i["queue"], i["job_id"], i["task"]) for i in first["items"]] == [
+        ("default", jobs[0].job_id, TASK), ("default", jobs[1].job_id, TASK), ("default", jobs[2].job_id, TASK)]
+    rest = view_api.get("/api/workers/w-run/running", offset=3, limit=3).json()["items"]
+    assert [(i["queue"], i["job_id"]) for i in rest] == [("emails", jobs[3].job_id)]
+    assert view_api.get("/api/workers/w-run").json()["state"] == "running"
+    assert view_api.get("/api/workers/ghost/running").status_code == 404

@@ -120,3 +120,31 @@ async def test_a_socket_closes_within_seconds_once_its_session_logs_out_elsewher
             break
     assert message["code"] == 4401
     assert time.monotonic() - logged_out < 5
+
+
+async def test_a_first_failure_is_pushed_at_once_not_at_the_next_tick(viewer_cookie, redis, settings):
+    """With ticks a minute apart, only the failure watch can bring the Failed/s card its first failure."""
+    import re
+
+    from chasqui_core.engine.keys import QueueKeys
+
+    settings.CHASQUI_SAMPLER_INTERVAL = 60.0
+    Queue(QUEUE, redis_client=redis).add("noop", [0])
+    ws = live_socket("/ws/live/overview/", viewer_cookie)
+    assert (await ws.connect())[0]
+    try:
+        first = await next_fragment(ws, 'id="ov-cards"')
+        assert re.search(r'data-metric="failed-rate">0\.0<', first)
+        sampler = get_sampler()
+        early = sampler.early_ticks
+        await asyncio.sleep(0.5)  # the watch has taken its baseline
+        keys = QueueKeys.for_queue(QUEUE)
+        seconds_now, _ = redis.time()
+        # what settle.lua writes for a failed run: the second's bucket and the all-time counters
+        redis.hincrby(f"{keys.second_counters}{seconds_now}", "failed", 1)
+        redis.hincrby(keys.totals, "failed", 1)
+        pushed = await next_fragment(ws, 'id="ov-cards"', timeout=10)
+        assert not re.search(r'data-metric="failed-rate">0\.0<', pushed), "the failure is not on the card"
+        assert sampler.early_ticks == early + 1
+    finally:
+        await ws.disconnect()

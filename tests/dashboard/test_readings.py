@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from chasqui_core.engine import metrics
@@ -41,16 +43,23 @@ def test_incremental_reads_match_a_full_read(redis):
     assert again.total.total("failed") == 7
 
 
-def test_live_rates_use_complete_seconds(redis):
+def test_live_rates_count_the_part_of_the_current_second_already_past(redis):
     Queue("a", redis_client=redis).add("t")
     now = _server_ms(redis) // 1000
     for back in range(1, 11):
         _bump(redis, "a", now - back, completed=3)
-    _bump(redis, "a", now, completed=1000)  # the filling second is left out
+    _bump(redis, "a", now, failed=1)  # a first failure, in the second still filling
     reading = Reader(redis).read(["a"])
     if reading.now_ms // 1000 != now:
         pytest.skip("the second turned during the test; the rate window moved")
-    assert reading.queues["a"].rate("completed") == 3.0
+    elapsed = (reading.now_ms % 1000) / 1000
+    live = reading.queues["a"]
+    assert live.rate("failed") == pytest.approx(1 / (10 + elapsed)), "a failure shows in the next reading"
+    assert live.rate("failed") > 0
+    # a steady rate reads the same whatever part of the second has passed
+    assert live.rate("completed") == pytest.approx(30 / (10 + elapsed))
+    steady = dataclasses.replace(live, now_ms=now * 1000)
+    assert steady.rate("completed") == pytest.approx(3.0)
 
 
 def test_depth_is_sampled_into_redis_and_shared(redis):

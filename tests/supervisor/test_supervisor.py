@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from chasqui_core.engine import stats
+from chasqui_core.engine import control, stats
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.worker import Worker
 from chasqui_core.supervisor import (READY_FD_ENV, SUPERVISOR_PID_ENV, SupervisedChild, child_command, describe_exit,
                                      restart_delay)
@@ -187,6 +188,23 @@ def test_sigterm_lets_running_jobs_finish_stops_every_child_and_exits_0(start, r
     assert redis.xpending(KEYS.stream, "chasqui")["pending"] == 0
     log = supervisor.log()
     assert "stopping 2 worker process(es)" in log and f"supervisor {supervisor.pid}: stopped" in log
+
+
+@pytest.mark.timeout(600)
+def test_a_child_an_operator_stops_is_not_replaced_and_the_last_one_ends_the_supervisor(start, redis):
+    supervisor = start("--processes", "2")
+    first, second = sorted(supervisor.wait_workers(redis, 2))
+    by_pid = {w.pid: w.id for w in stats.workers(redis, QUEUE)}
+    assert control.send(Scripts(redis), by_pid[first], "stop")
+    supervisor.wait("the stopped child exits", lambda: not _alive(first))
+    time.sleep(2)  # a replacement would have started and beaten by now
+    assert supervisor.worker_pids(redis) == {second}, "the stopped child's slot stays empty"
+    assert "was stopped by an operator; not starting another in its slot" in supervisor.log()
+
+    assert control.send(Scripts(redis), by_pid[second], "stop")
+    assert supervisor.proc.wait(WAIT) == 0, supervisor.log()
+    assert "every worker process was stopped by an operator; exiting" in supervisor.log()
+    assert redis.hgetall(KEYS.workers) == {}
 
 
 @pytest.mark.timeout(600)

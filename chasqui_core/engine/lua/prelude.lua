@@ -24,6 +24,8 @@
 --   expiring), in the same atomic call, so the two never disagree.
 -- durations_key(mprefix)
 --   The key of the queue's run-duration histograms (see engine/totals.py).
+-- totals_key(mprefix)
+--   The key of the queue's all-time counters.
 
 local function server_ms()
   local t = redis.call('TIME')
@@ -51,4 +53,8 @@ end
 
 local function durations_key(mprefix)
   return mprefix .. '${DURATIONS}'
+end
+
+local function totals_key(mprefix)
+  return mprefix .. '${TOTALS}'
 end

@@ -33,8 +33,8 @@ from chasqui_core.outbox import OutboxRelay
 from chasqui_core.schedules import configured as configured_schedules
 from chasqui_core.schedules import afire as fire_schedule
 from chasqui_core.services import background
-from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, SupervisedChild, Supervisor, SupervisorConfig, child_command,
-                                     cpu_count)
+from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, STOPPED_EXIT_CODE, SupervisedChild, Supervisor,
+                                     SupervisorConfig, child_command, cpu_count)
 from chasqui_core.task_runner import build_registry
 
 WORKER_OPTIONS = ("concurrency", "batch_size", "max_attempts", "backoff", "visibility_timeout", "poll_interval",
@@ -194,6 +194,8 @@ class Command(BaseCommand):
             if relay is not None:
                 relay.stop()
         code = RECYCLE_EXIT_CODE if worker.recycle_reason else 0
+        if worker.stopped_by_operator and child is not None:
+            code = STOPPED_EXIT_CODE  # the supervisor must not start another in its place
         if worker.unfinished_sync_jobs:
             # Threads cannot be cancelled; their entries stay pending and are reclaimed.
             self.stdout.write(f"{worker.unfinished_sync_jobs} job(s) were still running; exiting anyway")
