@@ -96,6 +96,7 @@ class AuditEntry(models.Model):
         SCHEDULE_PAUSE = "schedule_pause"
         SCHEDULE_RESUME = "schedule_resume"
         SCHEDULE_RUN = "schedule_run"
+        CANCEL_JOB = "cancel_job"
 
     class Source(models.TextChoices):
         API = "api"

@@ -157,6 +157,22 @@ class RunContext(TaskContext):
         """This run's number, counting the runs before it (``task_result.attempts`` without building it)."""
         return len(self._run.job.errors) + self._run.deliveries
 
+    @property
+    def cancelled(self) -> bool:
+        """Whether someone cancelled this job while it runs. An async task is cancelled for it anyway; a sync
+        one should check between steps (``check_cancelled``), or it is given up after the worker's grace."""
+        return self._run.cancelled
+
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if this job was cancelled: the run ends as cancelled, and is not retried."""
+        self._run.check_cancelled()
+
+    def report_progress(self, value: float, message: str = "") -> None:
+        """Say how far this run has got: a number (a percentage, or items done) and a short message, shown on
+        the job's page, in the API and by ``chasqui_core.backend.progress_of``. Cheap: written at most twice
+        a second, the latest report winning."""
+        self._run.report_progress(value, message)
+
 
 _set_task, _set_run, _set_started, _set_built = (RunContext.__dict__[name].__set__ for name in RunContext.__slots__)
 

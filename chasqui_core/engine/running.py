@@ -25,7 +25,8 @@ from typing import Any
 from .admission import Admission
 from .connection import Client
 from .envelope import check_json_types, now_ms
-from .errors import JobTimeout
+from . import cancel
+from .errors import JobCancelled, JobTimeout
 from .idempotency import completed_by
 from .inflight import InFlight
 from .journal import StartJournal
@@ -67,6 +68,7 @@ class JobRunner:
     _unmarks: dict[str, list[bytes]]
     _context: contextvars.Context
     _room: asyncio.Event
+    cancel_watch: cancel.Watch
 
     @property
     def buffered(self) -> int:
@@ -77,13 +79,19 @@ class JobRunner:
     def _recycle(self, reason: str) -> None:  # the Worker's
         raise NotImplementedError
 
-    async def take(self, keys: QueueKeys, entries: list[Any]) -> None:
-        """Take in entries read from a queue: admit them, then start or queue each one."""
+    async def take(self, keys: QueueKeys, entries: list[Any], cancels: bool = True) -> None:
+        """Take in entries read from a queue: admit them, then start or queue each one.
+
+        ``cancels``: the queue's cancel record may name some of them (reader.py reads whether it exists with
+        the entries); those are settled as cancelled instead (cancel.py)."""
         self.settler.fetched(keys, len(entries))
         keyed: list[Delivery] | None = None
         to_dispatch = False
+        admitted = self.admission.admit(keys, entries)
+        if cancels and admitted:
+            admitted = await self._unless_cancelled(keys, admitted)
         stopping = self._stop.is_set()
-        for d in self.admission.admit(keys, entries):
+        for d in admitted:
             if stopping:  # read while stopping (a lease pass's orphans): it must not start now
                 self._requeue(d)
             elif d.idempotency_key is not None:
@@ -99,6 +107,51 @@ class JobRunner:
             self._dispatch()
         if keyed:
             await self._screen(keys, keyed)
+
+    async def _unless_cancelled(self, keys: QueueKeys, admitted: list[Delivery]) -> list[Delivery]:
+        """The deliveries no cancel request names; the others are dead-lettered as cancelled without running.
+
+        If Redis cannot answer, the jobs go back on the stream as they were: nothing runs unchecked."""
+        try:
+            asked = await cancel.requested(self.client, keys, [d.job.id for d in admitted])
+        except asyncio.CancelledError:
+            for d in admitted:
+                self._requeue(d)
+            raise
+        except Exception as exc:
+            logger.warning("reading the cancel requests of %d job(s) on %s failed (%s: %s); they go back on the "
+                           "stream", len(admitted), keys.queue, type(exc).__name__, exc)
+            for d in admitted:
+                self._requeue(d)
+            return []
+        kept = []
+        for d, requested in zip(admitted, asked, strict=True):
+            if requested:
+                self.held.remove(d)
+                self.outcomes.cancelled_unstarted(d, requested)
+            else:
+                kept.append(d)
+        return kept
+
+    def cancel_delivery(self, d: Delivery, requested: int) -> None:
+        """Act on a cancel request for a delivery this worker holds (cancel.Watch found it)."""
+        if d.tag not in self.held.by_tag or d.cancel_requested:
+            return
+        d.cancel_requested = requested
+        d.cancel_seen = now_ms()
+        if d.handler.is_async:
+            if d.started:
+                if d.task is not None:
+                    d.task.cancel()
+            elif d in self._inbox:
+                self._inbox.remove(d)
+                self.held.remove(d)
+                self.outcomes.cancelled_unstarted(d, requested)
+            # else it waits on its idempotency key's check: the next poll finds it in the inbox or running
+        else:  # told through its context; a thread that has not started it puts it back (sync_lane.py)
+            self.cancel_watch.cancelling.add(d)
+        logger.info("worker %s: job %s (%s) cancelled %s", self.id, d.job.id, d.job.task,
+                    "while it ran" if d.started else "before it started")
 
     def _to_lane(self, d: Delivery) -> None:
         if self._lane is None:
@@ -179,6 +232,7 @@ class JobRunner:
                 self._job_ended(run, dispatch=False)
                 continue
             self._jobs.add(run)
+            d.task = run
             run.add_done_callback(self._job_ended)
             if d.timeout is not None:
                 d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000), self._time_out, d, run)
@@ -233,11 +287,12 @@ class JobRunner:
                 check_json_types(result, "return value")
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if not d.timed_out or task is None:
+            if not (d.timed_out or d.cancel_requested) or task is None:
                 raise
             task.uncancel()
-            self._outcome(d, JobTimeout(d.timeout or 0), started, int((time.perf_counter() - t0) * 1000),
-                          failed=True)
+            why = JobTimeout(d.timeout or 0) if d.timed_out else JobCancelled(
+                cancel.describe(d.cancel_requested, running=True))
+            self._outcome(d, why, started, int((time.perf_counter() - t0) * 1000), failed=True)
             return
         except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler fail its job, not the worker
             self._outcome(d, exc, started, int((time.perf_counter() - t0) * 1000), failed=True)
@@ -313,11 +368,16 @@ class JobRunner:
                     self._sync_timed_out(d, now)
 
     def _sync_timed_out(self, d: Delivery, now: int) -> None:
+        self.abandon_sync(d, JobTimeout(d.timeout or 0), now,
+                          f"sync job {d.job.id} ({d.job.task}) ran past its timeout of {d.timeout:g} s")
+
+    def abandon_sync(self, d: Delivery, exc: BaseException, now: int, what: str) -> None:
+        """Write a running sync job's outcome now (``exc``) and give up its thread: a timeout, or a cancel the
+        job did not heed within its grace."""
         lane = self._lane
         assert lane is not None  # only sync deliveries are watched
         lane.abandon(d)
-        self._outcome(d, JobTimeout(d.timeout or 0), d.started, now - d.started, failed=True)
-        what = f"sync job {d.job.id} ({d.job.task}) ran past its timeout of {d.timeout:g} s"
+        self._outcome(d, exc, d.started, now - d.started, failed=True)
         if self.supervisor_pid is not None:
             self._recycle(f"{what}; its thread cannot be stopped, so a fresh process takes this one's place")
         else:

@@ -26,7 +26,7 @@ from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 _LUA_DIR = Path(__file__).with_name("lua")
 
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
-         "schedule_advance")
+         "schedule_advance", "cancel")
 
 
 @cache
@@ -70,6 +70,7 @@ class Scripts:
     lease: ScriptCall
     delayed_stats: ScriptCall
     schedule_advance: ScriptCall
+    cancel: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import ResponseError
 
+from . import cancel
 from .admission import Admission
 from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, masked
 from .errors import RedisConfigError
@@ -100,6 +101,7 @@ class Worker(JobRunner):
         fire: Fire | None = None,
         signing_keys: Sequence[bytes | str] = (),
         job_timeout: float | None = None,
+        cancel_grace: float = cancel.DEFAULT_GRACE_S,
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
@@ -129,6 +131,10 @@ class Worker(JobRunner):
         self.max_memory_mb = max_memory_mb
         self.job_timeout = check_timeout(job_timeout, "job_timeout")
         """Seconds a run may take when neither the job nor its task says; None: no limit."""
+        if isinstance(cancel_grace, bool) or not isinstance(cancel_grace, (int, float)) or not cancel_grace >= 0:
+            raise ValueError(f"cancel_grace must be a number of seconds, 0 or more, got {cancel_grace!r}")
+        self.cancel_grace = float(cancel_grace)
+        """Seconds a running sync job may go on once told it is cancelled, before it is given up (cancel.py)."""
         self.supervisor_pid = supervisor_pid
         """The pid of the supervisor that started this process, shown with its heartbeat; None when standalone."""
         self.signer = Signer(signing_keys) if signing_keys else None
@@ -221,6 +227,7 @@ class Worker(JobRunner):
         self._room = asyncio.Event()
         self._room.set()
         self.housekeeping = Housekeeping(self)
+        self.cancel_watch = cancel.Watch(self, self.cancel_grace)
         self.readers = [Reader(self, k) for k in self.keys]
 
         logger.info("worker %s started on %s (concurrency %d)", self.id,
@@ -235,7 +242,8 @@ class Worker(JobRunner):
                                        lock_ttl_ms=self.promoter_lock_ttl_ms)
             leaders.append(self._spawn("scheduler", self._leading(self.scheduler)))
         chores = [self._spawn("housekeeping", self.housekeeping.run),
-                  self._spawn("deadlines", self._watch_deadlines)]
+                  self._spawn("deadlines", self._watch_deadlines),
+                  self._spawn("cancels", self.cancel_watch.run)]
         try:
             await self._stop.wait()
         finally:
