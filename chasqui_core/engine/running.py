@@ -137,17 +137,18 @@ class JobRunner:
         """Act on a cancel request for a delivery this worker holds (cancel.Watch found it)."""
         if d.tag not in self.held.by_tag or d.cancel_requested:
             return
+        if d.handler.is_async and not d.started and d not in self._inbox:
+            return  # it waits on its idempotency key's check: the next poll finds it in the inbox or running
         d.cancel_requested = requested
         d.cancel_seen = now_ms()
         if d.handler.is_async:
             if d.started:
                 if d.task is not None:
                     d.task.cancel()
-            elif d in self._inbox:
+            else:
                 self._inbox.remove(d)
                 self.held.remove(d)
                 self.outcomes.cancelled_unstarted(d, requested)
-            # else it waits on its idempotency key's check: the next poll finds it in the inbox or running
         else:  # told through its context; a thread that has not started it puts it back (sync_lane.py)
             self.cancel_watch.cancelling.add(d)
         logger.info("worker %s: job %s (%s) cancelled %s", self.id, d.job.id, d.job.task,

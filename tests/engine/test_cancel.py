@@ -118,3 +118,18 @@ def test_cancelling_twice_or_an_unknown_id_is_harmless(redis, workers):
     assert ran(redis, job.job_id) == []
     with pytest.raises(ValueError):
         q.cancel("")
+
+
+def test_a_job_fetched_by_a_worker_but_not_started_is_taken_out_of_its_inbox(redis, workers):
+    """Concurrency 1: the second job of the batch waits in the worker while the first runs."""
+    q = Queue("c-inbox", redis_client=redis)
+    first = q.add("slow", kwargs={"seconds": 4})
+    second = q.add("slow", kwargs={"seconds": 0.1})  # async too: sync jobs have threads of their own
+    workers.start("c-inbox", concurrency=1)
+    wait_for(lambda: ran(redis, first.job_id), 20, "the first job to start")
+    q.cancel(second.job_id)
+    entry = wait_for(lambda: cancelled_entry(redis, "c-inbox", second.job_id), 10, "the waiting job cancelled")
+    assert b"before it started" in entry["error"]
+    assert first.job_id.encode() not in redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1), "cancelled while the first ran"
+    wait_for(lambda: first.job_id.encode() in redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1), 20, "the first job")
+    assert ran(redis, second.job_id) == []
