@@ -73,6 +73,8 @@ class JobContext:
         Lets code around a handler tell a last failure (the job is finished)
         from one the worker will retry, before the worker settles it.
         """
+        if isinstance(exc, JobCancelled) or self.cancelled:  # a cancelled job is never run again
+            return False
         return not is_unrecoverable(exc) and self.attempt < self.max_attempts
 
 
