@@ -6,12 +6,15 @@ A cancel request is a field of the queue's cancel record
 moved to the stream in the same call, so it is settled at once rather than at
 its due time. Workers act on the record in two places:
 
-- **At pickup.** Each XREADGROUP is sent with an ``EXISTS`` of the record in
-  the same round trip (reader.py): the server runs it right after the read,
-  so a request written before an entry was delivered is seen. Only when the
-  record exists does the worker read the batch's job ids from it (one
-  ``HMGET``); a job named there is not run. The path of a queue nobody
-  cancels in costs one tiny command per batch read.
+- **At pickup.** Each XREADGROUP is sent with a ``GET`` of the record's
+  version (``{chasqui:<q>}:cancel:v``, bumped by every change to the record)
+  in the same round trip (reader.py): the server runs it right after the
+  read, so a request written before an entry was delivered is seen. The
+  worker keeps a copy of the record per version (``Copies``) and checks the
+  batch's job ids against it in memory; only a new version costs a read of
+  the record. A job named there is not run. A queue nobody cancels in pays
+  one tiny command per batch read, and a record that stays non-empty one
+  dict lookup per job.
 - **While held.** ``Watch`` polls the record every ``POLL_S`` for the jobs
   the worker holds (one ``HMGET`` per queue, pipelined, and only while it
   holds any). A job still waiting in the worker is settled without running;
@@ -82,7 +85,7 @@ def request(client: Client, queue: str, job_id: str, delayed_member: bytes | Non
     """Ask for ``job_id`` on ``queue`` to be cancelled; ``delayed_member``: its member in the delayed set, when
     it was found there (delayed.find), so that it leaves the set at once. Safe to repeat."""
     keys = QueueKeys.for_queue(queue)
-    now, how = Scripts(client).cancel(keys=[keys.cancel, keys.delayed, keys.stream],
+    now, how = Scripts(client).cancel(keys=[keys.cancel, keys.delayed, keys.stream, keys.cancel_version],
                                       args=[job_id, delayed_member or b""])
     moved = (how.decode() if isinstance(how, bytes) else str(how)) == "delayed"
     return CancelRequest(job_id, queue, int(now), moved)
@@ -94,10 +97,32 @@ def requested_ms(client: Client, queue: str, job_id: str) -> int | None:
     return int(raw) if raw is not None else None
 
 
-async def requested(client: Client, keys: QueueKeys, job_ids: list[str]) -> list[int]:
-    """For each job id, when its cancel was asked for (server ms), or 0 when it was not."""
-    raw = await client.hmget(keys.cancel, job_ids)
-    return [int(r) if r is not None else 0 for r in raw]
+UNKNOWN = b"?"
+"""The version to pass ``Copies.of`` when it was not read with the entries: the record is read afresh."""
+
+
+class Copies:
+    """A worker's copies of its queues' cancel records, one per record version.
+
+    The reader reads the record's version with every XREADGROUP (in the same
+    round trip); while it is the one copied, the batch is checked against the
+    copy in memory, and only a new version costs a read of the record. A
+    version of None means no request was ever made on the queue.
+    """
+
+    def __init__(self) -> None:
+        self._copies: dict[str, tuple[bytes, dict[str, int]]] = {}
+
+    async def of(self, client: Client, keys: QueueKeys, version: bytes) -> dict[str, int]:
+        """The record (job id -> requested ms) as of ``version`` or later."""
+        copy = self._copies.get(keys.queue)
+        if copy is not None and copy[0] == version and version is not UNKNOWN:
+            return copy[1]
+        raw = await client.hgetall(keys.cancel)
+        record = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in raw.items()}
+        if version is not UNKNOWN:
+            self._copies[keys.queue] = (version, record)
+        return record
 
 
 def describe(requested: int, *, running: bool) -> str:
@@ -144,6 +169,7 @@ class Watch:
         cleanup = self._settled_cancels()
         for keys, job_ids in cleanup.items():
             pipe.hdel(keys.cancel, *job_ids)
+            pipe.incr(keys.cancel_version)  # the readers' copies must forget them: a replay may run
         reports = progress.take(w.id)
         for (queue, job_id), (value, message, at) in reports.items():
             pipe.set(QueueKeys.for_queue(queue).progress + job_id, progress.encode(value, message, at),
@@ -161,7 +187,7 @@ class Watch:
             logger.warning("worker %s: reading cancel requests failed (%s: %s)", w.id, type(exc).__name__, exc)
             self._expire_grace()
             return
-        for (_, deliveries), found in zip(asked, replies, strict=False):
+        for (_, deliveries), found in zip(asked, replies[:len(asked)], strict=True):
             for d, raw in zip(deliveries, found, strict=True):
                 if raw is not None:
                     w.cancel_delivery(d, int(raw))
@@ -211,7 +237,10 @@ class Watch:
                 records: dict[Any, Any] = await w.client.hgetall(keys.cancel)
                 old = [job_id for job_id, at in records.items() if int(at) < cutoff]
                 if old:
-                    await w.client.hdel(keys.cancel, *old)
+                    pipe = w.client.pipeline(transaction=False)
+                    pipe.hdel(keys.cancel, *old)
+                    pipe.incr(keys.cancel_version)
+                    await pipe.execute()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -69,6 +69,7 @@ class JobRunner:
     _context: contextvars.Context
     _room: asyncio.Event
     cancel_watch: cancel.Watch
+    cancel_copies: cancel.Copies
 
     @property
     def buffered(self) -> int:
@@ -79,17 +80,17 @@ class JobRunner:
     def _recycle(self, reason: str) -> None:  # the Worker's
         raise NotImplementedError
 
-    async def take(self, keys: QueueKeys, entries: list[Any], cancels: bool = True) -> None:
+    async def take(self, keys: QueueKeys, entries: list[Any], cancels: bytes | None = cancel.UNKNOWN) -> None:
         """Take in entries read from a queue: admit them, then start or queue each one.
 
-        ``cancels``: the queue's cancel record may name some of them (reader.py reads whether it exists with
-        the entries); those are settled as cancelled instead (cancel.py)."""
+        ``cancels``: the version of the queue's cancel record, read with the entries (reader.py; None: the
+        queue never had one); the jobs it names are settled as cancelled instead (cancel.py)."""
         self.settler.fetched(keys, len(entries))
         keyed: list[Delivery] | None = None
         to_dispatch = False
         admitted = self.admission.admit(keys, entries)
-        if cancels and admitted:
-            admitted = await self._unless_cancelled(keys, admitted)
+        if cancels is not None and admitted:
+            admitted = await self._unless_cancelled(keys, admitted, cancels)
         stopping = self._stop.is_set()
         for d in admitted:
             if stopping:  # read while stopping (a lease pass's orphans): it must not start now
@@ -108,12 +109,12 @@ class JobRunner:
         if keyed:
             await self._screen(keys, keyed)
 
-    async def _unless_cancelled(self, keys: QueueKeys, admitted: list[Delivery]) -> list[Delivery]:
+    async def _unless_cancelled(self, keys: QueueKeys, admitted: list[Delivery], version: bytes) -> list[Delivery]:
         """The deliveries no cancel request names; the others are dead-lettered as cancelled without running.
 
         If Redis cannot answer, the jobs go back on the stream as they were: nothing runs unchecked."""
         try:
-            asked = await cancel.requested(self.client, keys, [d.job.id for d in admitted])
+            record = await self.cancel_copies.of(self.client, keys, version)
         except asyncio.CancelledError:
             for d in admitted:
                 self._requeue(d)
@@ -124,9 +125,12 @@ class JobRunner:
             for d in admitted:
                 self._requeue(d)
             return []
+        if not record:
+            return admitted
         kept = []
-        for d, requested in zip(admitted, asked, strict=True):
-            if requested:
+        for d in admitted:
+            requested = record.get(d.job.id)
+            if requested is not None:
                 self.held.remove(d)
                 self.outcomes.cancelled_unstarted(d, requested)
             else:

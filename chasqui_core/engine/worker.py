@@ -228,6 +228,7 @@ class Worker(JobRunner):
         self._room.set()
         self.housekeeping = Housekeeping(self)
         self.cancel_watch = cancel.Watch(self, self.cancel_grace)
+        self.cancel_copies = cancel.Copies()
         self.readers = [Reader(self, k) for k in self.keys]
 
         logger.info("worker %s started on %s (concurrency %d)", self.id,

@@ -133,3 +133,21 @@ def test_a_job_fetched_by_a_worker_but_not_started_is_taken_out_of_its_inbox(red
     assert first.job_id.encode() not in redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1), "cancelled while the first ran"
     wait_for(lambda: first.job_id.encode() in redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1), 20, "the first job")
     assert ran(redis, second.job_id) == []
+
+
+def test_a_cancelled_job_replayed_from_the_dlq_runs_on_the_same_worker(redis, workers):
+    """The worker checks batches against its copy of the cancel record; striking a settled request bumps the
+    record's version, so the copy is read again and the replay is not refused as still cancelled."""
+    from chasqui_core.engine.dlq.replay import DeadLetters
+
+    workers.start("c-replay")
+    workers.wait_ready(redis, "c-replay", 1)
+    q = Queue("c-replay", redis_client=redis)
+    job = q.add("noop", delay=60_000)
+    q.cancel(job.job_id)
+    wait_for(lambda: cancelled_entry(redis, "c-replay", job.job_id), 10, "the cancelled job in the DLQ")
+    wait_for(lambda: not redis.hexists(QueueKeys.for_queue("c-replay").cancel, job.job_id), 10, "the request struck")
+    dead = DeadLetters(redis, "c-replay")
+    assert dead.replay([dead.page().items[0].entry_id]) == 1
+    wait_for(lambda: ran(redis, job.job_id), 15, "the replayed job to run")
+    assert len(dlq_entries(redis, "c-replay")) == 0
