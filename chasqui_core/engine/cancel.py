@@ -145,7 +145,7 @@ class Watch:
             while True:
                 await asyncio.sleep(POLL_S)
                 w = self.w
-                if len(w.held) or w.outcomes.cancelled or self.cancelling or progress._pending.get(w.id):
+                if len(w.held) or w.outcomes.cancelled or self.cancelling or progress.waiting(w.id):
                     await self.poll()
                 if time.monotonic() - self._last_sweep >= SWEEP_EVERY_S:
                     self._last_sweep = time.monotonic()

@@ -67,6 +67,11 @@ def report(worker_id: str, queue: str, job_id: str, value: Any, message: Any = "
     reports[(queue, job_id)] = (checked, text, now_ms())
 
 
+def waiting(worker_id: str) -> bool:
+    """Whether reports of this worker's jobs wait to be written."""
+    return bool(_pending.get(worker_id))
+
+
 def take(worker_id: str) -> dict[tuple[str, str], tuple[float, str, int]]:
     """The reports noted since the last call, latest per job."""
     reports = _pending.get(worker_id)
