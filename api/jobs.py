@@ -1,12 +1,12 @@
-"""Jobs: enqueue a project task by name, find a job in any state, list the tasks."""
+"""Jobs: enqueue a project task by name, find a job in any state, cancel one, list the tasks."""
 
 from django.http import HttpRequest
 from ninja import Router
 from ninja.responses import Status
 
 from .auth import needs
-from .errors import READ, WITH_BODY
-from .schemas import EnqueueIn, EnqueueOut, JobOut, TaskOut
+from .errors import CHANGE, READ, WITH_BODY
+from .schemas import CancelJobOut, EnqueueIn, EnqueueOut, JobOut, TaskOut, _dt
 from chasqui_core.services import jobs as jobs_service
 
 router = Router(tags=["jobs"])
@@ -39,3 +39,15 @@ def find_job(request: HttpRequest, job_id: str):
     """Where a job is and what it holds: waiting, running, delayed, dead, or finished (while result storage
     keeps it). 404 says where it looked. Arguments, errors and results are masked. Needs view_queues."""
     return JobOut.from_lookup(jobs_service.find_job(request.auth, job_id))
+
+
+@router.post("/jobs/{job_id}/cancel", response={202: CancelJobOut, **CHANGE}, summary="Cancel a job",
+             auth=needs("discard_jobs"))
+def cancel_job(request: HttpRequest, job_id: str):
+    """Cancel a waiting, delayed or running job: a waiting or delayed one never runs, a running async one is
+    cancelled within a second, a running sync one is told and given up after the worker's grace. It ends in
+    the dead-letter queue with reason ``cancelled``. 202: asked for, the workers act on it; 409 when the job
+    is dead or finished already. Needs discard_jobs."""
+    done = jobs_service.cancel_job(request.auth, job_id, source="api")
+    return Status(202, CancelJobOut(job_id=done.job_id, queue=done.queue, state=done.state,
+                                    requested_at=_dt(done.requested_ms), moved_from_delayed=done.moved_from_delayed))

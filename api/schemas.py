@@ -176,6 +176,9 @@ class JobOut(Schema):
                                                      "worker, started_at, finished_at, duration_ms (masked).")
     searched: list[str] = Field(description="Where the lookup read, in words.")
     scanned: int = Field(description="Entries read to find it.")
+    cancel_requested_at: datetime | None = Field(
+        None, description="When a cancel was asked for, while the workers have yet to act on it.")
+    progress: ProgressOut | None = Field(None, description="The latest progress the job reported, if any.")
 
     @classmethod
     def from_lookup(cls, found) -> JobOut:
@@ -206,7 +209,29 @@ class JobOut(Schema):
             return_value=mask(result.get("return_value")) if found.state == "finished" else None,
             errors=mask([e for e in errors if isinstance(e, dict)]),
             searched=list(found.searched), scanned=found.scanned,
+            cancel_requested_at=_dt(found.cancel_requested_ms),
+            progress=ProgressOut.from_progress(found.progress),
         )
+
+
+class ProgressOut(Schema):
+    value: float = Field(description="The number the job reported: a percentage, or items done.")
+    message: str = Field(description="Its short message (masked).")
+    at: datetime | None = Field(description="When the job reported it (the worker's clock).")
+
+    @classmethod
+    def from_progress(cls, progress) -> ProgressOut | None:
+        if progress is None:
+            return None
+        return cls(value=progress.value, message=mask_text(progress.message), at=_dt(progress.at_ms))
+
+
+class CancelJobOut(Schema):
+    job_id: str
+    queue: str
+    state: Literal["waiting", "running", "delayed"] = Field(description="Where the job was when it was cancelled.")
+    requested_at: datetime | None = Field(description="When the request was recorded (server clock).")
+    moved_from_delayed: bool = Field(description="The job was delayed: it left the delayed set at once.")
 
 
 # --- the delayed set --------------------------------------------------------------------------

@@ -41,6 +41,9 @@ from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import BuiltJob, JobSpec, Queue
 from chasqui_core.engine.registry import check_timeout
+from chasqui_core.engine.outcomes import CANCELLED_CLASS
+from chasqui_core.engine.progress import Progress
+from chasqui_core.engine.progress import decode as decode_progress
 from chasqui_core.engine.results import decode_result, encode_result
 from chasqui_core.task_signals import TaskSignal
 
@@ -554,6 +557,19 @@ class ChasquiBackend(BaseTaskBackend):
         object.__setattr__(result, "_return_value", data.get("return_value"))
         return result
 
+    def progress(self, result_id: str) -> Progress | None:
+        """The latest progress the job reported (a task that takes its context calls
+        ``context.report_progress``), or None. Django's TaskResult has no room for it, so it is read here:
+        ``task_backends["default"].progress(result.id)``. Kept a day after the last report."""
+        pipe = self.client.pipeline(transaction=False)
+        for name in sorted(self.queues):
+            pipe.get(QueueKeys.for_queue(name).progress + result_id)
+        for blob in pipe.execute():
+            found = decode_progress(blob)
+            if found is not None:
+                return found
+        return None
+
     # --- the worker side ------------------------------------------------------------------
 
     def check(self, **kwargs):
@@ -611,6 +627,15 @@ def _unpack_call(index: int, call: Any) -> tuple[Any, Any]:
     if not isinstance(kwargs, dict):
         raise TypeError(f"call {index}: kwargs must be a dict, got {type(kwargs).__name__}")
     return args, kwargs
+
+
+def was_cancelled(result: TaskResult) -> bool:
+    """Whether a FAILED result is that of a cancelled job (its last error is ``JobCancelled``).
+
+    Django's statuses have no CANCELLED, so a cancelled job reads FAILED, as
+    Django's own backends would show a job that did not finish."""
+    return result.status == TaskResultStatus.FAILED and bool(result.errors) and (
+        result.errors[-1].exception_class_path == CANCELLED_CLASS)
 
 
 def task_errors(records: list[dict[str, Any]]) -> list[TaskError]:

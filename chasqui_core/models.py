@@ -99,6 +99,7 @@ class AuditEntry(models.Model):
         WORKER_QUIET = "worker_quiet"
         WORKER_STOP = "worker_stop"
         PURGE = "purge"
+        CANCEL_JOB = "cancel_job"
 
     class Source(models.TextChoices):
         API = "api"

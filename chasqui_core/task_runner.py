@@ -20,6 +20,7 @@ READY, its errors visible through ``get_result()``.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from datetime import UTC, datetime
@@ -34,6 +35,7 @@ from django.tasks.signals import task_finished, task_started
 
 from chasqui_core.backend import (ChasquiBackend, ChasquiTask, discover_tasks, ms_to_datetime, task_errors,
                                   task_result)
+from chasqui_core.engine.errors import JobCancelled
 from chasqui_core.engine.registry import HandlerRegistry, JobContext
 from chasqui_core.engine.tracebacks import class_path, format_exception
 from chasqui_core.task_signals import TaskSignal
@@ -74,6 +76,10 @@ def task_handler(task: ChasquiTask):
                 if not ctx.will_retry(exc) and _finished.wanted(FAILED):
                     await _finished.asend(finished_result(task, ctx, None, exc))
                 raise
+            except asyncio.CancelledError:  # cancelled by a cancel request: the job is finished
+                if ctx.cancelled and _finished.wanted(FAILED):
+                    await _finished.asend(finished_result(task, ctx, None, JobCancelled()))
+                raise
 
         async def observed(ctx: JobContext, started: bool, args: Any, kwargs: Any) -> Any:
             result = context = None
@@ -89,6 +95,10 @@ def task_handler(task: ChasquiTask):
             except Exception as exc:
                 if not ctx.will_retry(exc) and _finished.wanted(FAILED):
                     await _finished.asend(finished_result(task, ctx, shown(context, result), exc))
+                raise
+            except asyncio.CancelledError:
+                if ctx.cancelled and _finished.wanted(FAILED):
+                    await _finished.asend(finished_result(task, ctx, shown(context, result), JobCancelled()))
                 raise
             if _finished.wanted(SUCCESSFUL):
                 await _finished.asend(finished_result(task, ctx, shown(context, result)))
@@ -156,6 +166,22 @@ class RunContext(TaskContext):
     def attempt(self) -> int:
         """This run's number, counting the runs before it (``task_result.attempts`` without building it)."""
         return len(self._run.job.errors) + self._run.deliveries
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether someone cancelled this job while it runs. An async task is cancelled for it anyway; a sync
+        one should check between steps (``check_cancelled``), or it is given up after the worker's grace."""
+        return self._run.cancelled
+
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if this job was cancelled: the run ends as cancelled, and is not retried."""
+        self._run.check_cancelled()
+
+    def report_progress(self, value: float, message: str = "") -> None:
+        """Say how far this run has got: a number (a percentage, or items done) and a short message, shown on
+        the job's page, in the API and by ``chasqui_core.backend.progress_of``. Cheap: written at most twice
+        a second, the latest report winning."""
+        self._run.report_progress(value, message)
 
 
 _set_task, _set_run, _set_started, _set_built = (RunContext.__dict__[name].__set__ for name in RunContext.__slots__)

@@ -20,6 +20,7 @@ from chasqui_core import access
 from chasqui_core.models import Operation
 from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services import dlq as dlq_service
+from chasqui_core.services import jobs as jobs_service
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services import queues as queues_service
 from chasqui_core.services import schedules as schedules_service
@@ -116,6 +117,22 @@ def delayed_cancel(request: HttpRequest, name: str) -> HttpResponse:
     except (NotFound, InvalidInput) as exc:
         messages.error(request, str(exc))
     return _back(request, reverse("chasqui_console:queue", args=[name]))
+
+
+# --- cancelling a job ----------------------------------------------------------------------------
+
+
+@console_action
+def job_cancel(request: HttpRequest, job_id: str) -> HttpResponse:
+    try:
+        done = jobs_service.cancel_job(request.user, job_id, source=SOURCE)
+        how = {"waiting": "it will not run", "delayed": "it will not run",
+               "running": "a worker stops it within a second (a sync task is told, and given up after its grace)"}
+        messages.success(request, f"Job {job_id} is cancelled: {how[done.state]}. It goes to the dead-letter queue "
+                                  "as cancelled.")
+    except (NotFound, InvalidInput, Conflict) as exc:
+        messages.error(request, str(exc))
+    return _back(request, reverse("chasqui_console:job", args=[job_id]))
 
 
 # --- replay and discard ------------------------------------------------------------------------

@@ -66,6 +66,7 @@ urlpatterns = [
     path("queues/<queue:name>/dlq/<entry:entry_id>/", views.entry, name="entry"),
     path("queues/<queue:name>/dlq/<entry:entry_id>/replay/", actions.entry_replay, name="entry_replay"),
     path("jobs/", views.search, name="search"),
+    path("jobs/<path:job_id>/cancel/", actions.job_cancel, name="job_cancel"),  # before the job page: a path
     path("jobs/<path:job_id>/", views.job, name="job"),
     path("operations/<uuid:op_id>/", views.operation, name="operation"),
     path("operations/<uuid:op_id>/cancel/", actions.operation_cancel, name="operation_cancel"),

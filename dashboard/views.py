@@ -299,7 +299,10 @@ def job(request: HttpRequest, job_id: str) -> HttpResponse:
         **_base(request, "search", found.queue), "found": found, "job": found.job, "dead": found.dead,
         "result": result, "errors": errors, "generations": generations([e for e in errors if isinstance(e, dict)]),
         "replay_form": ReplayOptionsForm(), "here": request.get_full_path(),
+        "live": found.state in ("waiting", "running", "delayed"),
     }
+    if request.htmx:  # the page's live part: state, progress and a pending cancel, polled while the job is live
+        return render(request, "chasqui_console/parts/job_live.html", ctx)
     return render(request, "chasqui_console/job.html", ctx)
 
 

@@ -46,6 +46,15 @@ class JobTimeout(Exception):
         super().__init__(f"the job ran past its timeout of {seconds:g} s")
 
 
+class JobCancelled(Exception):
+    """The job was cancelled (``cancel.request``): raised in a run by ``JobContext.check_cancelled()``, and the
+    error recorded for a job cancelled before or while it ran. Never retried: the job goes to the dead-letter
+    queue with reason ``cancelled`` (see docs/flow-control.md)."""
+
+    def __init__(self, message: str = "the job was cancelled") -> None:
+        super().__init__(message)
+
+
 class JobNotFound(ChasquiError):
     """The job or entry asked for is not (or no longer) there."""
 

@@ -79,6 +79,12 @@ class QueueKeys:
     """Run-duration histogram per task (``<metrics><DURATIONS>``), written by settle.lua: see totals.py."""
     lane: str
     """Prefix of the producer lanes: ``<lane><lane id>`` holds the last write of one lane (see engine/link.py)."""
+    cancel: str
+    """Cancel requests: a hash job id -> requested ms (cancel.py), read at pickup and while jobs run."""
+    cancel_version: str
+    """Bumped with every change to ``cancel``: a worker keeps a copy of the record while this stays the same."""
+    progress: str
+    """Prefix of the progress reports of running jobs: ``<progress><job id>``, with a TTL (cancel.py)."""
     console_depth: str
     """The console's samples of the delayed set's size: a sorted set written by ``dashboard/readings.py``."""
 
@@ -105,6 +111,9 @@ class QueueKeys:
             totals=p + "m:" + TOTALS,
             durations=p + "m:" + DURATIONS,
             lane=p + "lane:",
+            cancel=p + "cancel",
+            cancel_version=p + "cancel:v",
+            progress=p + "progress:",
             console_depth=p + "console:depth",
         )
 

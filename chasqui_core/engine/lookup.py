@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import msgpack
@@ -48,6 +48,8 @@ from .dlq.entries import DeadJob, decode_entry
 from .dlq.index import DLQIndex, IndexKeys
 from .envelope import DecodeError, Job, decode
 from .keys import GROUP, QueueKeys
+from .progress import Progress
+from .progress import decode as decode_progress
 from .results import decode_result
 from .stats import _decode_worker, add_clock_read, server_ms
 
@@ -126,6 +128,10 @@ class JobLookup:
     complete: bool = True
     searched: tuple[str, ...] = ()
     """What was read, in words, place by place."""
+    cancel_requested_ms: int | None = None
+    """When a cancel of the job was asked for, while the request is on record (cancel.py; see ``watching``)."""
+    progress: Progress | None = None
+    """The latest progress the job reported (progress.py; see ``watching``)."""
 
     @property
     def found(self) -> bool:
@@ -451,3 +457,17 @@ def _dead(search: _Search, k: QueueKeys) -> DeadJob | None:
     search.note(f"the dead-letter queue of {k.queue}: {search.scanned - before:,} entries{since}"
                 + (f" (stopped at the limit of {search.scan_limit:,})" if search.cut_short else ""))
     return None
+
+
+def watching(client: Client, found: JobLookup) -> JobLookup:
+    """The lookup with what people watching a job want besides its state: the progress it reported and
+    whether a cancel is pending. One round trip; for a job found in a queue."""
+    if found.queue is None:
+        return found
+    keys = QueueKeys.for_queue(found.queue)
+    pipe = client.pipeline(transaction=False)
+    pipe.hget(keys.cancel, found.job_id)
+    pipe.get(keys.progress + found.job_id)
+    asked, reported = pipe.execute()
+    return replace(found, cancel_requested_ms=int(asked) if asked is not None else None,
+                   progress=decode_progress(reported))

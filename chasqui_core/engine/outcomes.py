@@ -23,14 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from .cancel import describe as cancel_words
 from .envelope import Job, error_record, now_ms
+from .errors import JobCancelled
 from .idempotency import ttl_ms
 from .inflight import DeliveryTag
 from .keys import QueueKeys
 from .log_budget import LogBudget
 from .registry import Handler, JobContext
 from .results import encode_result
-from .retry import RetryPolicy, decide
+from .retry import Decision, RetryPolicy, decide
 from .settler import Settler
 from .tracebacks import class_path, describe, message
 
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
     from .limits import Bucket
 
 logger = logging.getLogger("chasqui.worker")
+
+CANCELLED_CLASS = class_path(JobCancelled())
+"""The error class a cancelled job's history and stored result name."""
 
 
 @dataclass(slots=True, eq=False)
@@ -72,11 +77,17 @@ class Delivery:
     """The rate and concurrency buckets the job falls under (limits.py); None for most jobs."""
     slots: tuple[str, ...] = ()
     """Key prefixes of the concurrency buckets it holds a slot in, given back when the run ends."""
+    task: Any = None
+    """The asyncio task of an async run that waited on something (what a cancel request cancels)."""
+    cancel_requested: int = 0
+    """When a cancel of this job was asked for (server ms, cancel.py); 0: it was not."""
+    cancel_seen: int = 0
+    """When this worker saw that request (its clock): a sync run's grace counts from here."""
 
     def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
         """Positional arguments for the handler: a JobContext first when it asked for one."""
         if self.handler.takes_context:
-            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), 1, self.max_attempts)
+            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), 1, self.max_attempts, self)
             return (ctx, *self.job.args)
         return self.job.args
 
@@ -92,6 +103,9 @@ class Outcomes:
         self._dead_lines = LogBudget(logger, "jobs failed for good and went to the dead-letter queue")
         self._refused_lines = LogBudget(logger, "jobs refused for a bad signature")
         self._skipped_lines = LogBudget(logger, "jobs not run because their idempotency key had completed")
+        self.cancelled: list[tuple[QueueKeys, bytes, str]] = []
+        """(keys, entry id, job id) of jobs dead-lettered as cancelled: their cancel requests are struck once the
+        settler has written them (cancel.Watch)."""
 
     def summarise_logs(self) -> None:
         """Log how many retry / dead-letter / refusal / skip lines the per-second budget held back."""
@@ -136,6 +150,8 @@ class Outcomes:
         runs_made = job.attempt + 1
         error_class, text, traceback = describe(exc)
         decision = decide(job, exc, runs_made, d.handler, self.policy)
+        if d.cancel_requested and decision.reason != "cancelled":  # whatever it raised once told to stop
+            decision = Decision(False, reason="cancelled")
         record = error_record(
             attempt=runs_made, exc_class=error_class, message=text, traceback=traceback, worker=self.worker_id,
             started_at=started, finished_at=finished, backoff_ms=decision.delay_ms if decision.retry else None,
@@ -158,8 +174,11 @@ class Outcomes:
             if self._dead_lines.allow():
                 logger.warning("job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
                                job.id, job.task, runs_made, error_class, text, decision.reason)
+            cancelled = decision.reason == "cancelled"
+            if cancelled:
+                self.cancelled.append((d.keys, d.entry_id, job.id))
             self.settler.dead(d.keys, d.entry_id, payload, decision.reason, job_id=job.id, task=job.task,
-                              error_class=error_class, error=text, handler_failed=True,
+                              error_class=error_class, error=text, handler_failed=not cancelled,
                               duration_ms=duration, result=stored)
 
     def internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
@@ -172,6 +191,12 @@ class Outcomes:
                               error_class=class_path(exc), error=error)
         except Exception:  # not even that: the entry stays pending and is reclaimed after the visibility timeout
             logger.exception("job %s: could not be dead-lettered either; it will be reclaimed", d.job.id)
+
+    def cancelled_unstarted(self, d: Delivery, requested: int) -> None:
+        """Dead-letter a job cancelled before it started (``cancelled``): it never runs."""
+        self.cancelled.append((d.keys, d.entry_id, d.job.id))
+        self.refuse(d.keys, d.entry_id, d.payload, "cancelled", CANCELLED_CLASS,
+                    cancel_words(requested, running=False), d.job)
 
     def requeue(self, d: Delivery) -> None:
         """Put a fetched job that never started back on the stream, as it was."""

@@ -28,6 +28,7 @@ import redis.asyncio as aredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
+from . import cancel, delayed
 from .backoff import BackoffSpec, coerce_backoff
 from .connection import aconnect, ais_cluster, connect, is_cluster_client, server_of, undetected, url_of
 from .envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
@@ -427,6 +428,21 @@ class Queue:
         links, self._links = self._links, []
         for link in links:
             link.close()
+
+    # --- cancelling --------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> cancel.CancelRequest:
+        """Ask for a job of this queue to be cancelled, whatever its state: waiting, delayed or running.
+
+        A waiting or delayed job never runs; a running async job is cancelled
+        within a second; a running sync job is told (``JobContext.cancelled``)
+        and given up after the worker's grace. Each ends in the dead-letter
+        queue with reason ``cancelled`` (see cancel.py). Asking again is harmless.
+        """
+        if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
+            raise ValueError("job_id must be a non-empty string of at most 200 characters")
+        found = delayed.find(self.redis, self.name, job_id)
+        return cancel.request(self.redis, self.name, job_id, found.member if found is not None else None)
 
     # --- sync API -------------------------------------------------------------
 

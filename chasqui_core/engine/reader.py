@@ -69,12 +69,18 @@ class Reader:
                     conn = reader.connection
                     assert conn is not None  # client_id() above connected it
                     command = packed.get(count)
-                    if command is None:
-                        command = packed[count] = conn.pack_command(
-                            "XREADGROUP", "GROUP", GROUP, w.id, "COUNT", count, "BLOCK", w.block_ms,
-                            "STREAMS", keys.stream, ">")
+                    if command is None:  # the read, and the version of the queue's cancel record (cancel.py)
+                        command = packed[count] = conn.pack_commands([
+                            ("XREADGROUP", "GROUP", GROUP, w.id, "COUNT", count, "BLOCK", w.block_ms,
+                             "STREAMS", keys.stream, ">"),
+                            ("GET", keys.cancel_version)])
                     await conn.send_packed_command(command, check_health=False)
-                    reply = await conn.read_response()
+                    try:
+                        reply = await conn.read_response()
+                    except ResponseError:  # read the GET reply behind it: the connection stays in step
+                        await conn.read_response()
+                        raise
+                    cancels = await conn.read_response()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -87,7 +93,7 @@ class Reader:
                 if reply:
                     # a map of stream -> entries under RESP3, a list of pairs under RESP2
                     for entries in reply.values() if type(reply) is dict else (pair[1] for pair in reply):
-                        await w.take(keys, entries)
+                        await w.take(keys, entries, cancels)
         finally:
             self.client_id = None
             if reader is not None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from .backoff import BackoffSpec, coerce_backoff
 from .envelope import Job
-from .errors import is_unrecoverable
+from . import progress
+from .errors import JobCancelled, is_unrecoverable
 
 
 @dataclass(slots=True)
@@ -34,6 +35,32 @@ class JobContext:
     """Always 1: runs lost to crashes are charged to ``job.attempt`` when the job is picked up."""
     max_attempts: int = 0
     """The job's budget of runs, from the job, its task or the worker (0: not known)."""
+    run: Any = None
+    """The delivery being run (outcomes.Delivery), where a cancel request is flagged; None outside a worker."""
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether someone asked for this job to be cancelled while it runs (cancel.py).
+
+        An async run is cancelled for it anyway; a sync run should check this
+        between steps and stop (``check_cancelled``): past the worker's grace
+        it is given up like a run past its timeout.
+        """
+        run = self.run
+        return run is not None and run.cancel_requested > 0
+
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if this job was cancelled: the run ends, recorded as cancelled, not retried."""
+        if self.cancelled:
+            raise JobCancelled("the job was cancelled while it ran; it stopped when it checked")
+
+    def report_progress(self, value: float, message: str = "") -> None:
+        """Say how far this run has got: a number (a percentage, or items done) and a short message.
+
+        Cheap enough for a tight loop: the worker writes the latest report of
+        each job at most twice a second (progress.py).
+        """
+        progress.report(self.worker_id, self.queue, self.job.id, value, message)
 
     @property
     def attempt(self) -> int:
@@ -46,6 +73,8 @@ class JobContext:
         Lets code around a handler tell a last failure (the job is finished)
         from one the worker will retry, before the worker settles it.
         """
+        if isinstance(exc, JobCancelled) or self.cancelled:  # a cancelled job is never run again
+            return False
         return not is_unrecoverable(exc) and self.attempt < self.max_attempts
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
 from .envelope import Job
-from .errors import RetryAfter, is_unrecoverable
+from .errors import JobCancelled, RetryAfter, is_unrecoverable
 from .registry import Handler
 
 DEFAULT_MAX_ATTEMPTS = 3
@@ -50,7 +50,7 @@ class Decision:
     retry: bool
     delay_ms: int = 0
     reason: str = ""
-    """DLQ reason when not retrying: ``retries_exhausted`` or ``unrecoverable``."""
+    """DLQ reason when not retrying: ``retries_exhausted``, ``unrecoverable`` or ``cancelled``."""
 
 
 def budget(job: Job, handler: Handler | None, policy: RetryPolicy) -> int:
@@ -76,6 +76,8 @@ def backoff_for(job: Job, handler: Handler | None, policy: RetryPolicy) -> Backo
 
 def decide(job: Job, exc: BaseException, runs_made: int, handler: Handler | None, policy: RetryPolicy) -> Decision:
     """Decide after ``runs_made`` runs in all, the last of which raised ``exc``."""
+    if isinstance(exc, JobCancelled):  # asked for by someone: never retried (cancel.py)
+        return Decision(False, reason="cancelled")
     if is_unrecoverable(exc):
         return Decision(False, reason="unrecoverable")
     if runs_made >= budget(job, handler, policy):

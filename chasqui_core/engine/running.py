@@ -25,7 +25,8 @@ from typing import Any
 from .admission import Admission
 from .connection import Client
 from .envelope import check_json_types, now_ms
-from .errors import JobTimeout
+from . import cancel
+from .errors import JobCancelled, JobTimeout
 from .idempotency import completed_by
 from .inflight import InFlight
 from .journal import StartJournal
@@ -75,6 +76,8 @@ class JobRunner:
     gate: LimitGate
     _context: contextvars.Context
     _room: asyncio.Event
+    cancel_watch: cancel.Watch
+    cancel_copies: cancel.Copies
 
     @property
     def buffered(self) -> int:
@@ -88,10 +91,15 @@ class JobRunner:
     def _on_retry_scheduled(self, queue: str, due_ms: int, server_ms: int) -> None:  # the Worker's
         raise NotImplementedError
 
-    async def take(self, keys: QueueKeys, entries: list[Any]) -> None:
-        """Take in entries read from a queue: admit them, then start or queue each one."""
+    async def take(self, keys: QueueKeys, entries: list[Any], cancels: bytes | None = cancel.UNKNOWN) -> None:
+        """Take in entries read from a queue: admit them, then start or queue each one.
+
+        ``cancels``: the version of the queue's cancel record, read with the entries (reader.py; None: the
+        queue never had one); the jobs it names are settled as cancelled instead (cancel.py)."""
         self.settler.fetched(keys, len(entries))
         admitted = self.admission.admit(keys, entries)
+        if cancels is not None and admitted:
+            admitted = await self._unless_cancelled(keys, admitted, cancels)
         if self.limits:
             limited = [d for d in admitted if d.limits is not None]
             if limited:
@@ -180,6 +188,56 @@ class JobRunner:
         self._side_tasks.add(task)
         task.add_done_callback(self._side_tasks.discard)
 
+    async def _unless_cancelled(self, keys: QueueKeys, admitted: list[Delivery], version: bytes) -> list[Delivery]:
+        """The deliveries no cancel request names; the others are dead-lettered as cancelled without running.
+
+        If Redis cannot answer, the jobs go back on the stream as they were: nothing runs unchecked."""
+        try:
+            record = await self.cancel_copies.of(self.client, keys, version)
+        except asyncio.CancelledError:
+            for d in admitted:
+                self._requeue(d)
+            raise
+        except Exception as exc:
+            logger.warning("reading the cancel requests of %d job(s) on %s failed (%s: %s); they go back on the "
+                           "stream", len(admitted), keys.queue, type(exc).__name__, exc)
+            for d in admitted:
+                self._requeue(d)
+            return []
+        if not record:
+            return admitted
+        kept = []
+        for d in admitted:
+            requested = record.get(d.job.id)
+            if requested is not None:
+                self.held.remove(d)
+                self.outcomes.cancelled_unstarted(d, requested)
+            else:
+                kept.append(d)
+        return kept
+
+    def cancel_delivery(self, d: Delivery, requested: int) -> None:
+        """Act on a cancel request for a delivery this worker holds (cancel.Watch found it)."""
+        if d.tag not in self.held.by_tag or d.cancel_requested:
+            return
+        if d.handler.is_async and not d.started and d not in self._inbox:
+            return  # it waits on its idempotency key's check: the next poll finds it in the inbox or running
+        d.cancel_requested = requested
+        d.cancel_seen = now_ms()
+        if d.handler.is_async:
+            if d.started:
+                if d.task is not None:
+                    d.task.cancel()
+            else:
+                self._inbox.remove(d)
+                if self.held.remove(d) and d.slots:
+                    self._give_back(d)
+                self.outcomes.cancelled_unstarted(d, requested)
+        else:  # told through its context; a thread that has not started it puts it back (sync_lane.py)
+            self.cancel_watch.cancelling.add(d)
+        logger.info("worker %s: job %s (%s) cancelled %s", self.id, d.job.id, d.job.task,
+                    "while it ran" if d.started else "before it started")
+
     def _to_lane(self, d: Delivery) -> None:
         if self._lane is None:
             self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal)
@@ -260,6 +318,7 @@ class JobRunner:
                 self._job_ended(run, dispatch=False)
                 continue
             self._jobs.add(run)
+            d.task = run
             run.add_done_callback(self._job_ended)
             if d.timeout is not None:
                 d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000), self._time_out, d, run)
@@ -314,11 +373,12 @@ class JobRunner:
                 check_json_types(result, "return value")
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if not d.timed_out or task is None:
+            if not (d.timed_out or d.cancel_requested) or task is None:
                 raise
             task.uncancel()
-            self._outcome(d, JobTimeout(d.timeout or 0), started, int((time.perf_counter() - t0) * 1000),
-                          failed=True)
+            why = JobTimeout(d.timeout or 0) if d.timed_out else JobCancelled(
+                cancel.describe(d.cancel_requested, running=True))
+            self._outcome(d, why, started, int((time.perf_counter() - t0) * 1000), failed=True)
             return
         except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler fail its job, not the worker
             self._outcome(d, exc, started, int((time.perf_counter() - t0) * 1000), failed=True)
@@ -398,11 +458,16 @@ class JobRunner:
                     self._sync_timed_out(d, now)
 
     def _sync_timed_out(self, d: Delivery, now: int) -> None:
+        self.abandon_sync(d, JobTimeout(d.timeout or 0), now,
+                          f"sync job {d.job.id} ({d.job.task}) ran past its timeout of {d.timeout:g} s")
+
+    def abandon_sync(self, d: Delivery, exc: BaseException, now: int, what: str) -> None:
+        """Write a running sync job's outcome now (``exc``) and give up its thread: a timeout, or a cancel the
+        job did not heed within its grace."""
         lane = self._lane
         assert lane is not None  # only sync deliveries are watched
         lane.abandon(d)
-        self._outcome(d, JobTimeout(d.timeout or 0), d.started, now - d.started, failed=True)
-        what = f"sync job {d.job.id} ({d.job.task}) ran past its timeout of {d.timeout:g} s"
+        self._outcome(d, exc, d.started, now - d.started, failed=True)
         if self.supervisor_pid is not None:
             self._recycle(f"{what}; its thread cannot be stopped, so a fresh process takes this one's place")
         else:

@@ -96,7 +96,7 @@ class SyncLane:
             d = self._queue.get()
             if d is None:
                 return
-            if self.stopping:
+            if self.stopping or d.cancel_requested:  # a cancelled one goes back: the reader refuses it (cancel.py)
                 done.append((REQUEUE, d, None, 0, 0))
             else:
                 try:

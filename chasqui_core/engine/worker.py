@@ -36,6 +36,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from . import cancel
 from .admission import Admission
 from .control import QUIET, QUIET_STATE, RUNNING, STOP, STOPPING
 from .dlq.operations import OperationsLoop
@@ -105,6 +106,7 @@ class Worker(JobRunner):
         signing_keys: Sequence[bytes | str] = (),
         job_timeout: float | None = None,
         limits: Mapping[str, Any] | Sequence[Limit] | None = None,
+        cancel_grace: float = cancel.DEFAULT_GRACE_S,
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
@@ -134,6 +136,10 @@ class Worker(JobRunner):
         self.max_memory_mb = max_memory_mb
         self.job_timeout = check_timeout(job_timeout, "job_timeout")
         """Seconds a run may take when neither the job nor its task says; None: no limit."""
+        if isinstance(cancel_grace, bool) or not isinstance(cancel_grace, (int, float)) or not cancel_grace >= 0:
+            raise ValueError(f"cancel_grace must be a number of seconds, 0 or more, got {cancel_grace!r}")
+        self.cancel_grace = float(cancel_grace)
+        """Seconds a running sync job may go on once told it is cancelled, before it is given up (cancel.py)."""
         self.supervisor_pid = supervisor_pid
         """The pid of the supervisor that started this process, shown with its heartbeat; None when standalone."""
         self.signer = Signer(signing_keys) if signing_keys else None
@@ -266,6 +272,8 @@ class Worker(JobRunner):
         self._room = asyncio.Event()
         self._room.set()
         self.housekeeping = Housekeeping(self)
+        self.cancel_watch = cancel.Watch(self, self.cancel_grace)
+        self.cancel_copies = cancel.Copies()
         self.readers = [Reader(self, k) for k in self.keys]
 
         logger.info("worker %s started on %s (concurrency %d)", self.id,
@@ -281,7 +289,8 @@ class Worker(JobRunner):
             leaders.append(self._spawn("scheduler", self._leading(self.scheduler)))
         chores = [self._spawn("housekeeping", self.housekeeping.run),
                   self._spawn("deadlines", self._watch_deadlines),
-                  self._spawn("operations", OperationsLoop(self).run)]  # DLQ replays/discards by filter
+                  self._spawn("operations", OperationsLoop(self).run),  # DLQ replays/discards by filter
+                  self._spawn("cancels", self.cancel_watch.run)]
         try:
             await self._stop.wait()
         finally:

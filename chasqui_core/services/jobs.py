@@ -1,4 +1,5 @@
-"""Jobs by name: the project's tasks, enqueueing one by hand, finding a job in any state, its stored result."""
+"""Jobs by name: the project's tasks, enqueueing one by hand, finding a job in any state, its stored result,
+cancelling one."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from django.utils import timezone
 
 from chasqui_core import access
 from chasqui_core.backend import ChasquiTask, discover_tasks
-from chasqui_core.engine import lookup
+from chasqui_core.engine import cancel, lookup
+from chasqui_core.engine import delayed as delayed_mod
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (
+    Conflict,
     InvalidInput,
     NotFound,
     Source,
@@ -66,7 +69,54 @@ def find_job(actor, job_id: str, *, source: Source = "api") -> lookup.JobLookup:
         found = lookup.find_job(redis_client(), job_id, known_queues(), scan_limit=LOOKUP_SCAN_LIMIT)
     if not found.found:
         raise NotFound(not_found_message(found))
-    return found
+    with engine_errors:
+        return lookup.watching(redis_client(), found)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOutcome:
+    """What cancelling a job did."""
+
+    job_id: str
+    queue: str
+    state: str
+    """Where the job was when the cancel was asked for: waiting, delayed or running."""
+    requested_ms: int
+    moved_from_delayed: bool
+
+
+def cancel_job(actor, job_id: str, *, source: Source) -> CancelOutcome:
+    """Cancel a waiting, delayed or running job (engine/cancel.py); Conflict when it has already ended.
+
+    A waiting or delayed job never runs; a running async job is cancelled
+    within a second; a running sync job is told, and given up after the
+    worker's grace. The job ends in the DLQ with reason ``cancelled``.
+    Needs ``discard_jobs``, the permission that already cancels delayed jobs.
+    """
+    check_source(source)
+    require(actor, access.DISCARD, source)
+    if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
+        raise InvalidInput("job_id must be a non-empty string of at most 200 characters")
+    client = redis_client()
+    with engine_errors:
+        found = lookup.find_job(client, job_id, known_queues(), scan_limit=LOOKUP_SCAN_LIMIT)
+    if not found.found or found.queue is None:
+        raise NotFound(not_found_message(found))
+    if found.state == "dead":
+        raise Conflict(f"Job {job_id!r} is in the dead-letter queue of {found.queue!r}: it is not running and will "
+                       "not run unless replayed; discard it instead")
+    if found.state == "finished":
+        raise Conflict(f"Job {job_id!r} has finished already ({(found.result or {}).get('status', 'done')}): "
+                       "there is nothing left to cancel")
+    with engine_errors:
+        member = None
+        if found.state == "delayed":
+            delayed_job = delayed_mod.find(client, found.queue, job_id)
+            member = delayed_job.member if delayed_job is not None else None
+        request = cancel.request(client, found.queue, job_id, member)
+    record(actor, AuditEntry.Action.CANCEL_JOB, source=source, queue=found.queue, target_ids=[job_id], count=1,
+           detail={"state": found.state})
+    return CancelOutcome(job_id, found.queue, str(found.state), request.requested_ms, request.moved_from_delayed)
 
 
 def not_found_message(found: lookup.JobLookup) -> str:

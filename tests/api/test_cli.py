@@ -248,3 +248,12 @@ def test_parse_when():
     assert parse_when("2d", now=now) == now - timedelta(days=2)
     assert parse_when("2026-01-01T10:00:00") == datetime(2026, 1, 1, 10, tzinfo=UTC)
     assert parse_when("2026-01-01T10:00:00+02:00").utcoffset() == timedelta(hours=2)
+
+
+def test_cancel_a_waiting_job_by_id(redis):
+    job = Queue(Q, redis_client=redis).add("tests.django.sample_tasks.add", [1, 2])
+    assert "it will not run" in run("cancel", job.job_id)
+    assert redis.hexists(QueueKeys.for_queue(Q).cancel, job.job_id)
+    with pytest.raises(CommandError, match="No job"):
+        run("cancel", "no-such-job")
+    assert [e.action for e in AuditEntry.objects.order_by("id")] == ["cancel_job"]

@@ -83,3 +83,34 @@ def test_search_lands_on_the_job_page_and_slash_focuses_the_box(site, redis):
             expect(page.locator("[data-not-found]")).to_contain_text("Searched")
         finally:
             browser.close()
+
+
+def test_the_cancel_button_on_a_waiting_job_page_cancels_it(site, redis, viewer):
+    """An operator cancels a waiting job from its page (a POST with the CSRF token, after a confirm); the page
+    then says the cancel is requested, and the audit log names the operator. A viewer sees no button."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from chasqui_core.engine.keys import QueueKeys
+    from chasqui_core.models import AuditEntry
+
+    waiting = Queue(QUEUE, redis_client=redis).add("tests.dashboard.e2e_app.tasks.charge", [7], {})
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            log_in(page, site, "olga", "olga-password", next_path=f"/jobs/{waiting.job_id}/")
+            expect(page.locator("[data-state]")).to_have_text("waiting")
+            page.on("dialog", lambda dialog: dialog.accept())
+            page.locator('button[data-action="cancel-job"]').click()
+            page.wait_for_url(f"{site}/jobs/{waiting.job_id}/")
+            expect(page.locator("[data-cancel-requested]")).to_contain_text("it will not run")
+            assert redis.hexists(QueueKeys.for_queue(QUEUE).cancel, waiting.job_id)
+
+            other = browser.new_page()
+            log_in(other, site, viewer.username, f"{viewer.username}-password", next_path=f"/jobs/{waiting.job_id}/")
+            expect(other.locator("[data-state]")).to_have_text("waiting")
+            expect(other.locator('button[data-action="cancel-job"]')).to_have_count(0)
+        finally:
+            browser.close()
+    entry = AuditEntry.objects.get(action="cancel_job")  # outside Playwright's loop: the ORM is sync-only
+    assert entry.actor.username == "olga" and entry.source == "console"

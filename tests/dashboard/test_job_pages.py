@@ -107,3 +107,30 @@ def test_an_empty_stream_says_what_to_expect(viewer, redis):
     Queue(Q, redis_client=redis)
     html = _client(viewer).get(f"/queues/{Q}/stream/").content.decode()
     assert "No job is waiting" in html
+
+
+def test_a_live_job_page_polls_its_progress_and_shows_it_masked(viewer, redis):
+    from chasqui_core.engine import progress
+    from chasqui_core.engine.keys import QueueKeys
+
+    job = Queue(Q, redis_client=redis).add(TASK, [1, 2])
+    redis.set(QueueKeys.for_queue(Q).progress + job.job_id,
+              progress.encode(42.0, "copying rows, password=hunter2", 1_700_000_000_000))
+    page = _client(viewer).get(f"/jobs/{job.job_id}/").content.decode()
+    assert 'id="job-live"' in page and "hx-trigger" in page
+    assert "42" in page and "copying rows" in page and "hunter2" not in page
+    part = _client(viewer).get(f"/jobs/{job.job_id}/", HTTP_HX_REQUEST="true").content.decode()
+    assert part.lstrip().startswith('<div id="job-live"') and "copying rows" in part
+    assert "<html" not in part
+
+
+def test_the_cancel_button_shows_only_to_those_who_may_cancel(viewer, operator, redis):
+    job = Queue(Q, redis_client=redis).add(TASK, [1, 2])
+    assert 'data-action="cancel-job"' not in _client(viewer).get(f"/jobs/{job.job_id}/").content.decode()
+    assert 'data-action="cancel-job"' in _client(operator).get(f"/jobs/{job.job_id}/").content.decode()
+    # a viewer who posts anyway is refused, and nothing is recorded
+    assert _client(viewer).post(f"/jobs/{job.job_id}/cancel/").status_code == 403
+    assert not redis.exists(f"{{chasqui:{Q}}}:cancel")
+    response = _client(operator).post(f"/jobs/{job.job_id}/cancel/")
+    assert response.status_code == 302 and response["Location"] == f"/jobs/{job.job_id}/"
+    assert redis.hexists(f"{{chasqui:{Q}}}:cancel", job.job_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from django.tasks import task
 
 from chasqui_core.engine.errors import UnrecoverableError
@@ -94,3 +96,15 @@ def counts_users() -> int:
     count = User.objects.count()
     RUNS.append(("counts_users", connections["default"]))
     return count
+
+
+@task(queue_name="default", takes_context=True)
+def patient(context, key: str, seconds: float = 30) -> str:
+    """Works in steps, reporting its progress at each and stopping when it is cancelled."""
+    RUNS.append(("patient", key))
+    steps = int(seconds / 0.05)
+    for step in range(steps):
+        context.report_progress(step, f"step {step} of {steps}")
+        context.check_cancelled()
+        time.sleep(0.05)
+    return "done"

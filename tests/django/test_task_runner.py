@@ -177,3 +177,25 @@ def test_a_sync_tasks_database_connection_is_closed_after_its_job_as_after_a_req
     _drain(redis_url, until=lambda: len(sample_tasks.RUNS) == 2 and redis.xlen(DEFAULT.stream) == 0)
     wrappers = [run[1] for run in sample_tasks.RUNS]
     assert all(wrapper.connection is None for wrapper in wrappers)
+
+
+def test_a_cancelled_task_is_finished_failed_with_job_cancelled(redis, redis_url, received):
+    """Django hears ``task_finished`` for a job that ends cancelled: it is not retried."""
+    from django.tasks import task_backends
+
+    from chasqui_core.engine.outcomes import CANCELLED_CLASS
+
+    result = sample_tasks.patient.enqueue("c1")
+    asked: list[bool] = []
+
+    def until() -> bool:
+        if not asked and sample_tasks.RUNS:
+            task_backends["default"].queue("default").cancel(result.id)
+            asked.append(True)
+        return any(s[0] == "finished" for s in received)
+
+    _drain(redis_url, until=until)
+    [finished] = [s for s in received if s[0] == "finished"]
+    assert finished[2] == result.id and finished[3] == TaskResultStatus.FAILED
+    assert finished[5] == [CANCELLED_CLASS]
+    assert sample_tasks.RUNS == [("patient", "c1")]

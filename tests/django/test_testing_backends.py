@@ -38,3 +38,15 @@ def test_django_s_own_backend_cannot_declare_such_a_task():
                 importlib.import_module(MODULE)
         finally:
             sys.modules.pop(MODULE, None)
+
+
+def test_a_task_using_chasquis_context_methods_runs_under_the_immediate_backend():
+    with override_settings(TASKS={"default": {"BACKEND": "chasqui_core.testing.ImmediateBackend"}}):
+        sys.modules.pop(MODULE, None)
+        try:
+            tasks = importlib.import_module(MODULE)
+            result = tasks.steps.enqueue(2)
+        finally:
+            sys.modules.pop(MODULE, None)
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == [False, [[50.0, "step 1"], [100.0, "step 2"]]]

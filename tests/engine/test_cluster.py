@@ -211,3 +211,36 @@ def test_producers_and_workers_follow_a_replica_promoted_when_its_master_dies(tm
             worker.stop()
             producer.close()
             client.close()
+
+
+def test_jobs_are_cancelled_on_queues_of_every_master(cluster, client):
+    """The cancel record of each queue is on its own master: the reader's check and the held jobs' poll
+    (one pipeline over every queue) reach each of them."""
+    names = queues_on_each_master(client)
+    started: Counter[str] = Counter()
+    registry = HandlerRegistry()
+
+    async def long(tag: str) -> None:
+        started[tag] += 1
+        await asyncio.sleep(60)
+
+    def quick(tag: str) -> None:
+        started[tag] += 1
+
+    registry.register("long", long)
+    registry.register("quick", quick)
+    waiting = {name: Queue(name, redis_client=client).add("quick", [f"{name}:waiting"]) for name in names}
+    for name, job in waiting.items():
+        Queue(name, redis_client=client).cancel(job.job_id)
+    worker = WorkerThread(names, registry, cluster.url, concurrency=4, promoter_poll_interval=0.05)
+    try:
+        running = {name: Queue(name, redis_client=client).add("long", [f"{name}:running"]) for name in names}
+        wait_for(lambda: all(started[f"{n}:running"] for n in names), 30, "the long jobs to start")
+        for name, job in running.items():
+            Queue(name, redis_client=client).cancel(job.job_id)
+        wait_for(lambda: all(DeadLetters(client, n).count() == 2 for n in names), 30, "both jobs of every queue dead")
+        for name in names:
+            assert {e.reason for e in DeadLetters(client, name).page().items} == {"cancelled"}
+            assert started[f"{name}:waiting"] == 0
+    finally:
+        worker.stop()

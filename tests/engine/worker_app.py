@@ -128,12 +128,24 @@ def _build_registry(client):
         time.sleep(seconds)
         client.rpush(log + SPANS_SUFFIX, f"{ctx.job.id} {pid} {int(start * 1000)} {int(time.time() * 1000)}")
 
+    def obedient(ctx, seconds: float, log: str = RUNS_KEY, **_):
+        """A sync job that checks for a cancel between steps, and reports its progress at each."""
+        record(ctx, log)
+        steps = int(seconds / 0.05)
+        for step in range(steps):
+            ctx.report_progress(100 * step / steps, f"step {step} of {steps}")
+            if ctx.cancelled:
+                client.rpush(log + ":told", ctx.job.id)
+            ctx.check_cancelled()
+            time.sleep(0.05)
+        client.rpush(log + DONE_SUFFIX, ctx.job.id)
+
     registry = HandlerRegistry()
     registry.register("span", span, takes_context=True)
     registry.register("span_sync", span_sync, takes_context=True)
     for name, fn in [("noop", noop), ("echo", echo), ("slow", slow), ("block", block), ("fail_n_times", fail_n_times),
                      ("unrecoverable", unrecoverable), ("foreign_unrecoverable", foreign_unrecoverable),
-                     ("die", die)]:
+                     ("die", die), ("obedient", obedient)]:
         registry.register(name, fn, takes_context=True)
     registry.register("retry_after", retry_after, takes_context=True, backoff="retry_after")
     # the middle layer of the retry budget: task defaults, below the job's own options
@@ -156,6 +168,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-attempts", type=int, default=None, help="worker-wide retry budget")
     p.add_argument("--backoff-ms", type=float, default=None, help="worker-wide fixed backoff")
     p.add_argument("--shutdown-timeout", type=float, default=25.0)
+    p.add_argument("--cancel-grace", type=float, default=10.0)
     p.add_argument("--record-url", default=None,
                    help="the server handlers record their runs on (default: --url); a test that restarts the "
                         "queue's server records elsewhere")
@@ -190,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size, block_ms=args.block_ms, policy=RetryPolicy(**policy_options),
         visibility_timeout_ms=args.visibility_ms, promoter_poll_interval=args.poll,
         promoter_lock_ttl_ms=args.lock_ttl_ms, shutdown_timeout=args.shutdown_timeout,
-        signing_keys=args.signing_key, limits=json.loads(args.limits) if args.limits else None, **options,
+        signing_keys=args.signing_key, limits=json.loads(args.limits) if args.limits else None,
+        cancel_grace=args.cancel_grace, **options,
     )
     worker.run_sync()
     client.close()

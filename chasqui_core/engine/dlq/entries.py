@@ -16,7 +16,7 @@ from ..envelope import DecodeError, Job, decode
 from .fingerprint import fingerprint, fingerprint_id
 
 REASONS = ("retries_exhausted", "unrecoverable", "panic", "decode_failed", "internal", "unknown_task", "oversize",
-           "bad_signature", "invalid")
+           "bad_signature", "invalid", "cancelled")
 """Why a job was dead-lettered (the ``reason`` field of every DLQ entry)."""
 
 MAX_PART = 2**64 - 1

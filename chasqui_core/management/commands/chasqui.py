@@ -37,6 +37,7 @@ from chasqui_core.services import audit as audit_service
 from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services import dlq as dlq_service
 from chasqui_core.services import background
+from chasqui_core.services import jobs as jobs_service
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services import queues as queues_service
 from chasqui_core.services import workers as workers_service
@@ -203,6 +204,9 @@ class Command(BaseCommand):
         keys.add_parser("revoke", help="Revoke a key by its prefix.").add_argument("prefix")
         keys.add_parser("list", help="List keys (prefixes only).")
 
+        sub.add_parser("cancel", help="Cancel a job by id: waiting, delayed or running (it goes to the DLQ as "
+                                      "cancelled).").add_argument("job_id")
+
         ops = sub.add_parser("operations", help="Background operations (big replays/discards).")
         ops.add_argument("--limit", type=int, default=20)
         ops.add_argument("--run", nargs="?", const="", metavar="QUEUE",
@@ -233,6 +237,7 @@ class Command(BaseCommand):
             "resume": self.resume,
             "apikey": self.apikey,
             "operations": self.operations,
+            "cancel": self.cancel,
         }[command]
         try:
             handler(opts)
@@ -407,6 +412,13 @@ class Command(BaseCommand):
         else:
             entry_id = delayed_service.run_delayed_now(self.actor, queue, opts["job_id"], source="cli")
             self._say(f"Job {opts['job_id']} moved to the stream of {queue} (entry {entry_id}).")
+
+    # --- cancel -------------------------------------------------------------------------------------
+
+    def cancel(self, opts: dict) -> None:
+        done = jobs_service.cancel_job(self.actor, opts["job_id"], source="cli")
+        self._say(f"Cancel of job {done.job_id} ({done.state}, queue {done.queue}) recorded: "
+                  + ("it will not run." if done.state != "running" else "its worker stops it."))
 
     # --- pause / resume ------------------------------------------------------------------------------
 
