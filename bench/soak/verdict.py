@@ -15,8 +15,11 @@ The rules, and why:
   delivery as a run, lost ones included, so the budget holds across
   crashes. A replay adds the budget again (reset) or one run. The one
   documented excess (retries.md, "Execution idempotency"): a run that ended
-  but whose process died before its outcome was settled is run again, so a
-  job with a *lost* run may run once more.
+  but whose process died before its outcome was settled is run again,
+  uncharged, so each such *unsettled* run allows one run more (a job can
+  meet it twice: its rerun's outcome lost with a second abrupt death); a job
+  with a *lost* run may run once more (a run killed before its start was
+  journaled is not charged).
 - **A lost run** is one whose process died under it: a start without an
   end in a process that is gone, or an end followed within
   ``SETTLE_WINDOW`` by its process's *abrupt* death (killed with SIGKILL,
@@ -174,9 +177,9 @@ def abrupt_deaths(ev: Evidence) -> set[int]:
     return out
 
 
-def _allowed_runs(kind: Kind, replays: list[bool], lost: int) -> int:
+def _allowed_runs(kind: Kind, replays: list[bool], lost: int, unsettled: int) -> int:
     budget = kind.budget + sum(kind.budget if reset else 1 for reset in replays)
-    return budget + (1 if lost else 0)
+    return budget + unsettled + (1 if lost else 0)
 
 
 def _schedule_of(job_id: str) -> str:
@@ -260,7 +263,7 @@ def judge(ev: Evidence) -> Verdict:
             flag("replay not run", f"replayed {len(replays)} time(s) but ran only {len(runs)} time(s): each replay "
                                    "must give the job a new run")
 
-        allowed = _allowed_runs(kind, replays, lost)
+        allowed = _allowed_runs(kind, replays, fates[LOST], fates[UNSETTLED])
         if len(runs) > allowed:
             flag("over budget", f"ran {len(runs)} times; its budget of {kind.budget}, {len(replays)} replay(s) and "
                                 f"{lost} lost or unsettled run(s) allow {allowed}")

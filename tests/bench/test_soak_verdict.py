@@ -155,6 +155,24 @@ def test_one_more_run_is_allowed_when_a_run_s_outcome_was_lost_with_its_killed_p
     assert what(b.judge()) == [("over budget", "fail-2")]
 
 
+def test_each_outcome_lost_with_an_abrupt_death_allows_one_more_run():
+    """Two crashes, each just after the job's run ended: its outcome was lost twice, so it ran twice more."""
+    b = Book()
+    b.enqueue("fail-3", "always_fail")
+    b.run("fail-3", "always_fail", at=1, outcome="error", error_class="SoakFailure", pid=KILLED_PID)
+    b.run("fail-3", "always_fail", at=4, outcome="error", error_class="SoakFailure", pid=CRASHED_PID)
+    for at in (7, 8, 9):
+        b.run("fail-3", "always_fail", at=at, outcome="error", error_class="SoakFailure")
+    b.dies("fail-3", "retries_exhausted")
+    b.process_died(KILLED_PID, 1.12, killed=True)
+    b.process_died(CRASHED_PID, 4.12, killed=True)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert verdict.rows["always_fail"].unsettled == 2
+    b.run("fail-3", "always_fail", at=10, outcome="error", error_class="SoakFailure")
+    assert what(b.judge()) == [("over budget", "fail-3")]
+
+
 def test_replays_add_to_the_budget_a_whole_budget_or_one_run():
     b = a_clean_book()
     b.replay("fail-1", "always_fail", reset=True)
