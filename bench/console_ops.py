@@ -34,6 +34,7 @@ from chasqui_core.engine.keys import QueueKeys
 
 from .dlq_page import fill
 from .resp import RawPipe, encode
+from .results import Measurement
 
 MATCHING = "upstream did not answer"
 """The error text every entry ``dlq_page.fill`` writes has: the filtered set."""
@@ -204,6 +205,37 @@ def measure(
         search_found=found,
         search_per_s=dlq_size / search_s,
     )
+
+
+OPS_SIZE = 100_000
+"""The filtered set the console-scale scenario replays (issue 29's "a 100,000 filtered set")."""
+CONFIRM, FIRST_PROGRESS, REPLAY_RATE, PACED, SEARCH = (
+    "bulk replay: confirmation", "bulk replay: first progress", "bulk replay: entries/s",
+    "bulk replay, paced: entries/s", "free-text search: entries scanned/s")
+
+
+def label(size: int, case: str) -> str:
+    return f"console-scale, {size:,} filtered, {case}"
+
+
+def run(ctx, built) -> list[Measurement]:
+    """The console-scale scenario's bulk-replay and search rows, on a DLQ of their own (``built`` is unused)."""
+    size = ctx.size(OPS_SIZE, 2_000)
+    fig = measure(ctx.client, ctx.url, "console-ops", size, say=ctx.say)
+    note = f"{fig.dlq_size:,} entries in the DLQ, {fig.size:,} matching a free-text filter"
+    return [
+        Measurement("console-scale", label(size, CONFIRM), "ms", [round(fig.confirm_ms, 1)], jobs=fig.size,
+                    lower_is_better=True,
+                    note=f"{note}; {'exact' if fig.confirm_exact else 'about'} {fig.confirm_count:,}"),
+        Measurement("console-scale", label(size, FIRST_PROGRESS), "ms", [round(fig.first_progress_ms, 1)],
+                    jobs=fig.size, lower_is_better=True, note=f"{note}; from recording it to entries handled"),
+        Measurement("console-scale", label(size, REPLAY_RATE), "jobs/s", [round(fig.replay_per_s)], jobs=fig.size,
+                    note=f"{note}; run by a worker's operations part in another process"),
+        Measurement("console-scale", label(size, PACED), "jobs/s", [round(fig.paced_per_s)], jobs=fig.paced_count,
+                    note=f"asked for {fig.paced_rate:,}/s"),
+        Measurement("console-scale", label(size, SEARCH), "jobs/s", [round(fig.search_per_s)],
+                    jobs=fig.search_scanned, note=f"{fig.search_found} found, end to end from Python"),
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -344,11 +344,10 @@ def index_memory_mb(client, queue: str) -> float:
 
 
 def extra_measurements(ctx, built: Built) -> list[Measurement]:
-    """Measurements other modules make on the same DLQ: bench/console_ops.py (bulk replay, search) when present."""
-    try:
-        from . import console_ops  # type: ignore[attr-defined]
-    except ImportError:
-        return []
+    """The rest of issue 29's goals: bulk replay and search (bench/console_ops.py, on a DLQ of their own), and a
+    first failure's way to the overview (bench/console_live.py, run alone: ``python -m bench.console_live``)."""
+    from . import console_ops
+
     result: list[Measurement] = console_ops.run(ctx, built)
     return result
 

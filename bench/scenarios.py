@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from . import (ceiling, cluster, console_scale, consumer, django_path, dlq_page, latency, memory, peers, producer,
-               promoter)
+from . import (ceiling, cluster, console_ops, console_scale, consumer, django_path, dlq_page, latency, memory, peers,
+               producer, promoter)
 from .results import Measurement
 
 
@@ -122,6 +122,12 @@ def _console_goals(size: int) -> dict[str, Goal]:
         goals[cs.label(size, f"{cs.GOAL_COUNT} ({case})")] = Goal("< 1 s")
     for state in ("dead", "delayed", "waiting", "finished"):
         goals[cs.label(size, f"{cs.GOAL_FIND} ({state})")] = Goal("< 100 ms")
+    ops = console_ops
+    goals[ops.label(ops.OPS_SIZE, ops.CONFIRM)] = Goal("< 1 s")
+    goals[ops.label(ops.OPS_SIZE, ops.FIRST_PROGRESS)] = Goal("< 1 s")
+    goals[ops.label(ops.OPS_SIZE, ops.REPLAY_RATE)] = Goal("≥ 10,000 entries/s")
+    goals[ops.label(ops.OPS_SIZE, ops.PACED)] = Goal("the pace asked for")
+    goals[ops.label(ops.OPS_SIZE, ops.SEARCH)] = Goal("≥ 200,000 entries/s")
     return goals
 
 
