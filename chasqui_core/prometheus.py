@@ -4,8 +4,9 @@ The collector keeps no counters of its own: every value comes from Redis when
 Prometheus asks, so any web process answers for the whole fleet and a
 restarted process loses nothing. A scrape costs two round trips whatever the
 number of queues: the queue registry, then one pipeline with the server's
-clock and every queue's stats (``engine/stats.py``) and totals
-(``engine/totals.py``).
+clock and every queue's stats (``engine/stats.py``), totals
+(``engine/totals.py``) and count of limit buckets; only a queue whose jobs
+met a rate or concurrency limit costs one read more (``engine/limits.py``).
 """
 
 from __future__ import annotations
@@ -44,9 +45,12 @@ _BUCKET_BOUNDS = [floatToGoString(ms / 1000) for ms in totals.DURATION_BOUNDS_MS
 class QueueCollector(Collector):
     """Every registered queue's depth, counters and run durations, in one pipelined read per scrape."""
 
-    def __init__(self, client, *, stale_after_ms: int = stats.DEFAULT_STALE_AFTER_MS) -> None:
+    def __init__(self, client, *, stale_after_ms: int = stats.DEFAULT_STALE_AFTER_MS,
+                 windows: dict[str, int] | None = None) -> None:
         self.client = client
         self.stale_after_ms = stale_after_ms
+        self.windows = windows or {}
+        """Each rate limit's window (ms) by scope, so its figure counts the current window's starts only."""
 
     def collect(self) -> Iterator[Metric]:
         all_keys = [QueueKeys.for_queue(name) for name in stats.list_queues(self.client)]
@@ -55,9 +59,10 @@ class QueueCollector(Collector):
         for keys in all_keys:
             stats.add_stats_reads(pipe, keys)
             totals.add_reads(pipe, keys)
+            pipe.scard(keys.limits)
         replies = pipe.execute(raise_on_error=False)
         now = stats.server_ms(replies[0])
-        per_queue = stats.STATS_READS + totals.READS
+        per_queue = stats.STATS_READS + totals.READS + 1
 
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(PREFIX + name, doc, labels=["queue"])
@@ -79,7 +84,7 @@ class QueueCollector(Collector):
         for i, keys in enumerate(all_keys):
             start = 1 + per_queue * i
             qs = stats.stats_from_replies(keys, replies[start:start + stats.STATS_READS], now, self.stale_after_ms)
-            counted = totals.parse(keys.queue, *replies[start + stats.STATS_READS:start + per_queue])
+            counted = totals.parse(keys.queue, *replies[start + stats.STATS_READS:start + per_queue - 1])
             label = [keys.queue]
             depth.add_metric(label, qs.stream_length)
             pending.add_metric(label, qs.pending)
@@ -97,6 +102,34 @@ class QueueCollector(Collector):
                     cumulative.append((bound, running))
                 durations.add_metric([keys.queue, task], cumulative, histogram.sum_ms / 1000)
         yield from (depth, pending, delayed, dlq, paused, workers, lag, *counters.values(), durations)
+        limited = [keys for i, keys in enumerate(all_keys) if replies[1 + per_queue * i + per_queue - 1]]
+        yield from self.limit_figures(limited)
+
+    def limit_figures(self, limited: list[QueueKeys]) -> Iterator[Metric]:
+        """Each rate and concurrency limit in use, per queue: runs, starts in the window, jobs waiting for room.
+
+        Summed over a limit's buckets (a keyed limit has one per key value, too
+        many to label); the console lists the busiest buckets. Only queues
+        whose jobs met a limit cost a read here.
+        """
+        labels = ["queue", "limit"]
+        running = GaugeMetricFamily(PREFIX + "limit_running_jobs", "Concurrency slots held now.", labels=labels)
+        waiting = GaugeMetricFamily(PREFIX + "limit_waiting_jobs", "Jobs waiting in the delayed set for room in the "
+                                    "limit.", labels=labels)
+        started = GaugeMetricFamily(PREFIX + "limit_window_starts", "Starts within the rate limit's current window.",
+                                    labels=labels)
+        for keys in limited:
+            sums: dict[str, list[int]] = {}
+            for b in limits.read_buckets(self.client, keys, self.windows):
+                total = sums.setdefault(b.scope, [0, 0, 0])
+                total[0] += b.running
+                total[1] += b.waiting
+                total[2] += b.started
+            for scope, (r, w, n) in sums.items():
+                running.add_metric([keys.queue, scope], r)
+                waiting.add_metric([keys.queue, scope], w)
+                started.add_metric([keys.queue, scope], n)
+        yield from (running, waiting, started)
 
 
 class ScheduleCollector(Collector):
@@ -133,47 +166,9 @@ class ScheduleCollector(Collector):
         yield from (fired, missed, next_fire, last_fire, paused)
 
 
-class LimitCollector(Collector):
-    """Each rate and concurrency limit in use, per queue: runs, starts in the window, jobs waiting for room.
-
-    Summed over a limit's buckets (a keyed limit has one per key value, too
-    many to label); the console lists the busiest buckets.
-    """
-
-    def __init__(self, client, windows: dict[str, int]) -> None:
-        self.client = client
-        self.windows = windows
-
-    def collect(self) -> Iterator[Metric]:
-        all_keys = [QueueKeys.for_queue(name) for name in stats.list_queues(self.client)]
-        pipe = self.client.pipeline(transaction=False)
-        for keys in all_keys:
-            pipe.scard(keys.limits)
-        used = [keys for keys, n in zip(all_keys, pipe.execute(), strict=True) if n]
-        labels = ["queue", "limit"]
-        running = GaugeMetricFamily(PREFIX + "limit_running_jobs", "Concurrency slots held now.", labels=labels)
-        waiting = GaugeMetricFamily(PREFIX + "limit_waiting_jobs", "Jobs waiting in the delayed set for room in the "
-                                    "limit.", labels=labels)
-        started = GaugeMetricFamily(PREFIX + "limit_window_starts", "Starts within the rate limit's current window.",
-                                    labels=labels)
-        for keys in used:
-            sums: dict[str, list[int]] = {}
-            for b in limits.read_buckets(self.client, keys, self.windows):
-                total = sums.setdefault(b.scope, [0, 0, 0])
-                total[0] += b.running
-                total[1] += b.waiting
-                total[2] += b.started
-            for scope, (r, w, s) in sums.items():
-                running.add_metric([keys.queue, scope], r)
-                waiting.add_metric([keys.queue, scope], w)
-                started.add_metric([keys.queue, scope], s)
-        yield from (running, waiting, started)
-
-
 def render(client, schedules: list[Schedule] | None = None, windows: dict[str, int] | None = None) -> bytes:
     """The text exposition of every queue (and of the given schedules), read now."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(QueueCollector(client))
+    registry.register(QueueCollector(client, windows=windows))
     registry.register(ScheduleCollector(client, schedules or []))
-    registry.register(LimitCollector(client, windows or {}))
     return generate_latest(registry)

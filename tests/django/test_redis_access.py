@@ -22,7 +22,10 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 
-from chasqui_core.engine import delayed, metrics, scheduler, stats, totals
+from chasqui_core.engine import control, delayed, history, limits, metrics, scheduler, stats, totals
+from chasqui_core.engine.dlq.estimate import estimate_matching
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.search import TextSearch
 from chasqui_core.engine.connection import connect, forget, is_cluster_client, masked
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.embedded import EmbeddedCluster
@@ -205,7 +208,8 @@ def test_the_documented_acl_users_can_do_their_work_and_nothing_is_refused(acl_c
     runs: Counter[str] = Counter()
     every_second = Schedule("acl-tick", "ok", names[1], every_ms=1000, args=["tick"])
     worker = WorkerThread(names, registry_recording(runs), urls["worker"], visibility_timeout_ms=1500,
-                          dead_worker_grace_ms=500, promoter_poll_interval=0.05, schedules=[every_second])
+                          dead_worker_grace_ms=500, promoter_poll_interval=0.05, schedules=[every_second],
+                          limits={"slow": {"concurrency": 1}, names[0]: {"rate": "1000/s"}})
     try:
         expected = {f"{n}:{tag}" for n in names
                     for tag in ("one", "keyed", "later", "slow", "broken", "async", "idempotent")} | {"tick"}
@@ -232,6 +236,14 @@ def test_the_documented_acl_users_can_do_their_work_and_nothing_is_refused(acl_c
             assert delayed.page(console, name).items
             assert delayed.cancel(console, name, f"{name}-cancel")
             assert delayed.run_now(console, name, f"{name}-now")
+            # the DLQ's search, counts and index; a job cancelled by id; history and limits
+            TextSearch(console, name).search("no such text")
+            estimate_matching(dead, DLQFilter(task="broken"))
+            dead.count_matching(DLQFilter(task="broken", reason="retries_exhausted"))
+            queue.add("ok", [f"{name}:cancelled"], job_id=f"{name}-cancelled", delay=600_000)
+            queue.cancel(f"{name}-cancelled")
+            history.window(console, name, "24h")
+            limits.read_buckets(console, QueueKeys.for_queue(name))
         wait_for(lambda: all(runs[f"{n}:run-now"] == 1 for n in names), 30, "the jobs run now")
         stats.prune_stale_workers(console)
         # the schedules page: states and recent fires, pause and resume, a fire by hand recorded
@@ -248,6 +260,9 @@ def test_the_documented_acl_users_can_do_their_work_and_nothing_is_refused(acl_c
         Reader(console).read(names)
         assert HealthCheck(urls["console"], lock_ttl_ms=5000).run().redis == "ok"
         _cache_and_channel_layer(urls["console"])
+        # an operator quiets the worker: the console writes the command, the worker reads it
+        assert control.send(Scripts(console), worker.worker.id, "quiet")
+        wait_for(lambda: [w.state for w in stats.workers(console)] == ["quiet"], 30, "the worker to be quiet")
     finally:
         worker.stop()
     refused = {(entry["reason"], entry["object"]) for entry in acl_refusals(cluster)}
