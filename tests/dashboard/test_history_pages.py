@@ -11,6 +11,7 @@ from chasqui_core.engine import history, totals
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.engine.scripts import Scripts
+from tests.helpers import keys_matching
 
 pytestmark = pytest.mark.django_db
 
@@ -46,7 +47,7 @@ def test_the_range_picker_swaps_the_panel_and_counts_from_the_ranges_snapshot(vi
     _settle(redis, ["emails.tasks.send"] * 5, [3] * 5)
     history.snapshot(Scripts(redis), KEYS)
     hour = int(redis.time()[0]) // 3600
-    [hourly] = redis.keys(f"{KEYS.metrics}snap:1h:*")
+    [hourly] = keys_matching(redis, f"{KEYS.metrics}snap:1h:*")
     redis.rename(hourly, f"{KEYS.metrics}snap:1h:{hour - 24}")  # as if taken a day ago
     _settle(redis, ["emails.tasks.send"] * 2, [3, 3])
     c = _client(viewer)

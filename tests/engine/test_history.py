@@ -5,6 +5,7 @@ import pytest
 from chasqui_core.engine import history, totals
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.scripts import Scripts
+from tests.helpers import keys_matching
 
 
 def _settle(redis, keys: QueueKeys, tasks, durations, failed=()):
@@ -30,7 +31,7 @@ def test_a_snapshot_is_taken_once_per_period_and_ranges_count_from_it(redis):
     _settle(redis, keys, ["send"] * 4, [3, 3, 3, 3], failed=["send"])
     assert history.snapshot(scripts, keys) == 2  # the 5-minute and the hourly one
     assert history.snapshot(scripts, keys) == 0, "the period's snapshots exist: nothing is written again"
-    snaps = redis.keys(f"{keys.metrics}snap:*")
+    snaps = keys_matching(redis, f"{keys.metrics}snap:*")
     assert len(snaps) == 2 and all(0 < redis.ttl(k) <= 8 * 24 * 3600 + 3600 for k in snaps)
     # runs after the snapshot: a range starting at it counts only these
     _settle(redis, keys, ["send"] * 10 + ["bill"] * 2, [40] * 9 + [2000] + [7, 7], failed=["send", "send", "bill"])
