@@ -15,7 +15,7 @@
 -- each hit with the needle.
 --
 -- Most of a scan's time is turning XREVRANGE's reply into Lua tables. That
--- costs about a third less per entry when the chunk is read in small steps
+-- costs about a quarter less per entry when the chunk is read in small steps
 -- (a few hundred entries): each step's reply and tables stay in the CPU's
 -- cache and are garbage before the next step, where one big read of the whole
 -- chunk spills out of it. Entries written by settle.lua hold 'j' and 'error'
