@@ -227,6 +227,23 @@ def test_search_results_do_not_depend_on_chunks_steps_or_pages(redis):
             assert _all_pages(search, text, limit=limit, chunk=101, step=13) == expected, (text, limit)
 
 
+def test_search_pages_skip_candidates_a_mask_hides(redis):
+    shown = []
+    for i in range(120):
+        if i % 12 == 5:
+            args, kwargs = ["zq-needle"], {}
+        else:  # the needle only as a masked value: a candidate in the raw text, never a match
+            args, kwargs = [], {"password": f"zq-needle-{i}"}
+        eid = add_dead(redis, Job(new_job_id(), "billing.charge", args, kwargs, created_at=now_ms(), errors=[err("x")]))
+        if args:
+            shown.append(eid)
+    search = TextSearch(redis, Q)
+    expected = _every_match(redis, "zq-needle")
+    assert expected == shown[::-1]
+    for limit in (1, 3, 50):
+        assert _all_pages(search, "ZQ-needle", limit=limit, chunk=1000) == expected, limit
+
+
 def test_search_never_matches_a_masked_secret(redis):
     secret = add_dead(
         redis,

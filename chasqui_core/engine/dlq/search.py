@@ -154,10 +154,12 @@ class TextSearch:
                 keys=[self.keys.dlq], args=[start, min(chunk, scan_limit - scanned), pattern, at, step]
             )
             read, nxt, candidates = int(reply[0]), reply[1].decode(), reply[2:]
+            size = 0
             while candidates:
-                # fetch only as many as the page may still take (a common word makes every entry a
-                # candidate); most candidates match, the few a mask hides cost one more round trip
-                batch, candidates = candidates[: limit + 1 - len(items)], candidates[limit + 1 - len(items) :]
+                # fetch as many as the page may still take (a common word makes every entry a candidate),
+                # twice as many each time a mask hid some: a few round trips a chunk, however many it hides
+                size = max(limit + 1 - len(items), 2 * size)
+                batch, candidates = candidates[:size], candidates[size:]
                 for dead in self._matching(batch, folded):
                     if len(items) == limit:  # one more match: the next page starts here
                         return SearchPage(items, format_id(id_of(dead.entry_id)), scanned + read, total)
