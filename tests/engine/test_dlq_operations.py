@@ -13,7 +13,8 @@ from chasqui_core.engine.dlq.estimate import estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.operations import Operations, run_pending
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.dlq.search import TextSearch
+from chasqui_core.engine.dlq.entries import decode_entry
+from chasqui_core.engine.dlq.search import TextSearch, visible_texts
 from chasqui_core.engine.envelope import Job, decode, new_job_id, now_ms
 from chasqui_core.engine.registry import HandlerRegistry
 from tests.engine.test_dlq import KEYS, Q, add_dead, bulk_dead, dead_job, err, run_worker
@@ -174,6 +175,73 @@ def test_search_finds_rare_matches_across_chunks_newest_first(redis):
     assert [d.entry_id for d in rest.items] == [rare]
     bounded = search.search("no such text", scan_limit=1000, chunk=500)
     assert bounded.items == [] and bounded.scanned == 1000 and bounded.next_cursor is not None
+
+
+def _every_match(redis, text: str) -> list[str]:
+    """The entry ids a search for ``text`` must return, newest first: every entry read and checked here."""
+    folded = text.casefold()
+    return [
+        eid.decode()
+        for eid, fields in redis.xrevrange(KEYS.dlq)
+        if any(folded in t.casefold() for t in visible_texts(decode_entry(Q, eid, fields)))
+    ]
+
+
+def _all_pages(search: TextSearch, text: str, **kw) -> list[str]:
+    ids: list[str] = []
+    cursor = None
+    while True:
+        page = search.search(text, cursor=cursor, time_limit=30, **kw)
+        ids += [d.entry_id for d in page.items]
+        if page.next_cursor is None:
+            return ids
+        cursor = page.next_cursor
+
+
+def test_search_results_do_not_depend_on_chunks_steps_or_pages(redis):
+    bulk_dead(redis, 300)
+    # fields in another order than settle.lua writes them; the needle only in the last error
+    for i in range(5):
+        job = dead_job(messages=(f"row {i} failed",))
+        redis.xadd(
+            KEYS.dlq,
+            {
+                "reason": "lost",
+                "error": f"worker LOST at row 4{i}",
+                "j": job.encode(),
+                "task": job.task,
+                "job_id": job.id,
+                "error_class": "WorkerLost",
+            },
+        )
+    bulk_dead(redis, 300)
+    search = TextSearch(redis, Q)
+    # a digit anchor; a letter anchor found in upper case, in entries laid out another way; every entry a candidate
+    for text in ("row 4", "lost AT", "ROW"):
+        expected = _every_match(redis, text)
+        assert expected, text
+        assert [d.entry_id for d in search.search(text, limit=1000, time_limit=30).items] == expected
+        for chunk, step in ((1, 1), (7, 3), (50, 50), (64, 250), (250, 7), (1000, 1)):
+            assert _all_pages(search, text, limit=1000, chunk=chunk, step=step) == expected, (text, chunk, step)
+        for limit in (1, 7, 50):
+            assert _all_pages(search, text, limit=limit, chunk=101, step=13) == expected, (text, limit)
+
+
+def test_search_pages_skip_candidates_a_mask_hides(redis):
+    shown = []
+    for i in range(120):
+        if i % 12 == 5:
+            args, kwargs = ["zq-needle"], {}
+        else:  # the needle only as a masked value: a candidate in the raw text, never a match
+            args, kwargs = [], {"password": f"zq-needle-{i}"}
+        eid = add_dead(redis, Job(new_job_id(), "billing.charge", args, kwargs, created_at=now_ms(), errors=[err("x")]))
+        if args:
+            shown.append(eid)
+    search = TextSearch(redis, Q)
+    expected = _every_match(redis, "zq-needle")
+    assert expected == shown[::-1]
+    for limit in (1, 3, 50):
+        assert _all_pages(search, "ZQ-needle", limit=limit, chunk=1000) == expected, limit
 
 
 def test_search_never_matches_a_masked_secret(redis):
