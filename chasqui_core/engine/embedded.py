@@ -121,6 +121,10 @@ class EmbeddedValkey:
 SLOTS = 16384
 
 
+class PortTaken(RuntimeError):
+    """A node could not listen: a port chosen free was taken by another process before the node bound it."""
+
+
 class EmbeddedCluster:
     """A Redis Cluster of ``masters`` masters with ``replicas`` replicas each, on free ports of 127.0.0.1.
 
@@ -196,8 +200,10 @@ class EmbeddedCluster:
             while True:
                 if process.poll() is not None:
                     err = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                    raise RuntimeError(f"Cluster node {port} exited at start (code {process.returncode}). "
-                                       f"See {folder / 'server.log'}. {err}".strip())
+                    log = folder / "server.log"
+                    taken = log.exists() and "Address already in use" in log.read_text(errors="replace")
+                    raise (PortTaken if taken else RuntimeError)(
+                        f"Cluster node {port} exited at start (code {process.returncode}). See {log}. {err}".strip())
                 try:
                     client.ping()
                     return
@@ -207,6 +213,22 @@ class EmbeddedCluster:
                     time.sleep(0.02)
         finally:
             client.close()
+
+    def _start_new_node(self, port: int, tries: int = 3) -> int:
+        """Start a node for the first time, on new ports if another process took its own since they were chosen
+        (``free_port`` can only say a port is free now); returns the port it listens on."""
+        for attempt in range(tries):
+            try:
+                self.start_node(port)
+                return port
+            except PortTaken:
+                if attempt == tries - 1:
+                    raise
+                self.processes.pop(port, None)
+                del self.bus_ports[port]
+                port = free_port()
+                self.bus_ports[port] = free_port()
+        raise AssertionError("unreachable")
 
     def stop_node(self, port: int, *, kill: bool = False) -> None:
         """Stop one node: SIGTERM (a clean shutdown), or SIGKILL to play a crash."""
@@ -225,8 +247,8 @@ class EmbeddedCluster:
 
     def start(self, timeout: float = 30.0) -> str:
         try:
-            for port in self.ports:
-                self.start_node(port)
+            for i, port in enumerate(list(self.ports)):
+                self.ports[i] = self._start_new_node(port)
             self._form(timeout)
         except BaseException:
             self.stop()
