@@ -28,6 +28,8 @@ def test_quiet_stops_fetching_and_finishes_what_runs(redis, workers):
     ids = {e.job_id for e in q.add_bulk([JobSpec("slow", kwargs={"seconds": 1.0}) for _ in range(40)])}
     wait_for(lambda: redis.llen(RUNS_KEY) >= 4, 20, "4 slow jobs to start")
     worker = _only_worker(redis, "c-quiet")
+    # a run is written to the start journal just after it starts (fire-and-forget): wait for the marks to land
+    wait_for(lambda: running_jobs(redis, worker.id, ["c-quiet"]).total == 4, 10, "the 4 runs in the journal")
     page = running_jobs(redis, worker.id, ["c-quiet"])
     assert page.total == 4 and {r.job_id for r in page.items} <= ids and all(r.task == "slow" for r in page.items)
 
