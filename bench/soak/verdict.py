@@ -34,8 +34,10 @@ The rules, and why:
   whose job the ledger shows lost at two process deaths (that is what the
   engine promises: a job in flight during two deaths is a poison pill);
   a ``panic`` without two lost runs in the ledger is a *false panic*, and
-  a job whose runs were lost at more than two deaths went *past the
-  poison-pill limit* (it killed a third worker). A job whose budget a lost
+  a job charged more than two lost runs went *past the poison-pill limit*
+  (it killed a third worker). A lost run the engine did not charge (its
+  start-journal mark never reached Redis: the job runs again with the same
+  attempt number) does not count there: the recovery count catches those. A job whose budget a lost
   run spent is dead-lettered as ``retries_exhausted`` with a ``WorkerLost``
   error: right for any kind, if the ledger shows a lost run.
 - *The ledger's start is the task function's first line*; the engine
@@ -177,6 +179,24 @@ def abrupt_deaths(ev: Evidence) -> set[int]:
     return out
 
 
+def charged_deaths(runs: list[Run], kind: Kind, dead_pids: Mapping[int, float | None], abrupt: set[int]) -> int:
+    """Lost runs the engine charged: those followed by no later run with the same attempt number.
+
+    A run whose start-journal mark never reached Redis (its process died
+    first, or Redis was restarting) comes back uncharged, and its job runs
+    again with the same attempt number; the engine catches a job that keeps
+    doing that by its recovery count (``retry.RECOVERIES_BEFORE_PANIC``), not
+    by its deaths, so only charged deaths count against the poison-pill limit.
+    """
+    ordered = sorted(runs, key=lambda r: r.started)
+    charged = 0
+    for i, run in enumerate(ordered):
+        if is_lost(run, kind, dead_pids, abrupt) == LOST and not any(
+                later.attempt == run.attempt for later in ordered[i + 1:]):
+            charged += 1
+    return charged
+
+
 def _allowed_runs(kind: Kind, replays: list[bool], lost: int, unsettled: int) -> int:
     budget = kind.budget + sum(kind.budget if reset else 1 for reset in replays)
     return budget + unsettled + (1 if lost else 0)
@@ -270,10 +290,11 @@ def judge(ev: Evidence) -> Verdict:
 
         if kind.expect == "dead" and succeeded:
             flag("unexpected success", f"a {kind.name} job must end dead ({kind.reason})")
-        if fates[LOST] > POISON_PILL_DEATHS * (1 + len(replays)):
-            flag("past the poison-pill limit", f"lost {fates[LOST]} runs with their processes: a job in flight at "
-                                               f"{POISON_PILL_DEATHS} deaths must be dead-lettered as panic instead "
-                                               "of killing another worker")
+        charged = charged_deaths(runs, kind, ev.dead_pids, abrupt)
+        if charged > POISON_PILL_DEATHS * (1 + len(replays)):
+            flag("past the poison-pill limit", f"lost {charged} charged runs with their processes: a job in flight "
+                                               f"at {POISON_PILL_DEATHS} deaths must be dead-lettered as panic "
+                                               "instead of killing another worker")
         for d in dead:
             if d.reason == "panic":
                 if lost < 2:

@@ -40,10 +40,10 @@ class Book:
         return job_id
 
     def run(self, job_id: str, kind: str, *, at: float, outcome: str | None = "ok", pid: int = ALIVE_PID,
-            error_class: str = "", took: float = 0.1) -> None:
+            error_class: str = "", took: float = 0.1, attempt: int | None = None) -> None:
         self._runs += 1
         run_id = f"r{self._runs}"
-        self._line(j=job_id, k=kind, e="start", r=run_id, a=self._runs, p=pid, t=T0 + at)
+        self._line(j=job_id, k=kind, e="start", r=run_id, a=attempt or self._runs, p=pid, t=T0 + at)
         if outcome is not None:
             self._line(j=job_id, k=kind, e="end", r=run_id, o=outcome, x=error_class, p=pid, t=T0 + at + took)
 
@@ -227,7 +227,22 @@ def test_a_job_whose_runs_were_lost_at_three_deaths_went_past_the_poison_pill_li
     b.process_died(CRASHED_PID + 2, 15.01)
     verdict = b.judge()
     assert what(verdict) == [("past the poison-pill limit", "crash-1")]
-    assert "lost 3 runs" in verdict.discrepancies[0].detail
+    assert "lost 3 charged runs" in verdict.discrepancies[0].detail
+
+
+def test_a_lost_run_the_engine_did_not_charge_does_not_count_toward_the_poison_pill_limit():
+    """Its start-journal mark never reached Redis (Redis was restarting): the job ran again as the same attempt."""
+    b = Book()
+    b.enqueue("crash-9", "crash")
+    for n, (pid, attempt) in enumerate([(CRASHED_PID, 1), (CRASHED_PID + 1, 1), (CRASHED_PID + 2, 2)]):
+        b.run("crash-9", "crash", at=10 + n, outcome=None, pid=pid, attempt=attempt)
+        b.process_died(pid, 10 + n + 0.01)
+    b.dies("crash-9", "panic", "WorkerLost", "soak-c")
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    b.run("crash-9", "crash", at=20, outcome=None, pid=CRASHED_PID + 3, attempt=3)
+    b.process_died(CRASHED_PID + 3, 20.01)
+    assert what(b.judge()) == [("past the poison-pill limit", "crash-9")]
 
 
 def test_a_budget_spent_by_a_lost_run_is_retries_exhausted_with_worker_lost_only_when_a_run_was_lost():
