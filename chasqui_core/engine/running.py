@@ -19,8 +19,10 @@ import asyncio
 import contextvars
 import logging
 import time
+import enum
 from collections import deque
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, Final, TypeVar
 
 from .admission import Admission
 from .connection import Client
@@ -38,6 +40,15 @@ from .sync_lane import FAILED, REQUEUE, SyncLane
 from .tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
+
+class _Unread(enum.Enum):
+    UNREAD = 0
+
+
+UNREAD: Final = _Unread.UNREAD
+"""What ``_read_or_requeue`` returns when the read failed and its deliveries went back on the stream."""
+
+T = TypeVar("T")
 
 LIMIT_RETRY_S = 0.5
 """How long a reader waits after a failed limit check before reading again."""
@@ -137,17 +148,8 @@ class JobRunner:
         If Redis cannot answer, the jobs go back on the stream as they were:
         none runs unchecked, none is lost.
         """
-        try:
-            taken = await self.gate.take(keys, limited)
-        except asyncio.CancelledError:
-            for d in limited:
-                self._requeue(d)
-            raise
-        except Exception as exc:
-            logger.warning("checking the limits of %d job(s) on %s failed (%s: %s); they go back on the stream",
-                           len(limited), keys.queue, type(exc).__name__, exc)
-            for d in limited:
-                self._requeue(d)
+        taken = await self._read_or_requeue(keys, limited, "checking the limits", self.gate.take(keys, limited))
+        if taken is UNREAD:
             await asyncio.sleep(LIMIT_RETRY_S)  # this reader only: no hot loop while the check keeps failing
             return
         if len(taken.admitted) < len(limited):
@@ -160,6 +162,26 @@ class JobRunner:
         await self._start(keys, taken.admitted)
         if self.buffered <= self.prefetch // 2:
             self._room.set()
+
+    async def _read_or_requeue(self, keys: QueueKeys, deliveries: list[Delivery], doing: str,
+                               read: Awaitable[T]) -> T | _Unread:
+        """Await a read the batch depends on (idempotency markers, cancel requests, limit slots).
+
+        If Redis cannot answer, the deliveries go back on the stream as they
+        were, so nothing runs unchecked and nothing is lost; returns UNREAD then.
+        """
+        try:
+            return await read
+        except asyncio.CancelledError:
+            for d in deliveries:
+                self._requeue(d)
+            raise
+        except Exception as exc:
+            logger.warning("%s of %d job(s) on %s failed (%s: %s); they go back on the stream", doing,
+                           len(deliveries), keys.queue, type(exc).__name__, exc)
+            for d in deliveries:
+                self._requeue(d)
+            return UNREAD
 
     def _give_back(self, d: Delivery) -> None:
         """Give back a run's concurrency slots soon, with the others of this turn of the loop (one call)."""
@@ -192,17 +214,9 @@ class JobRunner:
         """The deliveries no cancel request names; the others are dead-lettered as cancelled without running.
 
         If Redis cannot answer, the jobs go back on the stream as they were: nothing runs unchecked."""
-        try:
-            record = await self.cancel_copies.of(self.client, keys, version)
-        except asyncio.CancelledError:
-            for d in admitted:
-                self._requeue(d)
-            raise
-        except Exception as exc:
-            logger.warning("reading the cancel requests of %d job(s) on %s failed (%s: %s); they go back on the "
-                           "stream", len(admitted), keys.queue, type(exc).__name__, exc)
-            for d in admitted:
-                self._requeue(d)
+        record = await self._read_or_requeue(keys, admitted, "reading the cancel requests",
+                                             self.cancel_copies.of(self.client, keys, version))
+        if record is UNREAD:
             return []
         if not record:
             return admitted
@@ -251,17 +265,9 @@ class JobRunner:
         One MGET for the batch's markers. If Redis cannot answer, the jobs go
         back on the stream as they were (nothing runs unchecked, nothing is lost).
         """
-        try:
-            done = await completed_by(self.client, [keys.done + (d.idempotency_key or "") for d in keyed])
-        except asyncio.CancelledError:
-            for d in keyed:
-                self._requeue(d)
-            raise
-        except Exception as exc:
-            logger.warning("checking the idempotency keys of %d job(s) on %s failed (%s: %s); they go back on "
-                           "the stream", len(keyed), keys.queue, type(exc).__name__, exc)
-            for d in keyed:
-                self._requeue(d)
+        done = await self._read_or_requeue(keys, keyed, "checking the idempotency keys", completed_by(
+            self.client, [keys.done + (d.idempotency_key or "") for d in keyed]))
+        if done is UNREAD:
             return
         accepted = False
         for d, by in zip(keyed, done, strict=True):
