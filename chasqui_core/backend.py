@@ -255,7 +255,8 @@ class ChasquiBackend(BaseTaskBackend):
     task_class = ChasquiTask
     supports_defer = True
     supports_async_task = True
-    supports_priority = False
+    supports_priority = True
+    """Priorities map to three bands per queue (high above 0, default, low below 0): see engine/priority.py."""
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -345,7 +346,7 @@ class ChasquiBackend(BaseTaskBackend):
 
     def _options(self, task: Task) -> dict[str, Any]:
         options: dict[str, Any] = {"run_at": task.run_after, "result_ttl": self.result_ttl,
-                                   "meta": {"backend": self.alias}}
+                                   "meta": {"backend": self.alias}, "priority": task.priority}
         if isinstance(task, ChasquiTask):
             options.update(job_id=task.job_id, attempts=task.job_attempts, backoff=task.job_backoff,
                            idempotency_key=task.idempotency_key, idempotency_ttl=task.idempotency_ttl,

@@ -44,6 +44,8 @@ class ChasquiSettings:
     """Seconds a run may take when neither the job nor its task sets a timeout; None: no limit."""
     CANCEL_GRACE: float = 10.0
     """Seconds a running sync job may go on once told it is cancelled, before it is given up like a timeout."""
+    PRIORITY: str = "strict"
+    """Which fetched job a worker starts next: "strict" (highest priority band first) or "weighted" (6:3:1)."""
     DEAD_WORKER_GRACE_MS: int = 600_000
     """Workers silent this long leave the consumer group and the workers list, once their jobs are reclaimed."""
     MAX_PAYLOAD_BYTES: int = 1024 * 1024
@@ -168,6 +170,10 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 366 * 24 * 3600:
             raise ImproperlyConfigured(
                 f"settings.CHASQUI['CANCEL_GRACE'] must be a number of seconds, 0 or more, got {value!r}")
+    if "PRIORITY" in raw and raw["PRIORITY"] not in ("strict", "weighted"):
+        raise ImproperlyConfigured(
+            f"settings.CHASQUI['PRIORITY'] must be 'strict' (the highest priority first) or 'weighted' (high, default "
+            f"and low priority take 6, 3 and 1 of every 10 starts), got {raw['PRIORITY']!r}")
     if "REDIS_URL" in raw and not isinstance(raw["REDIS_URL"], str):
         raise ImproperlyConfigured("settings.CHASQUI['REDIS_URL'] must be a string such as 'redis://127.0.0.1:6379/0'")
     if "MASKED_KEYS" in raw:

@@ -57,10 +57,11 @@ class Admission:
         refuse = self.outcomes.refuse
         limits = self.limits
         queue = keys.queue
+        stream = keys.stream
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
                 continue
-            tag = (queue, entry_id)
+            tag = (stream, entry_id)
             if tag in held:
                 self.skipped += 1
                 if self._skip_lines.allow():

@@ -203,9 +203,9 @@ class Watch:
         keep: list[tuple[QueueKeys, bytes, str]] = []
         out: dict[QueueKeys, list[str]] = {}
         for keys, entry_id, job_id in pending:
-            unsettled = waiting.get(keys.queue)
+            unsettled = waiting.get(keys.stream)
             if unsettled is None:
-                unsettled = waiting[keys.queue] = set(w.settler.unsettled(keys))
+                unsettled = waiting[keys.stream] = set(w.settler.unsettled(keys))
             if entry_id in unsettled:
                 keep.append((keys, entry_id, job_id))
             else:

@@ -92,8 +92,8 @@ class Housekeeping:
         w = self.w
         if w.limits:
             await w.gate.renew(w.client, [d for d in w.held if d.slots], now_ms())
-        for keys in w.keys:
-            kept = await self.leases.keep(keys, [*w.held.by_queue(keys), *w.settler.unsettled(keys)])
+        for keys in w.all_streams():
+            kept = await self.leases.keep(keys, [*w.held.by_stream(keys), *w.settler.unsettled(keys)])
             if kept.orphans:
                 logger.warning("worker %s: %d entries on %s were pending on this worker but not held by it; taking "
                                "them in now", w.id, len(kept.orphans), keys.queue)
@@ -101,13 +101,13 @@ class Housekeeping:
 
     async def reclaim(self) -> None:
         w = self.w
-        for keys in w.keys:
+        for keys in w.all_streams():
             if not w.paused[keys.queue]:
                 await reclaim_abandoned(w.scripts, keys, w.id, min_idle_ms=w.visibility_timeout_ms)
 
     async def forget_dead_workers(self) -> None:
         w = self.w
-        for keys in w.keys:
+        for keys in w.all_streams():
             for name in await forget_dead_workers(w.client, keys, w.id, grace_ms=w.dead_worker_grace_ms):
                 logger.info("removed worker %s from %s: silent for over %d s and holding no jobs", name, keys.queue,
                             w.dead_worker_grace_ms // 1000)
@@ -139,8 +139,11 @@ class Housekeeping:
         for k in w.keys:
             pipe.hset(k.workers, w.id, info)
             pipe.exists(k.paused)
+            pipe.smembers(k.bands)
         replies = await pipe.execute()
-        for k, paused in zip(w.keys, replies[1::2], strict=False):
+        for k, paused, bands in zip(w.keys, replies[1::3], replies[2::3], strict=False):
+            if len(bands) != len(w.streams[k.queue]) - 1:  # a band's first job: lease and reclaim it too
+                w.learn_bands(k, bands)
             if w.paused[k.queue] and not paused:
                 logger.info("queue %s resumed", k.queue)
             elif paused and not w.paused[k.queue]:
@@ -161,7 +164,7 @@ class Housekeeping:
                 pipe.hdel(k.workers, w.id)
                 pipe.delete(k.alive(w.id))
                 if not w.in_flight:
-                    pipe.delete(k.running(w.id))
+                    pipe.delete(*[band.running(w.id) for band in w.streams[k.queue]])
             pipe.delete(control.control_key(w.id))
             await pipe.execute()
         except Exception:

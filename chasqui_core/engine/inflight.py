@@ -1,9 +1,10 @@
 """What one worker holds: every delivery it has read and not yet settled.
 
-A stream entry id is unique only within its stream: two queues written in the
-same millisecond both get ``<ms>-0``, ``<ms>-1``, ... So a delivery is named by
-its queue *and* its entry id (``DeliveryTag``), and every map the worker keeps
-of its deliveries is keyed by that pair. ``InFlight`` is the one owner of
+A stream entry id is unique only within its stream: two queues, or two
+priority bands of one queue, written in the same millisecond both get
+``<ms>-0``, ``<ms>-1``, ... So a delivery is named by its stream *and* its
+entry id (``DeliveryTag``), and every map the worker keeps of its deliveries
+(here, the settler's batches, the start journal's marks) is keyed by stream. ``InFlight`` is the one owner of
 those deliveries: the reader adds them, the outcome of a run (or a requeue)
 removes them, and the lease keeper, the heartbeat and the deadline watcher
 read them. Sync lane threads never change the map; they only stamp a
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 
 DeliveryTag = tuple[str, bytes]
-"""A delivery's identity: (its queue, its stream entry id), since entry ids repeat across streams.
+"""A delivery's identity: (its stream's key, its entry id), since entry ids repeat across streams.
 
 A plain tuple rather than a named one: one is made per job read, and a
 named tuple's constructor costs several times more.
@@ -55,10 +56,10 @@ class InFlight:
         """A snapshot: callers may add and remove while they walk it."""
         return iter(list(self.by_tag.values()))
 
-    def by_queue(self, keys: QueueKeys) -> list[bytes]:
-        """Entry ids held on one queue (for the lease keeper)."""
-        queue = keys.queue
-        return [tag[1] for tag in list(self.by_tag) if tag[0] == queue]
+    def by_stream(self, keys: QueueKeys) -> list[bytes]:
+        """Entry ids held from one stream (a queue's band: for the lease keeper)."""
+        stream = keys.stream
+        return [tag[1] for tag in list(self.by_tag) if tag[0] == stream]
 
     def running(self) -> list[Delivery]:
         """Deliveries whose handler has started, the longest running first."""

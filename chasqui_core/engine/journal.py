@@ -5,7 +5,8 @@ consumer's pending list holds jobs it had fetched but never started beside
 the ones it was running. Only a run that was under way is lost and charged
 to its job; the others go back as they were. Redis cannot tell them apart,
 so a worker writes the entry ids of the runs under way into
-``{chasqui:<queue>}:running:<worker>`` (HSET entry id -> start ms). The
+``{chasqui:<queue>}:running:<worker>`` (HSET entry id -> start ms; a
+priority band's stream has its own, ``running-high:<worker>``). The
 reclaim pass reads that hash when it takes a dead worker's entries
 (reclaim.lua). A mark is struck as soon as its run ends (``finished``, one
 HDEL per turn of the event loop), and ``settle.lua`` removes the ids it
@@ -60,15 +61,16 @@ def _bulk(value: bytes) -> bytes:
 
 
 class StartJournal:
-    """Announces the deliveries this worker is running, per queue, on one connection per server."""
+    """Announces the deliveries this worker is running, per stream, on one connection per server."""
 
     def __init__(self, worker_id: str, url: str | None) -> None:
         self.worker_id = worker_id
         self._url = url
         self._server: dict[str, str | None] = {}
-        """Queue -> the URL of the server holding its keys (a cluster node), or None for the worker's."""
+        """Stream (a queue's, or a band's) -> the URL of the server holding its keys (a cluster node), or None for
+        the worker's."""
         self._keys: dict[str, bytes] = {}
-        """Queue -> its running hash's name, as a RESP bulk string."""
+        """Stream -> its running hash's name, as a RESP bulk string."""
         self._conns: dict[str | None, Any] = {}
         self._socks: dict[str | None, Any] = {}
         """The connections' sockets, written to directly (redis-py's send costs more than the send)."""
@@ -78,40 +80,46 @@ class StartJournal:
         """Taken on the slow path only (a connection to open, a TLS socket), never by a mark sent whole."""
         self._failures = LogBudget(logger, "start journal writes dropped (Redis unavailable)")
 
-    def use(self, queue: str, key: str, url: str | None = None) -> None:
-        """Write ``queue``'s marks to hash ``key``, on the server ``url`` names (a cluster node; None: the worker's)."""
-        self._server[queue] = url
-        self._keys[queue] = _bulk(key.encode())
+    def use(self, stream: str, key: str, url: str | None = None) -> None:
+        """Write the marks of ``stream``'s entries to hash ``key``, on the server ``url`` names (a cluster node;
+        None: the worker's)."""
+        self._server[stream] = url
+        self._keys[stream] = _bulk(key.encode())
 
-    def started_one(self, queue: str, entry_id: bytes, started_ms: int) -> None:
+    def use_like(self, stream: str, key: str, like: str) -> None:
+        """Write ``stream``'s marks to ``key``, on the server ``like``'s go to (a priority band's stream, on its
+        queue's node)."""
+        self.use(stream, key, self._server.get(like))
+
+    def started_one(self, stream: str, entry_id: bytes, started_ms: int) -> None:
         """Mark one entry as running: a sync lane thread calls this just before the handler starts."""
         # epoch milliseconds have 13 digits from 2001 to 2286
-        self._write(self._server.get(queue),
-                    b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[queue], len(entry_id), entry_id,
+        self._write(self._server.get(stream),
+                    b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id), entry_id,
                                                                        started_ms))
 
     def started(self, marks: dict[str, list[bytes]], started_ms: int) -> None:
-        """Mark entries (queue -> entry ids) as running since ``started_ms``: one send per server, not waited for."""
+        """Mark entries (stream -> entry ids) as running since ``started_ms``: one send per server, not waited for."""
         stamp = _bulk(b"%d" % started_ms)
         sends: dict[str | None, list[bytes]] = {}
-        for queue, entry_ids in marks.items():
-            sends.setdefault(self._server.get(queue), []).append(b"*%d\r\n$4\r\nHSET\r\n%s%s" % (
-                2 + 2 * len(entry_ids), self._keys[queue],
+        for stream, entry_ids in marks.items():
+            sends.setdefault(self._server.get(stream), []).append(b"*%d\r\n$4\r\nHSET\r\n%s%s" % (
+                2 + 2 * len(entry_ids), self._keys[stream],
                 b"".join([b"$%d\r\n%s\r\n%s" % (len(entry_id), entry_id, stamp) for entry_id in entry_ids])))
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 
     def finished(self, marks: dict[str, list[bytes]]) -> None:
-        """Strike the marks of runs that ended (queue -> entry ids): one HDEL per queue, one send per server.
+        """Strike the marks of runs that ended (stream -> entry ids): one HDEL per stream, one send per server.
 
         Sent as soon as the worker hears a run ended, ahead of its outcome's settle call: a worker that dies
         between the two leaves a job that finished, which must go back uncharged (it runs again: at least
         once), not as a lost run.
         """
         sends: dict[str | None, list[bytes]] = {}
-        for queue, entry_ids in marks.items():
-            sends.setdefault(self._server.get(queue), []).append(b"*%d\r\n$4\r\nHDEL\r\n%s%s" % (
-                2 + len(entry_ids), self._keys[queue], b"".join([_bulk(entry_id) for entry_id in entry_ids])))
+        for stream, entry_ids in marks.items():
+            sends.setdefault(self._server.get(stream), []).append(b"*%d\r\n$4\r\nHDEL\r\n%s%s" % (
+                2 + len(entry_ids), self._keys[stream], b"".join([_bulk(entry_id) for entry_id in entry_ids])))
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 

@@ -8,7 +8,8 @@ slot only. Counters are bucketed by time under the same tag.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
 from .errors import InvalidQueueName
 
@@ -36,6 +37,12 @@ DLQ_INDEX_VERSION = "1"
 """The layout of a DLQ's index (``dlq/index.py``, ``lua/dlq_index.lua``): an index of another version is rebuilt.
 The scripts that keep the index record it when they first write one, so a queue indexed from its first dead job
 is never rebuilt."""
+
+
+HIGH = "high"
+LOW = "low"
+BANDS = (HIGH, "", LOW)
+"""A queue's priority bands, highest first; "" is the default band, the queue's own stream (priority.py)."""
 
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
@@ -87,6 +94,12 @@ class QueueKeys:
     """Prefix of the progress reports of running jobs: ``<progress><job id>``, with a TTL (cancel.py)."""
     console_depth: str
     """The console's samples of the delayed set's size: a sorted set written by ``dashboard/readings.py``."""
+    bands: str
+    """The set of priority bands ("high", "low") a job was ever added to: their streams exist and are read."""
+    band: str = ""
+    """Which priority band's stream ``stream`` is: "" for the default band (every QueueKeys but ``in_band``'s)."""
+    rank: int = 1
+    """The band's place, highest first (0 high, 1 default, 2 low): the worker's inboxes are indexed by it."""
 
     @classmethod
     def for_queue(cls, queue: str) -> QueueKeys:
@@ -115,7 +128,27 @@ class QueueKeys:
             cancel_version=p + "cancel:v",
             progress=p + "progress:",
             console_depth=p + "console:depth",
+            bands=p + "bands",
         )
+
+    def in_band(self, band: str) -> QueueKeys:
+        """These keys with ``stream`` the given priority band's stream (``{chasqui:<q>}:stream:high``).
+
+        Every other key is the queue's own: a band shares the queue's delayed
+        set, dead-letter queue, counters and cancel record. The start journal
+        (``running``) is per band, since entry ids repeat across streams.
+        """
+        if band == self.band:
+            return self
+        if band not in BANDS:
+            raise ValueError(f"unknown priority band {band!r}: use one of 'high', '' (default) and 'low'")
+        base = self.prefix + "stream"
+        return replace(self, stream=f"{base}:{band}" if band else base, band=band, rank=BANDS.index(band))
+
+    def band_keys(self, bands: Iterable[str]) -> list[QueueKeys]:
+        """Keys of the default band and of ``bands`` (names read from ``bands``), highest band first."""
+        present = set(bands) | {""}
+        return [self.in_band(b) for b in BANDS if b in present]
 
     def alive(self, worker_id: str) -> str:
         """A worker's alive key on this queue: set with a TTL by each lease pass (recovery.py, lease.lua)."""
@@ -142,7 +175,12 @@ class QueueKeys:
 
     def running(self, worker_id: str) -> str:
         """A worker's start journal on this queue: entry id -> start ms of each run under way (journal.py)."""
-        return f"{self.prefix}running:{worker_id}"
+        return f"{self.prefix}running-{self.band}:{worker_id}" if self.band else f"{self.prefix}running:{worker_id}"
+
+    @property
+    def running_prefix(self) -> str:
+        """``running(worker)`` without the worker: the prefix reclaim.lua adds a dead worker's id to."""
+        return self.running("")
 
 
 QUEUES_REGISTRY = "chasqui:queues"

@@ -38,6 +38,7 @@ from .keys import QUEUES_REGISTRY, QueueKeys
 from .link import Lane, Link, Retrier, unavailable
 from .scripts import Scripts, source
 from .limits import LIMIT_KEY_META
+from .priority import PRIORITY_META, band_of, check_priority
 from .registry import TIMEOUT_META, check_timeout
 from .signing import SIGNATURE, Signer
 
@@ -56,7 +57,7 @@ _EMPTY_BULK = b"$0\r\n\r\n"
 
 
 _pack_items = msgpack.Packer(use_bin_type=False).pack
-_RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, TIMEOUT_META, LIMIT_KEY_META})
+_RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, TIMEOUT_META, LIMIT_KEY_META, PRIORITY_META})
 
 
 class PayloadTooLarge(ValueError):
@@ -87,6 +88,8 @@ class JobSpec:
     limit_key: str | None = None
     """The bucket this job takes in its keyed rate and concurrency limits, over the value of their ``key``
     argument (see limits.py)."""
+    priority: int = 0
+    """-100 to 100, higher first: above 0 the queue's high band, below 0 its low band (priority.py)."""
 
 
 class Enqueued(NamedTuple):
@@ -222,7 +225,7 @@ class Queue:
             check_json_types(meta, "meta")
             if not _RESERVED_META.isdisjoint(meta):
                 raise ValueError(f"meta keys {', '.join(sorted(_RESERVED_META))} are the queue's own; "
-                                 "pass idempotency_key=, idempotency_ttl=, timeout= and limit_key= instead")
+                                 "pass idempotency_key=, idempotency_ttl=, timeout=, limit_key= and priority= instead")
         jid = job_id or new_job_id()
         key = spec.idempotency_key
         if key is not None and key is not False:
@@ -240,6 +243,11 @@ class Queue:
                 raise ValueError(f"limit_key must be a non-empty string of at most 200 characters, "
                                  f"got {spec.limit_key!r}")
             meta[LIMIT_KEY_META] = spec.limit_key
+        if spec.priority or type(spec.priority) is not int:
+            band = band_of(check_priority(spec.priority))
+            meta[PRIORITY_META] = spec.priority
+            if not when:  # ready now: straight to the band's stream (delayed, the promoter reads the envelope)
+                when = "!" + band
         created = now_ms()
         if self._signer is not None:
             meta[SIGNATURE] = self._signer.sign(jid, task, args, kwargs, created, key)
@@ -454,7 +462,7 @@ class Queue:
         **options: Any,
     ) -> Enqueued:
         """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta, idempotency_key,
-        idempotency_ttl, timeout, limit_key (see JobSpec)."""
+        idempotency_ttl, timeout, limit_key, priority (see JobSpec)."""
         return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
 
     def add_built(self, built: BuiltJob) -> Enqueued:

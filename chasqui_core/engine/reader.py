@@ -7,6 +7,10 @@ batch on the hot path. On a cluster the connection goes to the master serving
 the queue's slot; after a failover or a resharding (``MOVED``, or a node that
 stopped answering) the reader reads the cluster's layout again and follows.
 
+A queue with priority bands (priority.py) is read in one XREADGROUP over
+every band's stream, highest first; the set of the queue's bands is read
+with each batch, so a band's first job is read at most one BLOCK later.
+
 A reader never ends before its worker stops. A server that restarts answers
 ``LOADING`` for a while, a failed-over one ``READONLY`` or ``MASTERDOWN``, and
 anything else unexpected may happen: each is logged, the connection is
@@ -51,6 +55,8 @@ class Reader:
         stop = w.stopping
         reader: Any = None
         packed: dict[int, Any] = {}
+        by_name: dict[bytes, QueueKeys] = {}
+        """The streams the packed read names (each queue's own and its bands'), by name."""
         wait = BACKOFF_S[0]
         try:
             while not stop.is_set():
@@ -69,18 +75,27 @@ class Reader:
                     conn = reader.connection
                     assert conn is not None  # client_id() above connected it
                     command = packed.get(count)
-                    if command is None:  # the read, and the version of the queue's cancel record (cancel.py)
+                    if command is None:  # the read, the version of the queue's cancel record (cancel.py), its bands
+                        streams = w.streams[keys.queue]
+                        by_name = {k.stream.encode(): k for k in streams}
                         command = packed[count] = conn.pack_commands([
                             ("XREADGROUP", "GROUP", GROUP, w.id, "COUNT", count, "BLOCK", w.block_ms,
-                             "STREAMS", keys.stream, ">"),
-                            ("GET", keys.cancel_version)])
+                             "STREAMS", *[k.stream for k in streams], *[">"] * len(streams)),
+                            ("GET", keys.cancel_version),
+                            ("SMEMBERS", keys.bands)])
                     await conn.send_packed_command(command, check_health=False)
                     try:
                         reply = await conn.read_response()
-                    except ResponseError:  # read the GET reply behind it: the connection stays in step
+                    except ResponseError:  # read the replies behind it: the connection stays in step
+                        await conn.read_response()
                         await conn.read_response()
                         raise
                     cancels = await conn.read_response()
+                    bands = await conn.read_response()
+                    if len(bands) != len(by_name) - 1:  # a band is new to this read (or was learnt elsewhere)
+                        w.learn_bands(keys, bands)
+                        if len(w.streams[keys.queue]) != len(by_name):
+                            packed.clear()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -91,9 +106,13 @@ class Reader:
                     continue
                 wait = BACKOFF_S[0]
                 if reply:
-                    # a map of stream -> entries under RESP3, a list of pairs under RESP2
-                    for entries in reply.values() if type(reply) is dict else (pair[1] for pair in reply):
-                        await w.take(keys, entries, cancels)
+                    # a map of stream -> entries under RESP3, a list of pairs under RESP2; highest band first
+                    reads = reply.items() if type(reply) is dict else reply
+                    if len(reads) == 1:
+                        for name, entries in reads:
+                            await w.take(by_name[name], entries, cancels)
+                    else:
+                        await w.take_bands([(by_name[name], entries) for name, entries in reads], cancels)
         finally:
             self.client_id = None
             if reader is not None:
@@ -103,9 +122,10 @@ class Reader:
     async def _failed(self, reader: Any, exc: Exception, wait: float) -> Any:
         """Deal with a failed read: the reader to go on with (None: reconnect after ``wait``)."""
         w, keys = self.worker, self.keys
-        if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):  # the stream was deleted: make it again
+        if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):  # a stream was deleted: make it again
             try:
-                await w.create_group(keys)
+                for k in w.streams[keys.queue]:
+                    await w.create_group(k)
                 return reader
             except Exception as again:
                 exc = again
@@ -128,12 +148,14 @@ class Reader:
         """
         w, keys = self.worker, self.keys
         if not w.cluster:
-            w.journal.use(keys.queue, keys.running(w.id))
+            for k in w.streams[keys.queue]:
+                w.journal.use(k.stream, k.running(w.id))
             return aconnect(w.url, cluster=False, single_connection_client=True), None
         await w.client.initialize()
         node = w.client.get_node_from_key(keys.stream)
         url = node_url(w.client.chasqui_url, node.host, node.port)
-        w.journal.use(keys.queue, keys.running(w.id), url)
+        for k in w.streams[keys.queue]:
+            w.journal.use(k.stream, k.running(w.id), url)
         return aconnect(url, cluster=False, single_connection_client=True), node
 
     async def _drop(self, reader: Any) -> None:

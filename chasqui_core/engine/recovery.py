@@ -122,7 +122,8 @@ async def reclaim_abandoned(scripts: Scripts, keys: QueueKeys, consumer: str, *,
     moved: list[Reclaimed] = []
     for _ in range(rounds):
         last, flat = await scripts.reclaim(
-            keys=[keys.stream], args=[GROUP, consumer, min_idle_ms, limit, start, keys.prefix, keys.metrics])
+            keys=[keys.stream], args=[GROUP, consumer, min_idle_ms, limit, start, keys.prefix, keys.metrics,
+                  keys.running_prefix])
         for i in range(0, len(flat), 3):
             moved.append(Reclaimed(flat[i], flat[i + 1], bool(int(flat[i + 2]))))
         if not last:

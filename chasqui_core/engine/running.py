@@ -20,7 +20,6 @@ import contextvars
 import logging
 import time
 import enum
-from collections import deque
 from collections.abc import Awaitable
 from typing import Any, Final, TypeVar
 
@@ -35,6 +34,7 @@ from .journal import StartJournal
 from .keys import QueueKeys
 from .limits import LimitGate, Limits
 from .outcomes import Delivery, Outcomes
+from .priority import Inbox
 from .settler import Settler
 from .sync_lane import FAILED, REQUEUE, SyncLane
 from .tracebacks import class_path, message
@@ -75,7 +75,7 @@ class JobRunner:
     stats: Any
     _stop: asyncio.Event
     _loop: asyncio.AbstractEventLoop | None
-    _inbox: deque[Delivery]
+    _inbox: Inbox
     _running: int
     _lane: SyncLane | None
     _jobs: set[asyncio.Task[None]]
@@ -84,6 +84,8 @@ class JobRunner:
     _releases: dict[str, list[Delivery]]
     _side_tasks: set[asyncio.Task[None]]
     limits: Limits
+    priority_mode: str
+    _gathering: bool
     gate: LimitGate
     _context: contextvars.Context
     _room: asyncio.Event
@@ -120,6 +122,17 @@ class JobRunner:
                 return
         await self._start(keys, admitted)
 
+    async def take_bands(self, reads: list[tuple[QueueKeys, list[Any]]], cancels: bytes | None) -> None:
+        """Take in one read's entries of several priority bands, then start jobs: every band's job is in the
+        inbox before the first starts, so the inbox's order (priority.py) decides among all of them."""
+        self._gathering = True
+        try:
+            for keys, entries in reads:
+                await self.take(keys, entries, cancels)
+        finally:
+            self._gathering = False
+        self._dispatch()
+
     async def _start(self, keys: QueueKeys, admitted: list[Delivery]) -> None:
         """Start or queue each admitted delivery (the keyed ones after their idempotency screen)."""
         keyed: list[Delivery] | None = None
@@ -137,7 +150,7 @@ class JobRunner:
                 to_dispatch = True
             else:
                 self._to_lane(d)
-        if to_dispatch:
+        if to_dispatch and not self._gathering:
             self._dispatch()
         if keyed:
             await self._screen(keys, keyed)
@@ -254,7 +267,7 @@ class JobRunner:
 
     def _to_lane(self, d: Delivery) -> None:
         if self._lane is None:
-            self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal)
+            self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal, self.priority_mode)
         if d.timeout is not None:
             self._timed_sync.add(d)
         self._lane.submit(d)
@@ -331,9 +344,9 @@ class JobRunner:
             d.journaled = True
             if marks is None:
                 marks = {}
-            ids = marks.get(d.keys.queue)
+            ids = marks.get(d.keys.stream)
             if ids is None:
-                marks[d.keys.queue] = [d.entry_id]
+                marks[d.keys.stream] = [d.entry_id]
             else:
                 ids.append(d.entry_id)
         if marks:
@@ -416,12 +429,12 @@ class JobRunner:
 
     def _unmark(self, d: Delivery) -> None:
         """Strike a finished run's journal mark soon, with the others of this turn of the loop (one send)."""
-        ids = self._unmarks.get(d.keys.queue)
+        ids = self._unmarks.get(d.keys.stream)
         if ids is None:
-            self._unmarks[d.keys.queue] = [d.entry_id]
+            self._unmarks[d.keys.stream] = [d.entry_id]
         else:
             ids.append(d.entry_id)
-        if len(self._unmarks) == 1 and len(self._unmarks[d.keys.queue]) == 1:
+        if len(self._unmarks) == 1 and len(self._unmarks[d.keys.stream]) == 1:
             assert self._loop is not None  # set by run()
             self._loop.call_soon(self._send_unmarks)
 

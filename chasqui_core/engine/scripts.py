@@ -21,7 +21,7 @@ from typing import Any
 
 from .connection import Client
 from .dlq.fingerprint import INVALID_RETRY_FINGERPRINT, fingerprint_id
-from .keys import DLQ_INDEX_VERSION, DURATIONS, MINUTE_BUCKET, SECOND_BUCKET, TOTALS
+from .keys import DLQ_INDEX_VERSION, DURATIONS, GROUP, MINUTE_BUCKET, SECOND_BUCKET, TOTALS
 from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 
 _LUA_DIR = Path(__file__).with_name("lua")
@@ -59,7 +59,7 @@ def prelude() -> str:
     """The prelude as one line of Lua, its constants filled in."""
     return _squeezed("prelude", SECOND_BUCKET=SECOND_BUCKET, MINUTE_BUCKET=MINUTE_BUCKET, TOTALS=TOTALS,
                      DURATIONS=DURATIONS, SECOND_BUCKET_TTL=SECOND_BUCKET_TTL_S,
-                     MINUTE_BUCKET_TTL=MINUTE_BUCKET_TTL_S)
+                     MINUTE_BUCKET_TTL=MINUTE_BUCKET_TTL_S, GROUP=GROUP)
 
 
 @cache

@@ -1,8 +1,9 @@
 """Batched settlement of finished deliveries.
 
 Handlers finish one at a time; Redis is told in batches. The settler buffers
-outcomes per queue and flushes each queue's buffer with one ``settle.lua``
-call, off the handlers' path: a handler never waits for its ack.
+outcomes per stream (a queue's, or one of its priority bands') and flushes
+each buffer with one ``settle.lua`` call, off the handlers' path: a handler
+never waits for its ack.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class Settler:
         self.on_retry_scheduled = on_retry_scheduled
         self._batches: dict[str, _Batch] = {}
         self._flushing: dict[str, _Batch] = {}
-        """Batches whose settle.lua call is under way, by queue."""
+        """Batches whose settle.lua call is under way, by stream."""
         self._keys: dict[str, QueueKeys] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -110,10 +111,10 @@ class Settler:
         self._pending = 0
 
     def _batch(self, keys: QueueKeys) -> _Batch:
-        batch = self._batches.get(keys.queue)
+        batch = self._batches.get(keys.stream)
         if batch is None:
-            batch = self._batches[keys.queue] = _Batch()
-            self._keys[keys.queue] = keys
+            batch = self._batches[keys.stream] = _Batch()
+            self._keys[keys.stream] = keys
         return batch
 
     def _added(self) -> None:
@@ -190,9 +191,9 @@ class Settler:
         self._added()
 
     def unsettled(self, keys: QueueKeys) -> list[bytes]:
-        """Entry ids of a queue whose outcome waits here: their leases must be kept until it is written."""
+        """Entry ids of a stream whose outcome waits here: their leases must be kept until it is written."""
         ids: list[bytes] = []
-        for b in (self._batches.get(keys.queue), self._flushing.get(keys.queue)):
+        for b in (self._batches.get(keys.stream), self._flushing.get(keys.stream)):
             if b is not None:
                 ids += [*b.done, *b.retries[::3], *b.dead[::11], *b.requeues[::2], *b.skipped[::5]]
         return ids
@@ -234,9 +235,9 @@ class Settler:
                 logger.exception("settling failed; the outcomes are kept and tried again")
 
     async def flush(self) -> None:
-        """Write every queue's outcomes, one ``settle.lua`` call per queue.
+        """Write every stream's outcomes, one ``settle.lua`` call per stream.
 
-        Each queue's batch is kept until its own call returns: outcomes
+        Each stream's batch is kept until its own call returns: outcomes
         arriving meanwhile start a new batch, and a batch whose call failed
         goes back in front of them, so one queue's trouble drops nothing of
         its own nor of any other queue. The first failure is raised once the
@@ -244,24 +245,24 @@ class Settler:
         """
         self._pending = 0
         failure: BaseException | None = None
-        for queue in list(self._batches):
-            batch = self._batches.pop(queue)
+        for stream in list(self._batches):
+            batch = self._batches.pop(stream)
             if not len(batch) and not batch.n_fetched:
                 continue
-            self._flushing[queue] = batch
+            self._flushing[stream] = batch
             try:
-                await self._flush_one(self._keys[queue], batch)
+                await self._flush_one(self._keys[stream], batch)
             except BaseException as exc:
-                newer = self._batches.get(queue)
+                newer = self._batches.get(stream)
                 if newer is not None:
                     batch.absorb(newer)
-                self._batches[queue] = batch
+                self._batches[stream] = batch
                 self._pending += len(batch)
                 if isinstance(exc, asyncio.CancelledError):
                     raise
                 failure = failure or exc
             finally:
-                self._flushing.pop(queue, None)
+                self._flushing.pop(stream, None)
         if not self._pending:
             self._idle.set()
         if failure is not None:

@@ -2,9 +2,11 @@
 
 A sync handler (a plain ``def``, the Django-typical case) cannot run on the
 event loop. Handing each job to a thread pool costs a Future and two thread
-wake-ups per job; instead, the reader feeds sync jobs straight into a queue
-that a fixed set of threads drain, and the threads hand outcomes back in
-batches: one loop wake-up carries every outcome that finished meanwhile.
+wake-ups per job; instead, the reader feeds sync jobs straight into an
+inbox that a fixed set of threads drain, and the threads hand outcomes back
+in batches: one loop wake-up carries every outcome that finished meanwhile.
+The inbox keeps one line per priority band (priority.py); a queue of tokens,
+one per job waiting, wakes the threads.
 
 A thread writes its job to the start journal (journal.py) just before the
 handler starts, so a crash charges the jobs that were running and none of
@@ -28,6 +30,7 @@ from typing import Any
 from .envelope import check_json_types, now_ms
 from .journal import StartJournal
 from .outcomes import Delivery
+from .priority import STRICT, Inbox
 
 OK, FAILED, REQUEUE = 0, 1, 2
 
@@ -37,7 +40,7 @@ Outcome = tuple[int, Delivery, Any, int, int]
 
 class SyncLane:
     def __init__(self, size: int, worker_id: str, on_outcomes: Callable[[list[Outcome]], None],
-                 journal: StartJournal) -> None:
+                 journal: StartJournal, priority_mode: str = STRICT) -> None:
         self.worker_id = worker_id
         self.journal = journal
         self.outstanding = 0
@@ -47,7 +50,9 @@ class SyncLane:
         """Runs given up at their timeout, whose threads may still be stuck in them."""
         self._loop = asyncio.get_running_loop()
         self._on_outcomes = on_outcomes
-        self._queue: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
+        self._waiting = Inbox(priority_mode)
+        self._queue: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
+        """One True per job in ``_waiting``, one None per thread to end (``close``)."""
         self._done: deque[Outcome] = deque()
         self._notified = False
         self._names = itertools.count()
@@ -57,18 +62,19 @@ class SyncLane:
 
     def submit(self, delivery: Delivery) -> None:
         self.outstanding += 1
-        self._queue.put(delivery)
+        self._waiting.append(delivery)
+        self._queue.put(True)
 
     def take_unstarted(self) -> list[Delivery]:
         """Remove and return the jobs no thread has picked up yet."""
         taken: list[Delivery] = []
         while True:
             try:
-                delivery = self._queue.get_nowait()
+                token = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if delivery is not None:
-                taken.append(delivery)
+            if token is not None:  # a job no thread will take now
+                taken.append(self._waiting.popleft())
         self.outstanding -= len(taken)
         return taken
 
@@ -93,9 +99,9 @@ class SyncLane:
     def _run(self) -> None:
         done = self._done
         while True:
-            d = self._queue.get()
-            if d is None:
+            if self._queue.get() is None:
                 return
+            d = self._take()
             if self.stopping or d.cancel_requested:  # a cancelled one goes back: the reader refuses it (cancel.py)
                 done.append((REQUEUE, d, None, 0, 0))
             else:
@@ -114,10 +120,19 @@ class SyncLane:
             if d.timed_out:  # abandoned while it ran: another thread took this one's place
                 return
 
+    def _take(self) -> Delivery:
+        """The next job to run, for a thread that holds a token: one waits for it, though another thread
+        may have taken the one this thread first looked at (then it looks again)."""
+        while True:
+            try:
+                return self._waiting.popleft()
+            except IndexError:
+                time.sleep(0)
+
     def _call(self, d: Delivery) -> Outcome:
         job, handler = d.job, d.handler
         started = now_ms()
-        self.journal.started_one(d.keys.queue, d.entry_id, started)
+        self.journal.started_one(d.keys.stream, d.entry_id, started)
         d.journaled = True
         d.started = started
         t0 = time.perf_counter()

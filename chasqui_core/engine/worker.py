@@ -29,8 +29,7 @@ import signal
 import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +45,10 @@ from .housekeeping import Housekeeping, resident_kb
 from .inflight import InFlight
 from .journal import StartJournal
 from .limits import Limit, LimitGate, Limits, parse_limits
-from .keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from .keys import BANDS, GROUP, HIGH, QUEUES_REGISTRY, QueueKeys
 from .link import unavailable
 from .outcomes import Delivery, Outcomes
+from .priority import STRICT, Inbox, check_mode
 from .promoter import Promoter
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES
 from .reader import Reader
@@ -107,12 +107,18 @@ class Worker(JobRunner):
         job_timeout: float | None = None,
         limits: Mapping[str, Any] | Sequence[Limit] | None = None,
         cancel_grace: float = cancel.DEFAULT_GRACE_S,
+        priority_mode: str = STRICT,
     ) -> None:
         if not queues:
             raise ValueError("A worker needs at least one queue")
         if concurrency < 1:
             raise ValueError(f"concurrency must be 1 or more, got {concurrency}")
         self.keys = [QueueKeys.for_queue(q) for q in dict.fromkeys(queues)]
+        self.streams: dict[str, list[QueueKeys]] = {k.queue: [k] for k in self.keys}
+        """Each queue's streams, highest priority band first: its own, and those of the bands a job was added to
+        (``learn_bands``). Leases, reclaims and journals work per stream."""
+        self.priority_mode = check_mode(priority_mode)
+        """Which job starts next among those fetched: ``strict`` or ``weighted`` (priority.py)."""
         self.registry = registry
         self.url = url
         self.concurrency = concurrency
@@ -174,7 +180,9 @@ class Worker(JobRunner):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = 0
         self._lane: SyncLane | None = None  # started on the first sync job
-        self._inbox: deque[Delivery] = deque()
+        self._inbox = Inbox(self.priority_mode)
+        self._gathering = False
+        """Set while one read's bands are taken in (``take_bands``): their jobs start once all are in."""
 
     # --- public -------------------------------------------------------------
 
@@ -244,7 +252,7 @@ class Worker(JobRunner):
                 self._loop.add_signal_handler(sig, self._stop.set)
         self.journal = StartJournal(self.id, self.url)
         for k in self.keys:
-            self.journal.use(k.queue, k.running(self.id))
+            self.journal.use(k.stream, k.running(self.id))
         if not await self._connect():
             self.journal.close()
             return
@@ -331,6 +339,29 @@ class Worker(JobRunner):
                 if self._stop.is_set():
                     return False
                 wait = min(wait * 2, CONNECT_BACKOFF_S[1])
+
+    def all_streams(self) -> list[QueueKeys]:
+        """Every stream this worker reads: each queue's own and its priority bands'."""
+        return [k for streams in self.streams.values() for k in streams]
+
+    def learn_bands(self, keys: QueueKeys, bands: Collection[bytes | str]) -> bool:
+        """Read the priority bands ``bands`` (the queue's set of them) from now on; True when one was new."""
+        names = {b.decode() if isinstance(b, bytes) else b for b in bands}
+        known = self.streams[keys.queue]
+        if names <= {k.band for k in known}:
+            return False
+        names &= set(BANDS)  # a member written by something else is not a band: ignored
+        streams = keys.band_keys(names | {k.band for k in known})
+        if len(streams) == len(known):
+            return False
+        default = streams[[k.band for k in streams].index("")]
+        for k in streams:
+            if k not in known:
+                self.journal.use_like(k.stream, k.running(self.id), default.stream)
+                logger.info("worker %s: queue %s has jobs of %s priority: reading its %s band too", self.id,
+                            keys.queue, "high" if k.band == HIGH else "low", k.band)
+        self.streams[keys.queue] = streams
+        return True
 
     async def create_group(self, keys: QueueKeys) -> None:
         """Join (or create) a queue's consumer group, making its stream if needed."""

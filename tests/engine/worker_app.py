@@ -277,12 +277,15 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
 
 
 def settled(client, queue: str) -> bool:
-    """Nothing left to do on ``queue``: stream, pending list and delayed set are empty."""
+    """Nothing left to do on ``queue``: its streams (every priority band's), pending lists and delayed set are
+    empty."""
     from chasqui_core.engine.keys import GROUP, QueueKeys
 
     keys = QueueKeys.for_queue(queue)
-    return (client.xlen(keys.stream) == 0 and client.zcard(keys.delayed) == 0
-            and client.xpending(keys.stream, GROUP)["pending"] == 0)
+    for band in keys.band_keys(b.decode() for b in client.smembers(keys.bands)):
+        if client.xlen(band.stream) or client.xpending(band.stream, GROUP)["pending"]:
+            return False
+    return client.zcard(keys.delayed) == 0
 
 
 def dlq_entries(client, queue: str) -> list[dict[str, bytes]]:

@@ -5,7 +5,7 @@
 -- worker that reads the entry sees it.
 --
 -- KEYS[1] the cancel record ({chasqui:<q>}:cancel, a hash job id -> requested ms)
--- KEYS[2] delayed   KEYS[3] stream
+-- KEYS[2] delayed   KEYS[3] stream (the default band's; a prioritised job goes to its band's)
 -- KEYS[4] the record's version ({chasqui:<q>}:cancel:v), bumped: readers keep a copy of the record per version
 -- ARGV[1] job id
 -- ARGV[2] the job's member in the delayed set as stored, or "" when it was not found there
@@ -17,7 +17,7 @@ local now = server_ms()
 redis.call('HSET', KEYS[1], ARGV[1], now)
 redis.call('INCR', KEYS[4])
 if ARGV[2] ~= '' and redis.call('ZREM', KEYS[2], ARGV[2]) == 1 then
-  redis.call('XADD', KEYS[3], '*', 'j', ARGV[2])
+  redis.call('XADD', band_stream(KEYS[3], band_of(ARGV[2])), '*', 'j', ARGV[2])
   return {now, 'delayed'}
 end
 return {now, 'requested'}

@@ -5,6 +5,8 @@
 -- that deleted it re-publishes it, and the index loses it once.
 --
 -- KEYS[1] dlq   KEYS[2] stream   KEYS[3] delayed   KEYS[4] all-time totals (counts "replayed")
+--         (KEYS[2] is the default band's stream: a prioritised job goes back to its
+--         band's stream, prelude's band_stream)
 -- ARGV triples: dlq entry id, payload to publish, run at epoch ms ("" = now)
 -- Returns the number of entries moved.
 --
@@ -16,7 +18,7 @@ local moved = 0
 for i = 1, #ARGV, 3 do
   if dlq_take(removal, ARGV[i]) then
     if ARGV[i + 2] == '' then
-      redis.call('XADD', stream, '*', 'j', ARGV[i + 1])
+      redis.call('XADD', band_stream(stream, band_of(ARGV[i + 1])), '*', 'j', ARGV[i + 1])
     else
       redis.call('ZADD', delayed, tonumber(ARGV[i + 2]), ARGV[i + 1])
     end

@@ -13,6 +13,8 @@
 --          chunk instead of three per job keeps the call cheap to send):
 --          job id ("" when the caller gave none), when, payload
 --            when = ""      -> ready now (XADD)
+--                   "!<band>" -> ready now, in a priority band's stream
+--                              ("!high", "!low": prelude's band_stream)
 --                   "+<ms>" -> delayed by ms from the server's clock (ZADD)
 --                   "@<ms>" -> delayed until an absolute epoch ms (ZADD)
 -- Returns: one entry per job: the stream id, "delayed", or 0 when a job with
@@ -42,6 +44,9 @@ for i = 1, #items, 3 do
     out[#out + 1] = 0
   elseif when == '' then
     out[#out + 1] = redis.call('XADD', stream, '*', 'j', payload)
+    added = added + 1
+  elseif string.byte(when, 1) == 33 then
+    out[#out + 1] = redis.call('XADD', band_stream(stream, string.sub(when, 2)), '*', 'j', payload)
     added = added + 1
   else
     local at

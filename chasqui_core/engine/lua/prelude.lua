@@ -26,6 +26,17 @@
 --   The key of the queue's run-duration histograms (see engine/totals.py).
 -- totals_key(mprefix)
 --   The key of the queue's all-time counters.
+-- band_of(payload)
+--   The priority band a job envelope's priority (its meta "priority") puts it
+--   in: 'high' above 0, 'low' below 0, '' (the default band) otherwise. Only
+--   an envelope holding the bytes "priority" is unpacked, so a job of the
+--   default priority costs one substring search.
+-- band_stream(stream, band)
+--   Where a job of that band goes: `stream` ({chasqui:<q>}:stream) itself for
+--   the default band, else <stream>:<band>. A band's stream is made, with the
+--   workers' consumer group, when the first job goes to it, and the band is
+--   added to the queue's set of bands ({chasqui:<q>}:bands, beside the
+--   stream), which tells the workers to read it.
 
 local function server_ms()
   local t = redis.call('TIME')
@@ -57,4 +68,33 @@ end
 
 local function totals_key(mprefix)
   return mprefix .. '${TOTALS}'
+end
+
+local function band_of(payload)
+  if not string.find(payload, 'priority', 1, true) then
+    return ''
+  end
+  local ok, envelope = pcall(cmsgpack.unpack, payload)
+  if not ok or type(envelope) ~= 'table' or type(envelope[14]) ~= 'table' then
+    return ''
+  end
+  local priority = tonumber(envelope[14]['priority'])
+  if priority == nil or priority == 0 then
+    return ''
+  elseif priority > 0 then
+    return 'high'
+  end
+  return 'low'
+end
+
+local function band_stream(stream, band)
+  if band == '' then
+    return stream
+  end
+  local key = stream .. ':' .. band
+  if redis.call('EXISTS', key) == 0 then
+    redis.pcall('XGROUP', 'CREATE', key, '${GROUP}', '0', 'MKSTREAM')
+    redis.call('SADD', string.sub(stream, 1, -7) .. 'bands', band)
+  end
+  return key
 end

@@ -3,6 +3,8 @@
 -- never move the same entry twice.
 --
 -- KEYS[1] delayed   KEYS[2] stream   KEYS[3] events   KEYS[4] promoter lock
+--         (KEYS[2] is the default band's stream: a job with a priority goes to its
+--         band's stream, prelude's band_of and band_stream)
 -- ARGV[1] lock holder id; when not "" the call moves nothing unless this
 --         holder owns the lock (a deposed leader stops at once)
 -- ARGV[2] most entries to move in this call
@@ -22,7 +24,7 @@ local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, limit)
 local moved = #due
 if moved > 0 then
   for k = 1, moved do
-    redis.call('XADD', stream, '*', 'j', due[k])
+    redis.call('XADD', band_stream(stream, band_of(due[k])), '*', 'j', due[k])
   end
   -- the due entries are the lowest-scored: ranks 0 .. moved-1, removed by rank
   -- in one call, cheaper than looking each member up again with ZREM

@@ -22,8 +22,10 @@
 -- ARGV[1] consumer group   ARGV[2] claiming consumer (its own entries are the lease pass's)
 -- ARGV[3] min idle ms      ARGV[4] most pending entries to look at
 -- ARGV[5] first id to look at ('-' at first, then '(' .. the last id returned)
--- ARGV[6] the queue's key prefix ({chasqui:<q>}:), for <prefix>alive:<worker> and <prefix>running:<worker>
+-- ARGV[6] the queue's key prefix ({chasqui:<q>}:), for <prefix>alive:<worker>
 -- ARGV[7] prefix of the metrics counters
+-- ARGV[8] prefix of the start journals of this stream's band: <ARGV[8]><worker>
+--         ({chasqui:<q>}:running: for the default band, running-high: ...)
 -- Returns {last id looked at or '' when the scan is done,
 --          flat list of entries put back: old id, new id, 1 when a lost run was charged else 0}
 --
@@ -48,7 +50,7 @@ for _, p in ipairs(pending) do
       local e = redis.call('XRANGE', stream, id, id)
       redis.call('XACK', stream, group, id)
       if #e > 0 then
-        local running = prefix .. 'running:' .. owner
+        local running = ARGV[8] .. owner
         local started = redis.call('HGET', running, id)
         local fields, line, had = e[1][2], nil, false
         if started then

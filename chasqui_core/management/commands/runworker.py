@@ -160,6 +160,7 @@ class Command(BaseCommand):
             shutdown_timeout=options["shutdown_timeout"] or conf.SHUTDOWN_TIMEOUT,
             job_timeout=options["timeout"] or conf.JOB_TIMEOUT,
             cancel_grace=conf.CANCEL_GRACE,
+            priority_mode=conf.PRIORITY,
             max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
             dead_worker_grace_ms=conf.DEAD_WORKER_GRACE_MS,
             max_jobs=options["max_jobs"],
