@@ -44,6 +44,10 @@ REPLAYS_PER_ROUND = {"always_fail": (3, True), "unrecoverable": (2, False)}
 DELAY_SECONDS = (1.0, 8.0)
 """A delayed job's ``run_after``, this many seconds ahead (uniform)."""
 
+PRIORITIES = (-5, 0, 0, 5)
+"""Each job's priority, drawn at random: every kind's jobs run, fail, retry, die and are replayed in every
+priority band (three streams per queue), half of them in the default band."""
+
 
 def read_dlq(client, queue: str) -> list[DeadEntry]:
     """Every entry of a queue's dead-letter stream, oldest first."""
@@ -66,12 +70,15 @@ def leftovers(client, queues: list[str]) -> dict[str, dict[str, int]]:
     out = {}
     for queue in queues:
         keys = QueueKeys.for_queue(queue)
-        try:
-            pending = int(client.xpending(keys.stream, GROUP)["pending"])
-        except redis.ResponseError:  # no group yet: nothing was ever read
-            pending = 0
-        out[queue] = {"stream": int(client.xlen(keys.stream)), "delayed": int(client.zcard(keys.delayed)),
-                      "pending": pending}
+        streams = keys.band_keys(b.decode() for b in client.smembers(keys.bands))
+        pending = 0
+        for band in streams:
+            try:
+                pending += int(client.xpending(band.stream, GROUP)["pending"])
+            except redis.ResponseError:  # no group yet: nothing was ever read
+                pass
+        out[queue] = {"stream": sum(int(client.xlen(band.stream)) for band in streams),
+                      "delayed": int(client.zcard(keys.delayed)), "pending": pending}
     return out
 
 
@@ -81,6 +88,7 @@ class _Pending:
     kind: Kind
     n: int
     run_after: float | None
+    priority: int
 
 
 class Producer(threading.Thread):
@@ -145,13 +153,13 @@ class Producer(threading.Thread):
     def enqueue(self, kind: Kind) -> None:
         n = next(self.numbers)
         run_after = time.time() + self.rng.uniform(*DELAY_SECONDS) if kind.delayed else None
-        pending = _Pending(f"soak-{kind.name}-{n}", kind, n, run_after)
+        pending = _Pending(f"soak-{kind.name}-{n}", kind, n, run_after, self.rng.choice(PRIORITIES))
         if not self._send(pending):
             self.retry.append(pending)
 
     def _send(self, p: _Pending) -> bool:
         task = self.tasks[p.kind.name]
-        options: dict = {"job_id": p.job_id}
+        options: dict = {"job_id": p.job_id, "priority": p.priority}
         if p.run_after is not None:
             options["run_after"] = timezone.now() + timedelta(seconds=max(0.0, p.run_after - time.time()))
         try:

@@ -285,3 +285,19 @@ def test_runworker_command_runs_the_demo_task_from_the_view(redis, redis_url, cl
         assert redis.xlen(keys.stream) == 0 and redis.xlen(keys.dlq) == 0
         assert redis.xpending(keys.stream, "chasqui")["pending"] == 0
 
+
+
+def test_a_tasks_priority_picks_its_band_and_higher_runs_first(redis, redis_url):
+    """Django's ``priority`` (-100…100) works: no InvalidTask, and a worker starts higher priorities first."""
+    for i in range(3):
+        sample_tasks.add.using(priority=-10).enqueue(i, 0)
+    for i in range(3, 6):
+        sample_tasks.add.enqueue(i, 0)
+    for i in range(6, 9):
+        sample_tasks.add.using(priority=100).enqueue(i, 0)
+    assert [j.args[0] for j in _stream_jobs(redis)] == [3, 4, 5]
+    assert [j.meta["priority"] for j in _stream_jobs(redis, DEFAULT.in_band("high"))] == [100] * 3
+    _drain(redis_url, until=lambda: len(sample_tasks.RUNS) >= 9, concurrency=1)
+    assert [r[1] for r in sample_tasks.RUNS] == [6, 7, 8, 3, 4, 5, 0, 1, 2]
+    with pytest.raises(InvalidTask):
+        sample_tasks.add.using(priority=101)

@@ -197,6 +197,8 @@ def test_the_documented_acl_users_can_do_their_work_and_nothing_is_refused(acl_c
         queue.add("slow", [f"{name}:slow"])
         queue.add("broken", [f"{name}:broken"])
         queue.add("ok", [f"{name}:idempotent"], idempotency_key=f"{name}-once")  # its batch's markers are read
+        queue.add("ok", [f"{name}:high"], priority=5)  # the producer makes the high band's stream
+        queue.add("ok", [f"{name}:low-later"], priority=-5, delay=300)  # the worker's promoter makes the low band's
         asyncio.run(_add_async(queue, "ok", [f"{name}:async"]))
     # a consumer that left without a heartbeat: the worker removes it (XGROUP DELCONSUMER)
     ghost_stream = QueueKeys.for_queue(names[0]).stream
@@ -212,7 +214,8 @@ def test_the_documented_acl_users_can_do_their_work_and_nothing_is_refused(acl_c
                           limits={"slow": {"concurrency": 1}, names[0]: {"rate": "1000/s"}})
     try:
         expected = {f"{n}:{tag}" for n in names
-                    for tag in ("one", "keyed", "later", "slow", "broken", "async", "idempotent")} | {"tick"}
+                    for tag in ("one", "keyed", "later", "slow", "broken", "async", "idempotent", "high", "low-later")
+                    } | {"tick"}
         wait_for(lambda: expected <= set(runs), 60, "every job to run as the worker user")
         wait_for(lambda: "ghost" not in {c["name"].decode() for c in admin.xinfo_consumers(
             QueueKeys.for_queue(names[0]).stream, GROUP)}, 30, "the worker to forget the silent consumer")

@@ -145,7 +145,7 @@ def test_a_retry_and_a_delayed_job_keep_their_band(redis, redis_url):
     keys = QueueKeys.for_queue("p")
     with running(redis_url, ["p"], registry, policy=None):
         add(q, "h", 20, backoff=10)
-        add(q, "later", -20, delay=0.05)
+        add(q, "later", -20, delay=50)
         wait_for(lambda: sorted(order) == [("h", 1), ("h", 2), ("later", 1), ("later", 2)], 20, "the retries")
         wait_for(lambda: settled(redis, "p"), 10, "every band to settle")
     assert redis.xlen(keys.stream) == 0 and not redis.xinfo_groups(keys.stream)[0]["entries-read"]

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec
 from chasqui_core.engine.envelope import MAX_RESULT_TTL, DecodeError, Job, decode, error_record
 from chasqui_core.engine.errors import InvalidQueueName, RetryAfter, UnrecoverableError
-from chasqui_core.engine.keys import QueueKeys, validate_queue_name
+from chasqui_core.engine.keys import BANDS, QueueKeys, validate_queue_name
 from chasqui_core.engine.registry import Handler
 from chasqui_core.engine.retry import RetryPolicy, budget, decide
 
@@ -300,7 +300,10 @@ queue_names = st.from_regex(r"\A[A-Za-z0-9_.\-]{1,100}\Z")
 
 
 def all_keys(keys: QueueKeys) -> list[str]:
-    return [getattr(keys, f) for f in QueueKeys.__slots__ if f != "queue"]
+    """Every key (and key prefix) of a queue, its priority bands' streams and start journals included."""
+    own = [getattr(keys, f) for f in QueueKeys.__slots__ if f not in ("queue", "band", "rank")]
+    bands = [keys.in_band(band) for band in BANDS]
+    return own + [b.stream for b in bands] + [b.running("w") for b in bands]
 
 
 def hash_tag(key: str) -> str:
