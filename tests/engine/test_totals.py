@@ -115,7 +115,7 @@ async def test_a_repeated_settle_call_counts_nothing_twice(redis, redis_url):
         settler.complete(keys, ids[1], "j1", "t", 30)
         settler.retry(keys, ids[2], 60_000, b"payload", job_id="j2", task="t", attempt=1, error_class="E",
                       error="x", duration_ms=7)
-        batch = settler._batches["rep"]
+        batch = settler._batches[keys.stream]
         await settler.flush()
         first = totals.read_totals(redis, ["rep"])["rep"]
         await settler._flush_one(keys, batch)  # sent again, as after a reply lost on the way back
