@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from chasqui_core.engine.connection import aconnect, is_cluster_client
@@ -67,6 +68,24 @@ def run_until(worker: Worker, until, timeout: float = 30.0) -> None:
         await runner
 
     asyncio.run(main())
+
+
+@contextmanager
+def worker_running(redis_url: str, queues, registry: HandlerRegistry, **options):
+    """A real worker on its own thread and loop for the block's length; stopped (and checked) at the end.
+
+    Quick to react (short reads, heartbeats and promoter polls); ``options`` go to ``Worker``."""
+    options = {"concurrency": 4, "block_ms": 50, "install_signal_handlers": False, "heartbeat_interval": 0.2,
+               "promoter_poll_interval": 0.02, "shutdown_timeout": 5, **options}
+    worker = Worker(list(queues), registry, url=redis_url, **options)
+    thread = threading.Thread(target=worker.run_sync, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive(), "the worker did not stop"
 
 
 class WorkerThread:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from contextlib import contextmanager, suppress
+from contextlib import suppress
+from functools import partial
 
 import pytest
 
@@ -23,25 +24,12 @@ from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy, decide
-from chasqui_core.engine.worker import Worker
 from tests.engine.worker_app import wait_for
-from tests.helpers import reclaim_now
+from tests.helpers import reclaim_now, worker_running
 
 
-@contextmanager
-def running(redis_url, queues, registry, **options):
-    """A real worker on its own thread and loop for the block's length; stopped (and checked) at the end."""
-    options = {"concurrency": 4, "block_ms": 50, "install_signal_handlers": False, "heartbeat_interval": 0.2,
-               "promoter_poll_interval": 0.05, "shutdown_timeout": 5, **options}
-    worker = Worker(list(queues), registry, url=redis_url, **options)
-    thread = threading.Thread(target=worker.run_sync, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.request_stop()
-        thread.join(30)
-    assert not thread.is_alive(), "the worker did not stop"
+running = partial(worker_running, promoter_poll_interval=0.05)
+"""A real worker on its own thread and loop for the block's length (tests/helpers.py)."""
 
 
 def recorder():

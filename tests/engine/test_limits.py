@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
-from contextlib import contextmanager
+from functools import partial
 
 import pytest
 
@@ -19,8 +18,8 @@ from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.limits import Limit, LimitError, Limits, bucket_name, parse_limits, parse_rate
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.worker import Worker
 from tests.engine.worker_app import most_at_once, read_runs, read_spans, wait_for
+from tests.helpers import worker_running
 
 # --- the setting -------------------------------------------------------------------
 
@@ -76,19 +75,7 @@ def test_bucket_names_keep_plain_values_and_digest_the_rest():
 # --- one worker, in this process -------------------------------------------------------------
 
 
-@contextmanager
-def running(redis_url, queues, registry, **options):
-    options = {"concurrency": 8, "block_ms": 50, "install_signal_handlers": False, "heartbeat_interval": 0.2,
-               "promoter_poll_interval": 0.02, "shutdown_timeout": 5, **options}
-    worker = Worker(list(queues), registry, url=redis_url, **options)
-    thread = threading.Thread(target=worker.run_sync, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.request_stop()
-        thread.join(30)
-    assert not thread.is_alive(), "the worker did not stop"
+running = partial(worker_running, concurrency=8)
 
 
 def timed_registry():

@@ -7,9 +7,8 @@ jobs ran in from the jobs themselves.
 from __future__ import annotations
 
 import signal
-import threading
 import time
-from contextlib import contextmanager
+from functools import partial
 
 import pytest
 
@@ -19,23 +18,11 @@ from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.priority import Inbox, band_of, check_priority
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.worker import Worker
 from tests.engine.worker_app import dlq_entries, read_runs, settled, wait_for
+from tests.helpers import worker_running
 
 
-@contextmanager
-def running(redis_url, queues, registry, **options):
-    options = {"concurrency": 1, "block_ms": 50, "install_signal_handlers": False, "heartbeat_interval": 0.2,
-               "promoter_poll_interval": 0.02, "shutdown_timeout": 5, **options}
-    worker = Worker(list(queues), registry, url=redis_url, **options)
-    thread = threading.Thread(target=worker.run_sync, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.request_stop()
-        thread.join(30)
-    assert not thread.is_alive(), "the worker did not stop"
+running = partial(worker_running, concurrency=1)
 
 
 def recording_registry(*, sync: bool = False, fail_first: bool = False):
