@@ -33,6 +33,10 @@
 --   false when the entry was not there (so two callers never both take it);
 --   dlq_removal_flush then undoes the notes of every entry taken, a command
 --   per key rather than a dozen per entry.
+-- dlq_index_tally(batch, task, reason, class, fp, score, id)
+--   What adding or removing one entry changes, noted in a batch or a removal:
+--   its id in each value's zset (with its score when adding; nil when
+--   removing), the counts, its error group and the group's tasks.
 -- DLQ_INDEX_VERSION
 --   The index's layout (keys.py), recorded in v with the first entry indexed.
 -- INVALID_RETRY_FP, INVALID_RETRY_TEXT
@@ -47,20 +51,16 @@ local function dlq_index_score(id)
   return string.format('%.0f', tonumber(at) * 2048 + math.min(tonumber(seq), 2047))
 end
 
-local function dlq_index_batch(dlq)
-  return {p = dlq .. ':ix:', dlq = dlq, n = 0, zsets = {}, counts = {}, groups = {}, group_tasks = {}, texts = {},
-    jobs = {}}
-end
-
-local function dlq_index_put(b, id, task, reason, class, fp, text, job_id)
-  local score = dlq_index_score(id)
+local function dlq_index_tally(b, task, reason, class, fp, score, id)
   for _, key in ipairs({'r:' .. reason, 't:' .. task, 'c:' .. class, 'f:' .. fp}) do
     local z = b.zsets[key]
     if not z then
       z = {}
       b.zsets[key] = z
     end
-    z[#z + 1] = score
+    if score then
+      z[#z + 1] = score
+    end
     z[#z + 1] = id
   end
   for _, field in ipairs({'t:' .. task, 'r:' .. reason, 'c:' .. class}) do
@@ -74,6 +74,16 @@ local function dlq_index_put(b, id, task, reason, class, fp, text, job_id)
     b.group_tasks[fp] = tasks
   end
   tasks[task] = (tasks[task] or 0) + 1
+end
+
+local function dlq_index_batch(dlq)
+  return {p = dlq .. ':ix:', dlq = dlq, n = 0, zsets = {}, counts = {}, groups = {}, group_tasks = {}, texts = {},
+    jobs = {}}
+end
+
+local function dlq_index_put(b, id, task, reason, class, fp, text, job_id)
+  local score = dlq_index_score(id)
+  dlq_index_tally(b, task, reason, class, fp, score, id)
   b.texts[fp] = text
   if job_id ~= '' then
     b.jobs[#b.jobs + 1] = job_id
@@ -143,25 +153,7 @@ local function dlq_take(b, id)
       b.legacy[#b.legacy + 1] = id
     end
   end
-  for _, key in ipairs({'r:' .. reason, 't:' .. task, 'c:' .. class, 'f:' .. fp}) do
-    local z = b.zsets[key]
-    if not z then
-      z = {}
-      b.zsets[key] = z
-    end
-    z[#z + 1] = id
-  end
-  for _, field in ipairs({'t:' .. task, 'r:' .. reason, 'c:' .. class}) do
-    b.counts[field] = (b.counts[field] or 0) + 1
-  end
-  b.n = b.n + 1
-  b.groups[fp] = (b.groups[fp] or 0) + 1
-  local tasks = b.group_tasks[fp]
-  if not tasks then
-    tasks = {}
-    b.group_tasks[fp] = tasks
-  end
-  tasks[task] = (tasks[task] or 0) + 1
+  dlq_index_tally(b, task, reason, class, fp, nil, id)
   if job_id ~= '' then
     b.jobs[#b.jobs + 1] = {job_id, id}
   end
