@@ -24,10 +24,11 @@ def list_tasks(request: HttpRequest):
              auth=needs("enqueue_jobs"))
 def enqueue(request: HttpRequest, queue: str, payload: EnqueueIn):
     """Enqueue a registered task by name, with args, kwargs and per-job options (delay, attempts,
-    backoff, job_id). Arguments must fit the task's signature. Needs enqueue_jobs."""
+    backoff, job_id, priority). Arguments must fit the task's signature. Needs enqueue_jobs."""
     result = jobs_service.enqueue(
         request.auth, queue, payload.task, payload.args, payload.kwargs, delay_ms=payload.delay_ms,
-        attempts=payload.attempts, backoff=payload.backoff, job_id=payload.job_id, source="api",
+        attempts=payload.attempts, backoff=payload.backoff, job_id=payload.job_id, priority=payload.priority,
+        source="api",
     )
     return Status(201, EnqueueOut(job_id=result.id, queue=result.task.queue_name, task=result.task.module_path,
                                   status=str(result.status), run_after=result.task.run_after))

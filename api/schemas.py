@@ -132,6 +132,9 @@ class EnqueueIn(Schema):
     )
     job_id: str | None = Field(None, min_length=1, max_length=200,
                                description="Your id for the job: a second enqueue with the same id is ignored.")
+    priority: int | None = Field(None, ge=-100, le=100,
+                                 description="Higher runs first: above 0 the queue's high band, below 0 its low band; "
+                                             "none: the task's own (see docs/flow-control.md).")
 
 
 class EnqueueOut(Schema):

@@ -142,6 +142,7 @@ def enqueue(
     attempts: int | None = None,
     backoff: Any = None,
     job_id: str | None = None,
+    priority: int | None = None,
     source: Source,
 ) -> TaskResult:
     """Enqueue a registered task of the project by name (queue None: the task's own queue)."""
@@ -171,9 +172,10 @@ def enqueue(
     with engine_errors:
         run_after = timezone.now() + timedelta(milliseconds=delay_ms) if delay_ms else None
         configured: ChasquiTask = task.using(queue_name=queue, run_after=run_after, attempts=attempts,
-                                             backoff=backoff, job_id=job_id)
+                                             backoff=backoff, job_id=job_id, priority=priority)
         result = configured.enqueue(*args, **kwargs)
-    detail = {"task": task_name, "delay_ms": delay_ms, "attempts": attempts, "job_id_given": job_id is not None}
+    detail = {"task": task_name, "delay_ms": delay_ms, "attempts": attempts, "job_id_given": job_id is not None,
+              "priority": configured.priority}
     record(actor, AuditEntry.Action.ENQUEUE, source=source, queue=queue, target_ids=[result.id], count=1,
            detail=detail)
     return result

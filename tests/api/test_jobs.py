@@ -8,6 +8,7 @@ from django.tasks import task_backends
 
 from chasqui_core.task_runner import build_registry
 from chasqui_core.engine.backoff import coerce_backoff
+from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.worker import Worker
 from chasqui_core.models import AuditEntry
@@ -49,6 +50,17 @@ def test_enqueue_with_delay_goes_to_the_delayed_set(op_api, redis):
     assert r.json()["run_after"] is not None
     assert stream_jobs(redis, "default") == []
     assert redis.zcard(QueueKeys.for_queue("default").delayed) == 1
+
+
+def test_enqueue_with_a_priority_goes_to_its_band(op_api, redis):
+    r = op_api.post("/api/queues/default/jobs", {"task": ADD, "args": [1, 2], "priority": 40})
+    assert r.status_code == 201, r.content
+    assert stream_jobs(redis, "default") == []
+    [(_, fields)] = redis.xrange(QueueKeys.for_queue("default").in_band("high").stream)
+    assert decode(fields[b"j"]).meta["priority"] == 40
+    assert AuditEntry.objects.get(action="enqueue").detail["priority"] == 40
+    r = op_api.post("/api/queues/default/jobs", {"task": ADD, "args": [1, 2], "priority": 101})
+    assert r.status_code == 422
 
 
 def test_enqueue_on_another_served_queue(op_api, redis):
