@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 
 from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from chasqui_core import access
@@ -85,7 +86,10 @@ class LiveConsumer(AsyncWebsocketConsumer):
         key = getattr(session, "session_key", None)
         if session is None or key is None or not session.exists(key):
             return CLOSE_UNAUTHENTICATED
-        fresh = type(user)._default_manager.filter(pk=user.pk, is_active=True).first() if user is not None else None
+        if user is None or not user.is_authenticated:
+            return CLOSE_UNAUTHENTICATED
+        # the scope's user is a lazy wrapper: the model is the project's user model, not its type
+        fresh = get_user_model()._default_manager.filter(pk=user.pk, is_active=True).first()
         if fresh is None:
             return CLOSE_UNAUTHENTICATED
         return 0 if access.has(fresh, access.VIEW) else CLOSE_FORBIDDEN

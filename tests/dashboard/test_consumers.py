@@ -122,6 +122,21 @@ async def test_a_socket_closes_within_seconds_once_its_session_logs_out_elsewher
     assert time.monotonic() - logged_out < 5
 
 
+async def test_a_logged_in_socket_passes_its_session_checks_and_keeps_updating(viewer_cookie, redis, monkeypatch):
+    """The session check runs on a socket still logged in: it must find the user and let fragments through."""
+    from dashboard import consumers
+
+    monkeypatch.setattr(consumers, "SESSION_CHECK_S", 0.05)
+    Queue(QUEUE, redis_client=redis).add("noop", [0])
+    ws = live_socket(f"/ws/live/queue/{QUEUE}/", viewer_cookie)
+    connected, _ = await ws.connect()
+    assert connected
+    for _ in range(5):  # each one sent after at least one check
+        await next_fragment(ws, 'id="q-cards"')
+        await asyncio.sleep(0.06)
+    await ws.disconnect()
+
+
 async def test_a_first_failure_is_pushed_at_once_not_at_the_next_tick(viewer_cookie, redis, settings):
     """With ticks a minute apart, only the failure watch can bring the Failed/s card its first failure."""
     import re
