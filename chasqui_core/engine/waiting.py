@@ -71,7 +71,7 @@ def parse_cursor(cursor: str) -> tuple[str, str]:
             raise ValueError(band)
         ms, seq = parse_id(entry, "cursor")
     except ValueError:
-        raise ValueError(f"Cursor {cursor!r} is not an entry from a previous page (an entry id, or 'high:' or "
+        raise ValueError(f"Cursor {cursor!r} is not a stream entry id from a previous page (an id, or 'high:' or "
                          "'low:' and one); start again without a cursor") from None
     return band, f"{ms}-{seq}"
 
