@@ -103,4 +103,5 @@ def _stats(s) -> dict:
         "name": s.name, "stream_length": s.stream_length, "pending": s.pending, "in_flight": s.in_flight,
         "delayed": s.delayed, "overdue": s.overdue, "oldest_overdue_age_ms": s.oldest_overdue_age_ms,
         "dlq": s.dlq, "paused": s.paused, "workers": s.workers, "lag": s.lag,
+        "bands": dict(s.bands),
     }

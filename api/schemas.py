@@ -16,6 +16,7 @@ from ninja import Field, Schema
 
 from chasqui_core.engine.dlq.browse import ErrorGroup
 from chasqui_core.engine.dlq.entries import REASONS, DeadJob
+from chasqui_core.engine.priority import job_priority
 from chasqui_core.masking import mask, mask_text
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services.common import MAX_PAGE
@@ -64,6 +65,10 @@ class QueueStatsOut(Schema):
     paused: bool
     workers: int = Field(description="Workers with a fresh heartbeat on this queue.")
     lag: int | None = Field(description="Entries the consumer group has not read yet (Redis 7+).")
+    bands: dict[str, int] = Field(
+        default_factory=dict,
+        description="Jobs waiting per priority band ('high', 'default', 'low'), for a queue that has prioritised "
+                    "jobs; empty otherwise. stream_length, pending and lag are summed over the bands.")
 
 
 class QueueListOut(Schema):
@@ -166,6 +171,8 @@ class JobOut(Schema):
     attempt: int = Field(description="Runs already made.")
     max_attempts: int | None
     replays: int
+    priority: int = Field(0, description="-100 to 100, higher runs first; 0 by default. Above 0 the job is in "
+                                         "the queue's high band, below 0 in its low band.")
     created_at: datetime | None
     stream_entry: str | None = Field(description="Its entry in the queue's stream (waiting or running).")
     worker: str | None = Field(description="The worker running it, or the consumer its entry was delivered to.")
@@ -200,6 +207,7 @@ class JobOut(Schema):
             attempt=job.attempt if job is not None else len(errors),
             max_attempts=job.max_attempts if job is not None else None,
             replays=job.replays if job is not None else 0,
+            priority=job_priority(job.meta) if job is not None else 0,
             created_at=_dt(job.created_at if job is not None else result.get("enqueued_at") or found.created_ms),
             stream_entry=found.stream_entry,
             worker=run.worker if run is not None else found.delivered_to or (str(result.get("worker") or "") or None),
@@ -507,7 +515,8 @@ class WorkerListOut(Schema):
 
 class RunningJobOut(Schema):
     queue: str
-    entry_id: str
+    entry_id: str = Field(description="Its entry in the stream of the job's priority band (see priority).")
+    priority: int = Field(0, description="-100 to 100, higher runs first; 0 by default.")
     task: str = Field(description="Empty when the run was settled between the reads, or is not readable.")
     job_id: str
     started_at: datetime | None

@@ -38,10 +38,10 @@ def worker_running(
     limit: int = Query(50, ge=1, le=200),
 ):
     """Every run under way on the worker (from its start journals), oldest start first, paged: queue, entry,
-    task, job id and start. Needs view_queues."""
+    priority, task, job id and start. Needs view_queues."""
     page = workers_service.worker_running(request.auth, worker_id, offset=offset, limit=limit)
-    return RunningPageOut(items=[RunningJobOut(queue=r.queue, entry_id=r.entry_id, task=r.task, job_id=r.job_id,
-                                               started_at=_dt(r.started_at_ms)) for r in page.items],
+    return RunningPageOut(items=[RunningJobOut(queue=r.queue, entry_id=r.entry_id, priority=r.priority, task=r.task,
+                                               job_id=r.job_id, started_at=_dt(r.started_at_ms)) for r in page.items],
                           total=page.total, offset=page.offset)
 
 

@@ -6,7 +6,9 @@ restarted process loses nothing. A scrape costs two round trips whatever the
 number of queues: the queue registry, then one pipeline with the server's
 clock and every queue's stats (``engine/stats.py``), totals
 (``engine/totals.py``) and count of limit buckets; only a queue whose jobs
-met a rate or concurrency limit costs one read more (``engine/limits.py``).
+met a rate or concurrency limit costs one read more (``engine/limits.py``),
+and the queues with priority bands one round trip more for all of them
+(``stats.add_bands``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ class QueueCollector(Collector):
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(PREFIX + name, doc, labels=["queue"])
 
-        depth = gauge("queue_stream_length", "Entries in the queue's stream: jobs waiting plus jobs leased to workers.")
+        depth = gauge("queue_stream_length", "Entries in the queue's stream (its priority bands' summed): jobs "
+                      "waiting plus jobs leased to workers.")
+        band_waiting = GaugeMetricFamily(PREFIX + "queue_band_waiting_jobs", "Jobs waiting in each priority band's "
+                                         "stream (high, default, low), for queues that have priority bands.",
+                                         labels=["queue", "band"])
         pending = gauge("queue_pending_jobs", "Jobs leased to a worker and not settled yet.")
         delayed = gauge("queue_delayed_jobs", "Jobs in the delayed set: scheduled for later, or waiting for a retry.")
         dlq = gauge("queue_dead_letter_jobs", "Entries in the dead-letter queue.")
@@ -81,9 +87,11 @@ class QueueCollector(Collector):
             "Run time of handler runs, successful or failed, per task (counted as whole milliseconds).",
             labels=["queue", "task"],
         )
-        for i, keys in enumerate(all_keys):
+        queue_stats = stats.add_bands(self.client, [
+            stats.stats_from_replies(keys, replies[1 + per_queue * i:1 + per_queue * i + stats.STATS_READS], now,
+                                     self.stale_after_ms) for i, keys in enumerate(all_keys)])
+        for i, (keys, qs) in enumerate(zip(all_keys, queue_stats, strict=True)):
             start = 1 + per_queue * i
-            qs = stats.stats_from_replies(keys, replies[start:start + stats.STATS_READS], now, self.stale_after_ms)
             counted = totals.parse(keys.queue, *replies[start + stats.STATS_READS:start + per_queue - 1])
             label = [keys.queue]
             depth.add_metric(label, qs.stream_length)
@@ -93,6 +101,8 @@ class QueueCollector(Collector):
             paused.add_metric(label, 1 if qs.paused else 0)
             workers.add_metric(label, qs.workers)
             lag.add_metric(label, qs.oldest_overdue_age_ms / 1000)
+            for band, waiting in qs.bands.items():
+                band_waiting.add_metric([keys.queue, band], waiting)
             for field, family in counters.items():
                 family.add_metric(label, counted.counters[field])
             for task, histogram in counted.durations.items():
@@ -101,7 +111,7 @@ class QueueCollector(Collector):
                     running += count
                     cumulative.append((bound, running))
                 durations.add_metric([keys.queue, task], cumulative, histogram.sum_ms / 1000)
-        yield from (depth, pending, delayed, dlq, paused, workers, lag, *counters.values(), durations)
+        yield from (depth, band_waiting, pending, delayed, dlq, paused, workers, lag, *counters.values(), durations)
         limited = [keys for i, keys in enumerate(all_keys) if replies[1 + per_queue * i + per_queue - 1]]
         yield from self.limit_figures(limited)
 

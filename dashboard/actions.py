@@ -302,9 +302,11 @@ def purge_confirm(request: HttpRequest, name: str) -> HttpResponse:
     """Say how many waiting jobs a purge would delete, and ask to go ahead."""
     name = require_queue(name)
     require(request.user, access.DISCARD, SOURCE)
-    count = queues_service.waiting_count(request.user, name, source=SOURCE)
+    by_band = queues_service.waiting_by_band(request.user, name, source=SOURCE)
+    count = sum(by_band.values())
+    bands = by_band if by_band["high"] or by_band["low"] else {}  # a queue without prioritised jobs: one figure
     ctx = {"nav_queues": known_queues(), "section": "queue", "current_queue": name, "queue": name, "count": count,
-           "back": reverse("chasqui_console:queue", args=[name])}
+           "bands": bands, "back": reverse("chasqui_console:queue", args=[name])}
     return render(request, "chasqui_console/purge_confirm.html", ctx)
 
 

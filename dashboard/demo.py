@@ -133,6 +133,10 @@ def _backlog(client, now_ms: int, rng: random.Random) -> None:
     keys = QueueKeys.for_queue("emails")
     client.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
     client.xreadgroup(GROUP, "demo-consumer", {keys.stream: ">"}, count=24)
+    for i in range(12):  # password resets jump the queue; digests wait behind everything else
+        emails.add("emails.tasks.send_password_reset", [2000 + i], priority=50)
+    for i in range(8):
+        emails.add("emails.tasks.send_weekly_digest", [3000 + i], priority=-10)
     billing = Queue("billing", redis_client=client)
     for i in range(380):
         billing.add("billing.tasks.charge_invoice", [50_000 + i], {"invoice_id": str(50_000 + i)},

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chasqui_core.engine.dlq.entries import DeadJob
+from chasqui_core.engine.priority import job_priority
 from chasqui_core.models import AuditEntry
 from chasqui_core.services import audit as audit_service
 from chasqui_core.services import delayed as delayed_service
@@ -300,6 +301,7 @@ def job(request: HttpRequest, job_id: str) -> HttpResponse:
         "result": result, "errors": errors, "generations": generations([e for e in errors if isinstance(e, dict)]),
         "replay_form": ReplayOptionsForm(), "here": request.get_full_path(),
         "live": found.state in ("waiting", "running", "delayed"),
+        "priority": job_priority(found.job.meta) if found.job is not None else 0,
     }
     if request.htmx:  # the page's live part: state, progress and a pending cancel, polled while the job is live
         return render(request, "chasqui_console/parts/job_live.html", ctx)
@@ -308,7 +310,8 @@ def job(request: HttpRequest, job_id: str) -> HttpResponse:
 
 @console_page
 def stream(request: HttpRequest, name: str) -> HttpResponse:
-    """The jobs in a queue's stream, newest or oldest first, each linking to its page."""
+    """The jobs in a queue's streams, highest priority band first, each newest or oldest first, each linking to
+    its page."""
     name = require_queue(name)
     order = "oldest" if request.GET.get("order") == "oldest" else "newest"
     cursor = request.GET.get("cursor") or None

@@ -18,6 +18,7 @@ bounded.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -73,10 +74,8 @@ def leftovers(client, queues: list[str]) -> dict[str, dict[str, int]]:
         streams = keys.band_keys(b.decode() for b in client.smembers(keys.bands))
         pending = 0
         for band in streams:
-            try:
+            with contextlib.suppress(redis.ResponseError):  # no group yet: nothing was ever read
                 pending += int(client.xpending(band.stream, GROUP)["pending"])
-            except redis.ResponseError:  # no group yet: nothing was ever read
-                pass
         out[queue] = {"stream": sum(int(client.xlen(band.stream)) for band in streams),
                       "delayed": int(client.zcard(keys.delayed)), "pending": pending}
     return out

@@ -25,8 +25,8 @@ job of a higher band starts before lower ones already waiting there.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Final
 
 from .keys import BANDS, HIGH, LOW
 
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 MIN_PRIORITY: Final = -100
 MAX_PRIORITY: Final = 100
 """The range Django's Task API allows (``django.tasks.base``), kept here for the engine's own callers."""
+
+DEFAULT_LABEL: Final = "default"
+"""What ``band_label`` calls the default band."""
 
 PRIORITY_META: Final = "priority"
 """The envelope's meta key holding a job's priority, when it is not 0 (``band_of`` in lua/prelude.lua reads it)."""
@@ -54,6 +57,17 @@ _TURNS: Final = (0, 1, 0, 0, 1, 0, 2, 0, 1, 0)
 def band_of(priority: int) -> str:
     """The band a priority falls in: "high" above 0, "low" below, "" (the default band) at 0."""
     return HIGH if priority > 0 else LOW if priority < 0 else ""
+
+
+def band_label(band: str) -> str:
+    """A band's name for people and for JSON: "high", "default" or "low" ("" is the default band in keys)."""
+    return band or DEFAULT_LABEL
+
+
+def job_priority(meta: Mapping[str, Any] | None) -> int:
+    """A job's priority from its envelope's meta (0 when it has none, or one this version cannot read)."""
+    value = (meta or {}).get(PRIORITY_META, 0)
+    return value if type(value) is int else 0
 
 
 def check_priority(priority: object) -> int:

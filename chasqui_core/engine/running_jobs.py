@@ -2,10 +2,13 @@
 
 A worker's heartbeat lists its 20 longest runs; the start journal
 (``{chasqui:<q>}:running:<worker>``, journal.py) has every run under way,
-entry id -> start ms. A page is the journal entries of the worker's queues,
-oldest start first, with each entry's job read from the stream (the entry
-stays there until it is settled). One round trip for the journals, one for
-the page's entries.
+entry id -> start ms. A queue with priority bands (priority.py) has a
+journal per band stream (``running-high:<worker>``, ``running-low:<worker>``),
+since entry ids repeat across streams. A page is the journal entries of the
+worker's queues and their bands, oldest start first, with each entry's job
+read from its band's stream (the entry stays there until it is settled). One
+round trip for the journals (every band's is read: a missing one is empty),
+one for the page's entries.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass
 
 from .connection import Client
 from .envelope import DecodeError, decode
-from .keys import QueueKeys
+from .keys import BANDS, QueueKeys
+from .priority import band_label, job_priority
 
 MAX_PAGE = 200
 
@@ -27,6 +31,14 @@ class RunningJob:
     task: str
     """"" when the entry was settled between the two reads, or is not a job this version can read."""
     job_id: str
+    band: str = ""
+    """The priority band whose stream holds the entry: "high", "" (the default band) or "low"."""
+    priority: int = 0
+    """The job's priority (0 by default, or when its entry could not be read)."""
+
+    @property
+    def band_label(self) -> str:
+        return band_label(self.band)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +59,7 @@ def running_jobs(client: Client, worker_id: str, queues: list[str], *, offset: i
         raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
     if offset < 0:
         raise ValueError(f"offset must be 0 or more, got {offset}")
-    all_keys = [QueueKeys.for_queue(q) for q in queues]
+    all_keys = [QueueKeys.for_queue(q).in_band(b) for q in queues for b in BANDS]
     pipe = client.pipeline(transaction=False)
     for k in all_keys:
         pipe.hgetall(k.running(worker_id))
@@ -64,15 +76,16 @@ def running_jobs(client: Client, worker_id: str, queues: list[str], *, offset: i
     for _, entry, _, k in chosen:
         pipe.xrange(k.stream, entry, entry)
     items = []
-    for (started, entry, queue, _), found in zip(chosen, pipe.execute() if chosen else [], strict=True):
+    for (started, entry, queue, k), found in zip(chosen, pipe.execute() if chosen else [], strict=True):
         task = job_id = ""
+        priority = 0
         if found:
             payload = found[0][1].get(b"j")
             if payload is not None:
                 try:
                     job = decode(payload)
-                    task, job_id = job.task, job.id
+                    task, job_id, priority = job.task, job.id, job_priority(job.meta)
                 except DecodeError:
                     pass
-        items.append(RunningJob(queue, entry, started, task, job_id))
+        items.append(RunningJob(queue, entry, started, task, job_id, k.band, priority))
     return RunningPage(items=items, total=len(runs), offset=offset)

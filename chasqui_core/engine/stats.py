@@ -8,11 +8,17 @@ against the clock that wrote them, never against the caller's.
 
 A queue that no worker has served yet has no consumer group, and a queue that
 was never written to has no keys at all; both read as zeros, never as errors.
+
+A queue with priority bands (priority.py) has a stream per band: its depth,
+pending and lag figures are the sums over them. Which bands a queue has is
+read with its other figures (its ``bands`` set); only the queues that have
+any cost one more round trip, shared by all of them (``add_bands``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -20,7 +26,8 @@ from redis.exceptions import ResponseError
 
 from .connection import Client, is_cluster_client
 from .errors import InvalidQueueName
-from .keys import GROUP, QUEUES_REGISTRY, QueueKeys, validate_queue_name
+from .keys import BANDS, GROUP, QUEUES_REGISTRY, QueueKeys, validate_queue_name
+from .priority import band_label
 from .scripts import source
 
 DEFAULT_STALE_AFTER_MS = 10_000
@@ -51,6 +58,16 @@ class QueueStats:
     """Workers with a fresh heartbeat on this queue."""
     lag: int | None
     """Entries the consumer group has not read yet, when the server can tell (Redis 7+)."""
+    band_streams: tuple[str, ...] = ()
+    """The priority bands ("high", "low") the queue has a stream of besides its own; () without priorities."""
+    bands: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Jobs waiting (not yet handed to a worker) per band, "high", "default", "low", highest first, when the
+    queue has band streams (``add_bands`` reads them); empty for a queue without priorities."""
+
+    @property
+    def waiting(self) -> int:
+        """Jobs in the stream(s) not handed to a worker yet: the lag when the server knows it for every stream."""
+        return waiting_of(self.stream_length, self.pending, self.lag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +152,39 @@ def _group_info(reply: Any) -> tuple[int, int | None]:
     return 0, None
 
 
+def waiting_of(length: int, pending: int, lag: int | None) -> int:
+    """A stream's entries not handed to a worker: its group's lag when the server knows it, else the stream's
+    length less the entries pending (after deletions the server may not know the lag)."""
+    return lag if lag is not None else max(0, length - pending)
+
+
+def add_stream_reads(pipe: Client, stream: str) -> None:
+    """Queue the two reads behind ``stream_figures`` on ``pipe``: XLEN and XINFO GROUPS."""
+    pipe.xlen(stream)
+    pipe.xinfo_groups(stream)
+
+
+def stream_figures(length: Any, groups: Any) -> tuple[int, int, int | None]:
+    """(length, pending, lag) of one stream from the replies of ``add_stream_reads`` (zeros when it is absent)."""
+    if isinstance(length, Exception):
+        raise length
+    pending, lag = _group_info(groups)
+    return int(length), pending, lag
+
+
+def band_names(reply: Any) -> tuple[str, ...]:
+    """The bands named by an SMEMBERS reply of a queue's ``bands`` set, highest first; unknown names left out."""
+    names = {m.decode() if isinstance(m, bytes) else str(m) for m in reply or ()}
+    return tuple(b for b in BANDS if b and b in names)
+
+
 def _raise_errors(replies: list[Any]) -> None:
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
 
 
-STATS_READS = 6
+STATS_READS = 7
 """Commands ``add_stats_reads`` queues per queue."""
 
 
@@ -150,14 +193,15 @@ def add_stats_reads(pipe: Client, keys: QueueKeys) -> None:
 
     Lets a caller that reads more than stats (the Prometheus collector) keep
     everything in one round trip; ``stats_from_replies`` turns the replies
-    (read with ``raise_on_error=False``) into QueueStats.
+    (read with ``raise_on_error=False``) into QueueStats, and ``add_bands``
+    adds the figures of the queues' priority bands.
     """
-    pipe.xlen(keys.stream)
-    pipe.xinfo_groups(keys.stream)
+    add_stream_reads(pipe, keys.stream)
     pipe.execute_command("EVAL", source("delayed_stats"), 1, keys.delayed)
     pipe.xlen(keys.dlq)
     pipe.exists(keys.paused)
     pipe.hgetall(keys.workers)
+    pipe.smembers(keys.bands)
 
 
 def add_clock_read(pipe: Client, key: str) -> None:
@@ -180,10 +224,14 @@ def server_ms(time_reply: Any) -> int:
 
 def stats_from_replies(keys: QueueKeys, replies: list[Any], now_ms: int,
                        stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> QueueStats:
-    """A queue's QueueStats from the replies of ``add_stats_reads``; ``now_ms`` is the server's clock."""
-    length, groups, delayed, dlq, paused, beats = replies
-    _raise_errors([length, delayed, dlq, paused, beats])
-    pending, lag = _group_info(groups)
+    """A queue's QueueStats from the replies of ``add_stats_reads``; ``now_ms`` is the server's clock.
+
+    Its stream figures are the default band's: for a queue with other bands
+    (``band_streams``), ``add_bands`` sums theirs in.
+    """
+    length, groups, delayed, dlq, paused, beats, bands = replies
+    _raise_errors([delayed, dlq, paused, beats, bands])
+    length, pending, lag = stream_figures(length, groups)
     script_now, size, overdue, lowest = (int(x) for x in delayed)
     live = live_workers(beats, now_ms, stale_after_ms)
     return QueueStats(
@@ -198,7 +246,38 @@ def stats_from_replies(keys: QueueKeys, replies: list[Any], now_ms: int,
         paused=bool(paused),
         workers=len(live),
         lag=lag,
+        band_streams=band_names(bands),
     )
+
+
+def add_bands(client: Client, queues: list[QueueStats]) -> list[QueueStats]:
+    """``queues`` with the figures of their priority bands' streams summed in, in one round trip for all.
+
+    A queue without band streams is returned as it is; when none has any,
+    nothing is read.
+    """
+    banded = [(i, QueueKeys.for_queue(s.name), s.band_streams) for i, s in enumerate(queues) if s.band_streams]
+    if not banded:
+        return queues
+    pipe = client.pipeline(transaction=False)
+    for _, keys, bands in banded:
+        for band in bands:
+            add_stream_reads(pipe, keys.in_band(band).stream)
+    replies = iter(pipe.execute(raise_on_error=False))
+    out = list(queues)
+    for i, _keys, bands in banded:
+        s = queues[i]
+        length, pending, lag = s.stream_length, s.pending, s.lag
+        waiting = {"": waiting_of(length, pending, lag)}
+        for band in bands:
+            n, p, g = stream_figures(next(replies), next(replies))
+            waiting[band] = waiting_of(n, p, g)
+            length += n
+            pending += p
+            lag = None if lag is None or g is None else lag + g
+        out[i] = replace(s, stream_length=length, pending=pending, lag=lag,
+                         bands={band_label(b): waiting[b] for b in BANDS if b in waiting})
+    return out
 
 
 def all_queue_stats(
@@ -206,7 +285,8 @@ def all_queue_stats(
 ) -> list[QueueStats]:
     """Stats of the given queues (default: every registered queue), in one round trip.
 
-    Listing the registry, when no names are given, costs one more round trip.
+    Listing the registry, when no names are given, costs one more round trip;
+    so does reading the priority bands, when any of the queues has some.
     """
     if names is None:
         names = list_queues(client)
@@ -220,8 +300,8 @@ def all_queue_stats(
     replies = pipe.execute(raise_on_error=False)
     now = server_ms(replies[0])
     n = STATS_READS
-    return [stats_from_replies(k, replies[1 + n * i: 1 + n * (i + 1)], now, stale_after_ms)
-            for i, k in enumerate(all_keys)]
+    return add_bands(client, [stats_from_replies(k, replies[1 + n * i: 1 + n * (i + 1)], now, stale_after_ms)
+                              for i, k in enumerate(all_keys)])
 
 
 def queue_stats(client: Client, name: str, *, stale_after_ms: int = DEFAULT_STALE_AFTER_MS) -> QueueStats:

@@ -1,10 +1,16 @@
-"""Browse the jobs in a queue's stream, newest or oldest first, a page at a time.
+"""Browse the jobs in a queue's streams, a page at a time: highest priority band first, each newest or oldest first.
 
-The stream holds waiting jobs and the ones delivered to a worker and not
+A stream holds waiting jobs and the ones delivered to a worker and not
 settled yet; a page marks the latter from the consumer group's pending list,
-read for the page's id range only. Pages are id ranges with an exclusive
-cursor (the last entry id shown), so each costs two commands whatever the
-stream's length.
+read for the page's id range only. A queue with priority bands (priority.py)
+has a stream per band: a page lists the high band's jobs, then the default
+band's, then the low band's (the order a worker in strict mode starts them
+in), each band newest or oldest first as asked. Pages are id ranges with an
+exclusive cursor: the last entry shown, its band's name before it
+(``high:<id>``, ``low:<id>``; a bare id is the default band's, as before
+queues had bands). Each page costs two round trips whatever the streams'
+lengths: the entries (a range of each band from the cursor's on), then who
+holds them.
 """
 
 from __future__ import annotations
@@ -12,12 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import ResponseError
-
 from .connection import Client
 from .dlq.entries import parse_id
 from .envelope import DecodeError, Job, decode
-from .keys import GROUP, QueueKeys
+from .keys import BANDS, GROUP, QueueKeys
+from .priority import band_label, job_priority
 
 MAX_PAGE = 500
 
@@ -29,10 +34,26 @@ class StreamJob:
     """None when the entry is not a job envelope this version can read."""
     delivered_to: str | None
     """The consumer holding the entry (running, or fetched and about to run); None while it waits."""
+    band: str = ""
+    """The priority band whose stream holds the entry: "high", "" (the default band) or "low"."""
 
     @property
     def job_id(self) -> str:
         return self.job.id if self.job is not None else ""
+
+    @property
+    def priority(self) -> int:
+        """The job's priority (0 by default; -100 to 100, higher first)."""
+        return job_priority(self.job.meta) if self.job is not None else 0
+
+    @property
+    def band_label(self) -> str:
+        return band_label(self.band)
+
+    @property
+    def cursor(self) -> str:
+        """This entry as a page cursor: its id, after its band's name for a band other than the default."""
+        return f"{self.band}:{self.entry_id}" if self.band else self.entry_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,48 +63,72 @@ class StreamPage:
     """Pass back as ``cursor`` (with the same order) for the next page; None on the last one."""
 
 
+def parse_cursor(cursor: str) -> tuple[str, str]:
+    """(band, entry id) from a page cursor; ValueError saying how to go on when it is not one."""
+    band, _, entry = cursor.rpartition(":")
+    try:
+        if band not in BANDS:
+            raise ValueError(band)
+        ms, seq = parse_id(entry, "cursor")
+    except ValueError:
+        raise ValueError(f"Cursor {cursor!r} is not a stream entry id from a previous page (an id, or 'high:' or "
+                         "'low:' and one); start again without a cursor") from None
+    return band, f"{ms}-{seq}"
+
+
 def page(client: Client, queue: str, *, cursor: str | None = None, limit: int = 50,
          newest_first: bool = True) -> StreamPage:
-    """Up to ``limit`` stream entries after ``cursor`` in the order asked for, with who holds each."""
+    """Up to ``limit`` entries after ``cursor``, highest band first and each in the order asked for, with who
+    holds each."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be a whole number from 1 to {MAX_PAGE}, got {limit!r}")
     keys = QueueKeys.for_queue(queue)
-    if cursor is not None:
-        try:
-            ms, seq = parse_id(cursor, "cursor")
-        except ValueError:
-            raise ValueError(f"Cursor {cursor!r} is not a stream entry id from a previous page; "
-                             "start again without a cursor") from None
-        start = f"({ms}-{seq}"
-    else:
-        start = "+" if newest_first else "-"
-    end = "-" if newest_first else "+"
-    if newest_first:
-        rows = client.xrevrange(keys.stream, start, end, count=limit + 1)
-    else:
-        rows = client.xrange(keys.stream, start, end, count=limit + 1)
+    band, after = parse_cursor(cursor) if cursor is not None else (BANDS[0], None)
+    bands = BANDS[BANDS.index(band):]
+    first, last = ("+", "-") if newest_first else ("-", "+")
+    pipe = client.pipeline(transaction=False)
+    for b in bands:  # a band without a stream reads as no entries
+        start = f"({after}" if after is not None and b == band else first
+        stream = keys.in_band(b).stream
+        if newest_first:
+            pipe.xrevrange(stream, start, last, count=limit + 1)
+        else:
+            pipe.xrange(stream, start, last, count=limit + 1)
+    rows: list[tuple[str, Any, Any]] = []
+    for b, found in zip(bands, pipe.execute(), strict=True):
+        rows.extend((b, eid, fields) for eid, fields in found[:limit + 1 - len(rows)])
     more = len(rows) > limit
     rows = rows[:limit]
-    holders: dict[bytes, str] = {}
-    if rows:
-        ids = [row[0] for row in rows]
-        low, high = min(ids, key=_sid), max(ids, key=_sid)
-        try:
-            pending: list[dict[str, Any]] = client.xpending_range(keys.stream, GROUP, min=low, max=high,
-                                                                  count=len(rows))
-        except ResponseError:  # no consumer group yet: nothing was delivered
-            pending = []
-        for p in pending:
-            name = p["consumer"]
-            holders[p["message_id"]] = name.decode() if isinstance(name, bytes) else str(name)
+    holders = _holders(client, keys, rows)
     items = []
-    for eid, fields in rows:
+    for b, eid, fields in rows:
         try:
             job: Job | None = decode(fields.get(b"j", b""))
         except DecodeError:
             job = None
-        items.append(StreamJob(eid.decode(), job, holders.get(eid)))
-    return StreamPage(items, items[-1].entry_id if more and items else None)
+        items.append(StreamJob(eid.decode(), job, holders.get((b, eid)), b))
+    return StreamPage(items, items[-1].cursor if more and items else None)
+
+
+def _holders(client: Client, keys: QueueKeys, rows: list[tuple[str, Any, Any]]) -> dict[tuple[str, bytes], str]:
+    """Who holds each of ``rows`` that was delivered: one XPENDING per band on the page, in one round trip."""
+    ids: dict[str, list[bytes]] = {}
+    for b, eid, _ in rows:
+        ids.setdefault(b, []).append(eid)
+    if not ids:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for b, band_ids in ids.items():
+        pipe.xpending_range(keys.in_band(b).stream, GROUP, min=min(band_ids, key=_sid), max=max(band_ids, key=_sid),
+                            count=len(band_ids))
+    holders: dict[tuple[str, bytes], str] = {}
+    for b, pending in zip(ids, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(pending, Exception):  # no consumer group yet: nothing was delivered
+            continue
+        for p in pending:
+            name = p["consumer"]
+            holders[(b, p["message_id"])] = name.decode() if isinstance(name, bytes) else str(name)
+    return holders
 
 
 def _sid(raw: bytes) -> tuple[int, int]:

@@ -14,7 +14,6 @@ from chasqui_core.engine import purge as purge_mod
 from chasqui_core.engine import waiting
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.limits import BucketState, read_buckets
-from chasqui_core.engine.scripts import Scripts
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (
@@ -123,16 +122,21 @@ def queue_limits(actor, queue: str, *, buckets: int = 20, source: Source = "api"
     return out
 def waiting_count(actor, queue: str, *, source: Source = "api") -> int:
     """How many jobs a purge of the queue would delete now: its waiting jobs, not those handed to a worker."""
+    return sum(waiting_by_band(actor, queue, source=source).values())
+
+
+def waiting_by_band(actor, queue: str, *, source: Source = "api") -> dict[str, int]:
+    """``waiting_count`` per priority band: "high", "default", "low" (a band the queue never had counts 0)."""
     require(actor, access.VIEW, source)
     queue = require_queue(queue)
-    return purge_mod.waiting(redis_client(), QueueKeys.for_queue(queue))
+    return purge_mod.waiting_by_band(redis_client(), QueueKeys.for_queue(queue))
 
 
 def purge(actor, queue: str, *, source: Source) -> int:
     """Delete the queue's waiting jobs (not yet handed to a worker); returns how many. Needs discard_jobs.
 
     Jobs a worker holds (running, or fetched and about to run), the delayed
-    set and the DLQ are left alone. Jobs added after the purge began are kept.
+    set and the DLQ are left alone. Jobs added after the purge began are kept. Every priority band is emptied.
     The deleted jobs are counted as ``purged`` in the queue's counters.
     """
     check_source(source)
@@ -140,7 +144,7 @@ def purge(actor, queue: str, *, source: Source) -> int:
     queue = require_queue(queue)
     client = redis_client()
     keys = QueueKeys.for_queue(queue)
-    deleted = purge_mod.purge_waiting(Scripts(client), keys, upto=purge_mod.newest_id(client, keys))
+    deleted = purge_mod.purge_waiting(client, keys, upto=purge_mod.newest_ids(client, keys))
     record(actor, AuditEntry.Action.PURGE, source=source, queue=queue, count=deleted, detail={"purged": deleted})
     return deleted
 

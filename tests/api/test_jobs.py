@@ -155,6 +155,16 @@ def test_find_a_delayed_job(op_api, view_api):
     body = view_api.get(f"/api/jobs/{job_id}").json()
     assert (body["state"], body["status"]) == ("delayed", "READY")
     assert body["run_at"] is not None
+    assert body["priority"] == 0, "a job added without one has the default priority"
+
+
+@pytest.mark.parametrize("priority", [-40, 75])
+def test_a_jobs_priority_is_in_its_detail(view_api, redis, priority):
+    from chasqui_core.engine.queue import Queue
+
+    job = Queue("default", redis_client=redis).add(ADD, [1, 2], delay=600, priority=priority)
+    body = view_api.get(f"/api/jobs/{job.job_id}").json()
+    assert (body["state"], body["priority"]) == ("delayed", priority)
 
 
 def test_find_a_running_job_from_its_workers_heartbeat(op_api, view_api, redis):

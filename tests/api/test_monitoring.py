@@ -209,13 +209,30 @@ def test_metrics_of_a_hundred_queues_read_a_fixed_set_of_keys_per_queue(redis, v
     assert len([1 for name, _ in samples if name == "chasqui_jobs_enqueued_total"]) == 100
     # the registry once, then per queue the same reads (sent in one pipeline): none per job or per worker
     calls = _commands(redis) - calls_before
-    assert calls["smembers"] == 1
+    assert calls["smembers"] == 1 + 100, calls  # the registry, and each queue's priority bands (none here)
     assert calls["scard"] == 100, calls  # limit buckets in use: none here, so no more reads
     assert calls["hgetall"] == 300, calls  # workers, totals, durations
     # the delayed set's figures per queue (and, on a cluster, the clock: a pipeline there cannot carry TIME)
     clock = 1 if is_cluster_client(redis) else 0
     assert calls["xlen"] == 200 and calls["exists"] == 100 and calls["eval"] == 100 + clock, calls
     assert all(now - then <= 1 for now, then in zip(_connections(redis), before, strict=True))
+
+
+def test_metrics_sum_a_queues_priority_bands_and_give_each_bands_waiting_jobs(redis, view_api):
+    q = Queue("banded", redis_client=redis)
+    for priority, n in ((20, 3), (0, 2), (-20, 4)):
+        q.add_bulk([JobSpec("ok", [i], priority=priority) for i in range(n)])
+    Queue("flat", redis_client=redis).add("ok", [1])
+    keys = QueueKeys.for_queue("banded")
+    redis.xreadgroup("chasqui", "w-1", {keys.in_band("high").stream: ">"}, count=1)
+    samples = scrape(view_api.get("/metrics"))
+    assert samples[("chasqui_queue_stream_length", (("queue", "banded"),))] == 9
+    assert samples[("chasqui_queue_pending_jobs", (("queue", "banded"),))] == 1
+    bands = {dict(labels)["band"]: v for (name, labels), v in samples.items()
+             if name == "chasqui_queue_band_waiting_jobs" and ("queue", "banded") in labels}
+    assert bands == {"high": 2, "default": 2, "low": 4}
+    assert not [1 for name, labels in samples if name == "chasqui_queue_band_waiting_jobs"
+                and ("queue", "flat") in labels], "a queue without bands has no band figures"
 
 
 def _commands(redis) -> Counter[str]:

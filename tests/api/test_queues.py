@@ -142,3 +142,23 @@ def test_history_gives_failures_and_run_time_per_task(view_api, redis):
                               "p95_ms": 5000}]
     assert view_api.get("/api/queues/default/history", range="2w").status_code == 422
     assert view_api.get("/api/queues/ghost/history").status_code == 404
+
+
+def test_a_queue_with_priority_bands_sums_them_and_counts_each_bands_waiting_jobs(view_api, redis):
+    q = Queue("emails", redis_client=redis)
+    for priority in (10, 10, 0, -5):
+        q.add(TASK, [1, 2], priority=priority)
+    body = view_api.get("/api/queues/emails").json()
+    assert body["stream_length"] == 4
+    assert body["bands"] == {"high": 2, "default": 1, "low": 1}
+    assert view_api.get("/api/queues/default").json()["bands"] == {}, "a queue without priorities has none"
+
+
+def test_purge_empties_every_priority_band(op_api, redis):
+    q = Queue("default", redis_client=redis)
+    for priority in (3, 0, 0, -3):
+        q.add(TASK, [1, 2], priority=priority)
+    r = op_api.post("/api/queues/default/purge")
+    assert r.json() == {"queue": "default", "purged": 4}
+    keys = QueueKeys.for_queue("default")
+    assert [redis.xlen(keys.in_band(b).stream) for b in ("high", "", "low")] == [0, 0, 0]

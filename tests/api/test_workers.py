@@ -97,3 +97,16 @@ def test_a_workers_running_jobs_paged_from_its_start_journal(view_api, redis):
     assert [(i["queue"], i["job_id"]) for i in rest] == [("emails", jobs[3].job_id)]
     assert view_api.get("/api/workers/w-run").json()["state"] == "running"
     assert view_api.get("/api/workers/ghost/running").status_code == 404
+
+
+def test_a_workers_running_jobs_include_those_of_every_priority_band(view_api, redis):
+    heartbeat(redis, ["default"], "w-band")
+    q = Queue("default", redis_client=redis)
+    keys = QueueKeys.for_queue("default")
+    jobs = {p: q.add(TASK, [p, 0], priority=p) for p in (60, 0, -60)}
+    for n, (p, band) in enumerate(((60, "high"), (0, ""), (-60, "low"))):
+        redis.hset(keys.in_band(band).running("w-band"), jobs[p].entry_id, 1_760_000_000_000 + n)
+    body = view_api.get("/api/workers/w-band/running").json()
+    assert body["total"] == 3
+    assert [(i["job_id"], i["priority"], i["entry_id"]) for i in body["items"]] == [
+        (jobs[p].job_id, p, jobs[p].entry_id) for p in (60, 0, -60)]

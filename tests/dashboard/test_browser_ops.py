@@ -163,6 +163,39 @@ def test_purging_a_queue_asks_first_with_the_count(env, redis, tmp_path):
             browser.close()
 
 
+def test_a_queue_with_priorities_shows_each_bands_waiting_jobs_live_and_purges_every_band(env, redis, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    queue = Queue(QUEUE, redis_client=redis)
+    for n in range(3):
+        queue.add(CHARGE, [n])
+    with serve(env, log_path=tmp_path / "daphne.log") as base, sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+            log_in(page, base, "olga", "olga-password", next_path=f"/queues/{QUEUE}/")
+            expect(page.locator("[data-metric=bands]")).to_have_count(0)  # no prioritised job yet
+            for n in range(2):
+                queue.add(CHARGE, [100 + n], priority=10)
+            queue.add(CHARGE, [200], priority=-10)
+            page.reload()
+            expect(page.locator("[data-metric=bands]")).to_have_text("waiting: 6 (high 2, default 3, low 1)")
+
+            page.goto(f"{base}/queues/{QUEUE}/stream/?order=oldest")
+            expect(page.locator("tr[data-band] td[data-priority]")).to_have_text(
+                ["10", "10", "0", "0", "0", "-10"])
+
+            page.goto(f"{base}/queues/{QUEUE}/")
+            page.locator("button[data-action=purge]").click()
+            expect(page.locator("h1")).to_have_text(f"Delete 6 waiting jobs from {QUEUE}?")
+            expect(page.locator("[data-confirm-bands]")).to_have_text("By priority: high 2, default 3, low 1.")
+            page.locator("button[data-confirm-button]").click()
+            expect(page.locator(".messages")).to_contain_text(f"Deleted 6 waiting jobs from {QUEUE}")
+            assert [redis.xlen(KEYS.in_band(b).stream) for b in ("high", "", "low")] == [0, 0, 0]
+        finally:
+            browser.close()
+
+
 def test_a_first_failure_shows_on_the_overview_without_waiting_for_the_next_tick(env, start_worker, redis, tmp_path):
     from playwright.sync_api import sync_playwright
 

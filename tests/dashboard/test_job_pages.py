@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 import pytest
 from django.test import Client
 
@@ -134,3 +136,38 @@ def test_the_cancel_button_shows_only_to_those_who_may_cancel(viewer, operator, 
     response = _client(operator).post(f"/jobs/{job.job_id}/cancel/")
     assert response.status_code == 302 and response["Location"] == f"/jobs/{job.job_id}/"
     assert redis.hexists(f"{{chasqui:{Q}}}:cancel", job.job_id)
+
+
+def test_the_stream_list_shows_the_high_band_first_then_default_then_low_with_each_jobs_priority(viewer, redis):
+    import re
+
+    queue = Queue(Q, redis_client=redis)
+    low = [queue.add(TASK, [i, 0], priority=-20).job_id for i in range(5)]
+    default = [queue.add(TASK, [i, 0]).job_id for i in range(30)]
+    high = [queue.add(TASK, ["<b>x</b>", i], priority=90).job_id for i in range(25)]
+    c = _client(viewer)
+    html = c.get(f"/queues/{Q}/stream/", {"order": "oldest"}).content.decode()
+    rows = re.findall(r'data-band="(\w+)">.*?data-priority="(-?\d+)".*?href="/jobs/([^/]+)/"', html, re.S)
+    assert rows == ([("high", "90", j) for j in high] + [("default", "0", j) for j in default[:25]])
+    # paging crosses from one band into the next, and the cursor says which band it is in
+    seen, cursors = [], []
+    for _ in range(10):
+        params = {"order": "newest", **({"cursor": cursors[-1]} if cursors else {})}
+        page = c.get(f"/queues/{Q}/stream/", params).content.decode()
+        seen += re.findall(r'href="/jobs/([^/]+)/"', page)
+        found = re.search(r'rel="next" href="\?order=newest&amp;cursor=([^"]+)"', page)
+        if not found:
+            break
+        cursors.append(unquote(found[1]))
+    assert seen == [*reversed(high), *reversed(default), *reversed(low)]
+    assert len(cursors) == 1 and cursors[0].count("-") == 1 and ":" not in cursors[0], "page 1 ends in the default band"
+
+
+def test_a_jobs_page_shows_its_priority(viewer, redis):
+    queue = Queue(Q, redis_client=redis)
+    urgent = queue.add(TASK, [1, 2], delay=600, priority=40)
+    plain = queue.add(TASK, [1, 2], delay=600)
+    c = _client(viewer)
+    html = c.get(f"/jobs/{urgent.job_id}/").content.decode()
+    assert 'data-priority="40"' in html and "(high band)" in html
+    assert 'data-priority="0"' in c.get(f"/jobs/{plain.job_id}/").content.decode()

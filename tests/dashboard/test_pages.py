@@ -563,3 +563,37 @@ def test_search_fills_its_list_chunk_by_chunk_escaped_and_masked(viewer, redis):
     bad = c.get(f"/queues/{Q}/dlq/search/more/", {"q": "  "}).content.decode()
     assert "Type some text" in bad
     assert c.get("/queues/bad name/dlq/search/").status_code == 404
+
+
+# --- priority bands ------------------------------------------------------------------------------
+
+
+def test_the_queue_page_shows_each_priority_bands_waiting_jobs(viewer, redis):
+    queue = Queue(Q, redis_client=redis)
+    for priority, n in ((5, 3), (0, 4), (-5, 2)):
+        for i in range(n):
+            queue.add("emails.tasks.send", [i], priority=priority)
+    c = _client(viewer)
+    Queue("billing", redis_client=redis).add("billing.tasks.charge", [1])
+    assert 'data-metric="bands"' not in c.get("/queues/billing/").content.decode(), "no bands, no breakdown"
+    for url in (f"/queues/{Q}/", f"/live/queue/{Q}/"):
+        html = c.get(url).content.decode()
+        assert re.search(r'data-metric="stream">9<', html), url
+        bands = re.search(r'data-metric="bands">(.*?)</div>', html, re.S)
+        assert bands, url
+        assert re.sub(r"<[^>]+>", "", bands[1]) == "waiting: 9 (high 3, default 4, low 2)"
+
+
+def test_the_purge_confirmation_counts_every_band(operator, redis):
+    queue = Queue(Q, redis_client=redis)
+    for priority in (1, 1, 0, -1):
+        queue.add("emails.tasks.send", [1], priority=priority)
+    c = _client(operator)
+    html = c.post(f"/queues/{Q}/purge/confirm/").content.decode()
+    assert 'data-confirm-count="4"' in html
+    assert re.sub(r"<[^>]+>", "", re.search(r"<p data-confirm-bands>(.*?)</p>", html, re.S)[1]) == \
+        "By priority: high 2, default 1, low 1."
+    c.post(f"/queues/{Q}/purge/")
+    assert [redis.xlen(KEYS.in_band(b).stream) for b in ("high", "", "low")] == [0, 0, 0]
+    [entry] = AuditEntry.objects.filter(action="purge")
+    assert entry.count == 4

@@ -106,3 +106,15 @@ def test_purge_confirms_with_the_count_then_deletes_waiting_jobs_only(operator, 
     assert (entry.action, entry.count, entry.source) == ("purge", 6, "console")
     again = c.post(f"/queues/{Q}/purge/confirm/").content.decode()
     assert "No job is waiting" in again
+
+
+def test_a_workers_running_jobs_of_a_priority_band_say_so(viewer, redis):
+    heartbeat(redis, [Q], WID, in_flight=2)
+    q = Queue(Q, redis_client=redis)
+    urgent, plain = q.add(TASK, [1, 0], priority=70), q.add(TASK, [2, 0])
+    start = now_ms() - 5_000
+    redis.hset(KEYS.in_band("high").running(WID), urgent.entry_id, start)
+    redis.hset(KEYS.running(WID), plain.entry_id, start + 1)
+    html = _client(viewer).get(f"/workers/{WID}/").content.decode()
+    assert f'href="/jobs/{urgent.job_id}/"' in html and f'href="/jobs/{plain.job_id}/"' in html
+    assert html.count('data-band="high"') == 1 and 'title="priority 70">high band<' in html

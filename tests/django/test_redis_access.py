@@ -22,7 +22,8 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 
-from chasqui_core.engine import control, delayed, history, limits, metrics, scheduler, stats, totals
+from chasqui_core.engine import (control, delayed, history, limits, metrics, running_jobs, scheduler, stats, totals,
+                                 waiting)
 from chasqui_core.engine.dlq.estimate import estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.search import TextSearch
@@ -228,7 +229,13 @@ def test_the_documented_acl_users_can_do_their_work_and_nothing_is_refused(acl_c
         metrics.multi_series(console, names, resolution="second", window=60)
         totals.read_totals(console, names)
         for name in names:
-            assert stats.pause(console, name) and stats.resume(console, name)
+            assert stats.pause(console, name)
+            wait_for(lambda name=name: worker.worker.paused[name], 10, "the worker to see the pause")
+            time.sleep(0.3)  # a read under way when it did (BLOCK 200 ms) has returned
+            Queue(name, redis_client=producer).add("ok", [f"{name}:while-paused"], priority=1)
+            # the list of a queue's jobs, with who holds each (XPENDING)
+            assert [j.priority for j in waiting.page(console, name).items] == [1]
+            assert stats.resume(console, name)
             dead = DeadLetters(console, name)
             [entry] = dead.page().items
             dead.groups()
@@ -246,6 +253,7 @@ def test_the_documented_acl_users_can_do_their_work_and_nothing_is_refused(acl_c
             queue.add("ok", [f"{name}:cancelled"], job_id=f"{name}-cancelled", delay=600_000)
             queue.cancel(f"{name}-cancelled")
             history.window(console, name, "24h")
+            running_jobs.running_jobs(console, worker.worker.id, names)
             limits.read_buckets(console, QueueKeys.for_queue(name))
         wait_for(lambda: all(runs[f"{n}:run-now"] == 1 for n in names), 30, "the jobs run now")
         stats.prune_stale_workers(console)

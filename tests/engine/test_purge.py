@@ -3,7 +3,6 @@
 from chasqui_core.engine import purge, totals
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.scripts import Scripts
 
 
 def _setup(redis, name: str, n: int, delivered: int) -> tuple[Queue, QueueKeys, list[bytes]]:
@@ -22,16 +21,14 @@ def test_purge_deletes_waiting_jobs_only_and_counts_them(redis):
     q, keys, held = _setup(redis, "p-waiting", 2_500, 7)
     assert purge.waiting(redis, keys) == 2_493
     chunks = []
-    deleted = purge.purge_waiting(
-        Scripts(redis), keys, upto=purge.newest_id(redis, keys), chunk=1000, progress=chunks.append
-    )
+    deleted = purge.purge_waiting(redis, keys, upto=purge.newest_ids(redis, keys), chunk=1000, progress=chunks.append)
     assert deleted == 2_493
     assert chunks == [1000, 2000, 2493]
     assert [eid for eid, _ in redis.xrange(keys.stream)] == held, "entries a worker holds stay"
     assert redis.xpending(keys.stream, GROUP)["pending"] == 7
     assert totals.read_totals(redis, ["p-waiting"])["p-waiting"].counters["purged"] == 2_493
     assert purge.waiting(redis, keys) == 0
-    assert purge.purge_waiting(Scripts(redis), keys) == 0, "a second purge finds nothing"
+    assert purge.purge_waiting(redis, keys) == 0, "a second purge finds nothing"
     # the worker's entries are still settled the usual way, and new jobs are read as always
     q.add("noop")
     fresh = redis.xreadgroup(GROUP, "w-1", {keys.stream: ">"}, count=10)
@@ -40,9 +37,9 @@ def test_purge_deletes_waiting_jobs_only_and_counts_them(redis):
 
 def test_purge_keeps_jobs_added_after_it_began(redis):
     q, keys, _ = _setup(redis, "p-bound", 30, 0)
-    upto = purge.newest_id(redis, keys)
+    upto = purge.newest_ids(redis, keys)
     late = q.add("noop")
-    assert purge.purge_waiting(Scripts(redis), keys, upto=upto, chunk=7) == 30
+    assert purge.purge_waiting(redis, keys, upto=upto, chunk=7) == 30
     left = redis.xrange(keys.stream)
     assert len(left) == 1 and left[0][0].decode() == late.entry_id
 
@@ -50,5 +47,5 @@ def test_purge_keeps_jobs_added_after_it_began(redis):
 def test_purge_of_an_unknown_or_empty_queue_is_nothing(redis):
     keys = QueueKeys.for_queue("p-none")
     assert purge.waiting(redis, keys) == 0
-    assert purge.newest_id(redis, keys) == "0-0"
-    assert purge.purge_waiting(Scripts(redis), keys) == 0
+    assert purge.newest_ids(redis, keys) == {"high": "0-0", "": "0-0", "low": "0-0"}
+    assert purge.purge_waiting(redis, keys) == 0

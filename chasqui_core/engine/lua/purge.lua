@@ -8,7 +8,8 @@
 -- deleted after it was delivered. Deleted entries are counted as `purged` in
 -- the queue's counters (per second, per minute, all-time) in the same call.
 --
--- KEYS[1] stream   KEYS[2] the queue's counters prefix ({chasqui:<q>}:m:)
+-- KEYS[1] stream (the queue's own, or one of its priority bands': purge.py calls this per band)
+-- KEYS[2] the queue's counters prefix ({chasqui:<q>}:m:)
 -- ARGV[1] consumer group name   ARGV[2] most entries to delete in this call
 -- ARGV[3] the newest entry id to delete ('+': any), so entries added after a purge began are kept
 -- Returns {deleted, more}: more is 1 when waiting entries may be left past this chunk.
