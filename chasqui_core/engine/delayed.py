@@ -6,15 +6,26 @@ encoded jobs themselves, so acting on a job means naming its exact member:
 ``find`` locates it by job id and the actions hand that member to
 ``delayed_move.lua``, which removes it atomically. A job the promoter moved
 (or another operator acted on) in the meantime is simply "not found".
+
+Finding a job by id reads its mark first: every script that adds to the set
+notes the score it gave the job under ``<prefix>djob:<job id>`` (keys.py,
+``mark_delayed`` in lua/prelude.lua). The mark is not removed when the job
+leaves the set (it expires a day after the job is due), so ``by_mark``
+checks it: it reads the members of that score and keeps the one whose
+envelope holds the id. Members sharing a score are in byte order, and every
+envelope starts with its id (``envelope.id_head``), so when many share one
+(a bulk schedule) the job's place among them is found by bisection, a few
+round trips for a million. Without a mark (a job added before marks were
+written) the set is scanned with ``ZSCAN MATCH``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .connection import Client
-from .envelope import decode
+from .envelope import decode, id_head
 from .keys import QueueKeys
 from .scripts import Scripts
 
@@ -22,6 +33,11 @@ UNDECODABLE = "<undecodable>"
 """Task name shown for a member that is not a job envelope."""
 
 MAX_PAGE = 1000
+
+SAME_SCORE = 64
+"""Members of a mark's score read at once: more share it, and the job's place among them is bisected."""
+PROBES = 16
+"""Members read per round trip while bisecting a score's members (about five round trips for a million)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +132,73 @@ def _glob_escape(text: str) -> bytes:
     return bytes(out)
 
 
+def _holds(member: bytes, job_id: str, head: bytes) -> bool:
+    if not member.startswith(head):
+        return False
+    try:
+        return decode(member).id == job_id
+    except Exception:  # DecodeError, or anything odd a foreign member trips in the decoder  # noqa: BLE001
+        return False
+
+
+def by_mark(client: Client, keys: QueueKeys, job_id: str,
+            mark: bytes | str) -> tuple[bytes, float] | Literal[False] | None:
+    """The job's member and score, read at the score its mark holds (see the module's docstring).
+
+    False when the job is not at that score (it left the set since: the mark
+    is stale); None when the answer is not known (the members of the score
+    changed while they were bisected, or the mark is not a number).
+    """
+    try:
+        score = float(mark)
+    except ValueError:
+        return None
+    if score != score:  # NaN
+        return None
+    at = repr(score)
+    head = id_head(job_id)
+    rows = client.zrangebyscore(keys.delayed, at, at, start=0, num=SAME_SCORE + 1, withscores=True)
+    for member, got in rows:
+        if _holds(member, job_id, head):
+            return member, float(got)
+    if len(rows) <= SAME_SCORE:
+        return False
+    # many share the score: bisect their ranks for the first member not below the id's head
+    pipe = client.pipeline(transaction=False)
+    pipe.zcount(keys.delayed, "-inf", f"({at}")
+    pipe.zcount(keys.delayed, at, at)
+    low, count = pipe.execute()
+    low, high = int(low), int(low) + int(count)  # the answer is in [low, high]
+    while high - low > PROBES:
+        step = (high - low) / (PROBES + 1)
+        ranks = sorted({int(low + step * (k + 1)) for k in range(PROBES)})
+        pipe = client.pipeline(transaction=False)
+        for rank in ranks:
+            pipe.zrange(keys.delayed, rank, rank, withscores=True)
+        replies = pipe.execute()
+        new_low, new_high = low, high
+        for rank, reply in zip(ranks, replies, strict=True):
+            if not reply or float(reply[0][1]) != score:
+                return None  # the set changed meanwhile
+            if reply[0][0] < head:
+                new_low = rank + 1
+            else:
+                new_high = rank
+                break
+        low, high = new_low, new_high
+    for member, got in client.zrange(keys.delayed, low, high + SAME_SCORE, withscores=True):
+        if float(got) != score or (member[:len(head)] > head):
+            break
+        if _holds(member, job_id, head):
+            return member, float(got)
+    return False
+
+
 def find(client: Client, queue: str, job_id: str) -> DelayedJob | None:
     """The delayed job with this id, or None.
 
-    Ids are stored verbatim inside the encoded members, so ZSCAN's MATCH lets
+    Reads the job's mark; without one, or when it cannot tell, scans the set:
+    ids are stored verbatim inside the encoded members, so ZSCAN's MATCH lets
     the server filter; each candidate is decoded to confirm it is the job's id
     and not text that merely contains it. Costs one round trip per
     1000 members scanned.
@@ -127,6 +206,13 @@ def find(client: Client, queue: str, job_id: str) -> DelayedJob | None:
     if not isinstance(job_id, str) or not job_id:
         raise ValueError("job_id must be a non-empty string")
     keys = QueueKeys.for_queue(queue)
+    mark = client.get(keys.delayed_mark(job_id))
+    if mark is not None:
+        hit = by_mark(client, keys, job_id, mark)
+        if hit is False:
+            return None
+        if hit is not None:
+            return _to_job(*hit)
     pattern = b"*" + _glob_escape(job_id) + b"*"
     for member, score in client.zscan_iter(keys.delayed, match=pattern, count=1000):
         job = _to_job(member, score)
