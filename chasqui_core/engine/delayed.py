@@ -11,12 +11,11 @@ Finding a job by id reads its mark first: every script that adds to the set
 notes the score it gave the job under ``<prefix>djob:<job id>`` (keys.py,
 ``mark_delayed`` in lua/prelude.lua). The mark is not removed when the job
 leaves the set (it expires a day after the job is due), so ``by_mark``
-checks it: it reads the members of that score and keeps the one whose
-envelope holds the id. Members sharing a score are in byte order, and every
-envelope starts with its id (``envelope.id_head``), so when many share one
-(a bulk schedule) the job's place among them is found by bisection, a few
-round trips for a million. Without a mark (a job added before marks were
-written) the set is scanned with ``ZSCAN MATCH``.
+checks it: ``delayed_find.lua`` returns the members of that score whose
+envelope starts with the id (members sharing a score are in byte order, so
+it bisects them: a bulk schedule of a million costs about 20 steps on the
+server), and the one holding the id is kept. Without a mark (a job added
+before marks were written) the set is scanned with ``ZSCAN MATCH``.
 """
 
 from __future__ import annotations
@@ -34,10 +33,8 @@ UNDECODABLE = "<undecodable>"
 
 MAX_PAGE = 1000
 
-SAME_SCORE = 64
-"""Members of a mark's score read at once: more share it, and the job's place among them is bisected."""
-PROBES = 16
-"""Members read per round trip while bisecting a score's members (about five round trips for a million)."""
+FOUND_MOST = 8
+"""Members of one job's head read at its mark's score (one, unless an id was added twice)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +129,7 @@ def _glob_escape(text: str) -> bytes:
     return bytes(out)
 
 
-def _holds(member: bytes, job_id: str, head: bytes) -> bool:
-    if not member.startswith(head):
-        return False
+def _holds(member: bytes, job_id: str) -> bool:
     try:
         return decode(member).id == job_id
     except Exception:  # DecodeError, or anything odd a foreign member trips in the decoder  # noqa: BLE001
@@ -143,54 +138,20 @@ def _holds(member: bytes, job_id: str, head: bytes) -> bool:
 
 def by_mark(client: Client, keys: QueueKeys, job_id: str,
             mark: bytes | str) -> tuple[bytes, float] | Literal[False] | None:
-    """The job's member and score, read at the score its mark holds (see the module's docstring).
+    """The job's member and score, found at the score its mark holds (``delayed_find.lua``); one round trip.
 
     False when the job is not at that score (it left the set since: the mark
-    is stale); None when the answer is not known (the members of the score
-    changed while they were bisected, or the mark is not a number).
+    is stale); None when the mark is not a number.
     """
     try:
         score = float(mark)
     except ValueError:
         return None
-    if score != score:  # NaN
+    if score != score or score in (float("inf"), float("-inf")):
         return None
-    at = repr(score)
-    head = id_head(job_id)
-    rows = client.zrangebyscore(keys.delayed, at, at, start=0, num=SAME_SCORE + 1, withscores=True)
-    for member, got in rows:
-        if _holds(member, job_id, head):
-            return member, float(got)
-    if len(rows) <= SAME_SCORE:
-        return False
-    # many share the score: bisect their ranks for the first member not below the id's head
-    pipe = client.pipeline(transaction=False)
-    pipe.zcount(keys.delayed, "-inf", f"({at}")
-    pipe.zcount(keys.delayed, at, at)
-    low, count = pipe.execute()
-    low, high = int(low), int(low) + int(count)  # the answer is in [low, high]
-    while high - low > PROBES:
-        step = (high - low) / (PROBES + 1)
-        ranks = sorted({int(low + step * (k + 1)) for k in range(PROBES)})
-        pipe = client.pipeline(transaction=False)
-        for rank in ranks:
-            pipe.zrange(keys.delayed, rank, rank, withscores=True)
-        replies = pipe.execute()
-        new_low, new_high = low, high
-        for rank, reply in zip(ranks, replies, strict=True):
-            if not reply or float(reply[0][1]) != score:
-                return None  # the set changed meanwhile
-            if reply[0][0] < head:
-                new_low = rank + 1
-            else:
-                new_high = rank
-                break
-        low, high = new_low, new_high
-    for member, got in client.zrange(keys.delayed, low, high + SAME_SCORE, withscores=True):
-        if float(got) != score or (member[:len(head)] > head):
-            break
-        if _holds(member, job_id, head):
-            return member, float(got)
+    for member in Scripts(client).delayed_find(keys=[keys.delayed], args=[repr(score), id_head(job_id), FOUND_MOST]):
+        if _holds(member, job_id):
+            return member, score
     return False
 
 

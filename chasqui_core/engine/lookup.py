@@ -13,7 +13,7 @@ first, and stops where it finds the job:
 2. The delayed set at the score the job's mark holds (``delayed.by_mark``):
    every script that adds to the set writes the mark with it, and it is not
    removed when the job leaves, so the members of that score are read to
-   check it (a few round trips even when a million share it). A delayed job
+   check it (one call, even when a million share it). A delayed job
    is found here; a mark the set does not bear out means the job left it,
    and the set is not scanned for it.
 3. The stream, near the job's creation: a job id that is a ULID starts with

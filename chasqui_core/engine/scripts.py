@@ -32,7 +32,7 @@ _LUA_DIR = Path(__file__).with_name("lua")
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
          "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_search", "dlq_discard",
          "dlq_reindex", "control_send", "purge", "rollup",
-         "cancel")
+         "cancel", "delayed_find")
 
 WITH_DLQ_INDEX = frozenset({"settle", "dlq_move", "dlq_discard", "dlq_reindex"})
 """Scripts that write or remove dead-letter entries: ``lua/dlq_index.lua`` follows the prelude in each."""
@@ -109,6 +109,7 @@ class Scripts:
     purge: ScriptCall
     rollup: ScriptCall
     cancel: ScriptCall
+    delayed_find: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:
