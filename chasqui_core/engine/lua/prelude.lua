@@ -44,7 +44,9 @@
 --   without scanning the set. The mark expires a grace after `at`. The id
 --   is read from the envelope's head (a msgpack array: its length, the
 --   version, then the id as a string): a few bytes, not a decode. A payload
---   of another layout gets no mark (lookup.py then scans the set).
+--   of another layout gets no mark (lookup.py then scans the set). A
+--   script calls it for one queue's delayed set only: the marks' key
+--   prefix is worked out once per call.
 
 local function server_ms()
   local t = redis.call('TIME')
@@ -105,6 +107,9 @@ local function band_stream(stream, band)
     redis.call('SADD', string.sub(stream, 1, -7) .. 'bands', band)
   end
   return key
+end
+
+local mark_prefix
 local function mark_delayed(delayed, payload, at, now)
   local head, version, kind = string.byte(payload, 1, 3)
   if head ~= ${ENVELOPE_HEAD} or version ~= ${ENVELOPE_VERSION} or not kind then return end
@@ -116,6 +121,6 @@ local function mark_delayed(delayed, payload, at, now)
   else
     return
   end
-  local key = string.sub(delayed, 1, #delayed - ${DELAYED_LEN}) .. '${DELAYED_MARK}' .. id
-  redis.call('SET', key, at, 'PX', math.floor(math.max(at - now, 0)) + ${DELAYED_MARK_GRACE_MS})
+  mark_prefix = mark_prefix or string.sub(delayed, 1, #delayed - ${DELAYED_LEN}) .. '${DELAYED_MARK}'
+  redis.call('SET', mark_prefix .. id, at, 'PX', math.floor(math.max(at - now, 0)) + ${DELAYED_MARK_GRACE_MS})
 end
