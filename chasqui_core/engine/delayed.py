@@ -6,15 +6,25 @@ encoded jobs themselves, so acting on a job means naming its exact member:
 ``find`` locates it by job id and the actions hand that member to
 ``delayed_move.lua``, which removes it atomically. A job the promoter moved
 (or another operator acted on) in the meantime is simply "not found".
+
+Finding a job by id reads its mark first: every script that adds to the set
+notes the score it gave the job under ``<prefix>djob:<job id>`` (keys.py,
+``mark_delayed`` in lua/prelude.lua). The mark is not removed when the job
+leaves the set (it expires a day after the job is due), so ``by_mark``
+checks it: ``delayed_find.lua`` returns the members of that score whose
+envelope starts with the id (members sharing a score are in byte order, so
+it bisects them: a bulk schedule of a million costs about 20 steps on the
+server), and the one holding the id is kept. Without a mark (a job added
+before marks were written) the set is scanned with ``ZSCAN MATCH``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .connection import Client
-from .envelope import decode
+from .envelope import decode, id_head
 from .keys import QueueKeys
 from .scripts import Scripts
 
@@ -22,6 +32,9 @@ UNDECODABLE = "<undecodable>"
 """Task name shown for a member that is not a job envelope."""
 
 MAX_PAGE = 1000
+
+FOUND_MOST = 8
+"""Members of one job's head read at its mark's score (one, unless an id was added twice)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +129,37 @@ def _glob_escape(text: str) -> bytes:
     return bytes(out)
 
 
+def _holds(member: bytes, job_id: str) -> bool:
+    try:
+        return decode(member).id == job_id
+    except Exception:  # DecodeError, or anything odd a foreign member trips in the decoder  # noqa: BLE001
+        return False
+
+
+def by_mark(client: Client, keys: QueueKeys, job_id: str,
+            mark: bytes | str) -> tuple[bytes, float] | Literal[False] | None:
+    """The job's member and score, found at the score its mark holds (``delayed_find.lua``); one round trip.
+
+    False when the job is not at that score (it left the set since: the mark
+    is stale); None when the mark is not a number.
+    """
+    try:
+        score = float(mark)
+    except ValueError:
+        return None
+    if score != score or score in (float("inf"), float("-inf")):
+        return None
+    for member in Scripts(client).delayed_find(keys=[keys.delayed], args=[repr(score), id_head(job_id), FOUND_MOST]):
+        if _holds(member, job_id):
+            return member, score
+    return False
+
+
 def find(client: Client, queue: str, job_id: str) -> DelayedJob | None:
     """The delayed job with this id, or None.
 
-    Ids are stored verbatim inside the encoded members, so ZSCAN's MATCH lets
+    Reads the job's mark; without one, or when it cannot tell, scans the set:
+    ids are stored verbatim inside the encoded members, so ZSCAN's MATCH lets
     the server filter; each candidate is decoded to confirm it is the job's id
     and not text that merely contains it. Costs one round trip per
     1000 members scanned.
@@ -127,6 +167,13 @@ def find(client: Client, queue: str, job_id: str) -> DelayedJob | None:
     if not isinstance(job_id, str) or not job_id:
         raise ValueError("job_id must be a non-empty string")
     keys = QueueKeys.for_queue(queue)
+    mark = client.get(keys.delayed_mark(job_id))
+    if mark is not None:
+        hit = by_mark(client, keys, job_id, mark)
+        if hit is False:
+            return None
+        if hit is not None:
+            return _to_job(*hit)
     pattern = b"*" + _glob_escape(job_id) + b"*"
     for member, score in client.zscan_iter(keys.delayed, match=pattern, count=1000):
         job = _to_job(member, score)

@@ -17,6 +17,8 @@ from typing import Any
 import msgpack
 
 VERSION = 1
+FIELDS = 14
+"""Fields in an envelope of this version."""
 
 
 class DecodeError(ValueError):
@@ -74,6 +76,16 @@ class Job:
 _packer = msgpack.Packer(use_bin_type=True)
 
 
+def id_head(job_id: str) -> bytes:
+    """The bytes every envelope of ``job_id`` starts with: the array's length, the version and the id.
+
+    Members of a sorted set that share a score are in byte order, so those of
+    one id sit together there (lookup.py searches for them by this head).
+    """
+    head: bytes = _packer.pack([VERSION, job_id])
+    return bytes([0x90 | FIELDS]) + head[1:]
+
+
 def pack_job(job_id: str, task: str, args: list[Any], kwargs: dict[str, Any], created_at: int,
              max_attempts: int | None, backoff: dict[str, Any] | None, result_ttl: int, meta: dict[str, Any]) -> bytes:
     """Encode a brand-new job without building a Job first (the producer's fast path)."""
@@ -99,8 +111,8 @@ def decode(data: bytes) -> Job:
         raise DecodeError("not a job envelope: expected a msgpack array")
     if raw[0] != VERSION:
         raise DecodeError(f"unsupported envelope version {raw[0]!r} (this worker reads {VERSION})")
-    if len(raw) != 14:
-        raise DecodeError(f"malformed envelope: {len(raw)} fields, expected 14")
+    if len(raw) != FIELDS:
+        raise DecodeError(f"malformed envelope: {len(raw)} fields, expected {FIELDS}")
     # checked as locals, before the Job is built: a local costs less to read than a slot
     (_, job_id, task, args, kwargs, attempt, created, max_attempts, backoff, errors, replays, ttl, deaths,
      meta) = raw

@@ -44,6 +44,17 @@ LOW = "low"
 BANDS = (HIGH, "", LOW)
 """A queue's priority bands, highest first; "" is the default band, the queue's own stream (priority.py)."""
 
+DELAYED = "delayed"
+"""What follows a queue's prefix in its delayed set's key (a sorted set of envelopes scored by due ms)."""
+DELAYED_MARK = "djob:"
+"""What follows a queue's prefix in a delayed job's mark, before the job id: ``<prefix>djob:<job id>`` holds the
+score the job was last given in the delayed set, so a lookup by id reads it instead of scanning the set. Every
+script that adds to the delayed set writes it (``mark_delayed`` in ``lua/prelude.lua``, which builds the key from
+the delayed set's name and these two parts); it expires ``DELAYED_MARK_GRACE_MS`` after the job is due and is not
+deleted when the job leaves the set, so a reader checks it against the set (lookup.py)."""
+DELAYED_MARK_GRACE_MS = 86_400_000
+"""How long a delayed job's mark outlives the job's due time: a day, for a promoter that is down a while."""
+
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
@@ -109,7 +120,7 @@ class QueueKeys:
             queue=queue,
             prefix=p,
             stream=p + "stream",
-            delayed=p + "delayed",
+            delayed=p + DELAYED,
             dlq=p + "dlq",
             events=p + "events",
             promoter_lock=p + "promoter:lock",
@@ -149,6 +160,10 @@ class QueueKeys:
         """Keys of the default band and of ``bands`` (names read from ``bands``), highest band first."""
         present = set(bands) | {""}
         return [self.in_band(b) for b in BANDS if b in present]
+
+    def delayed_mark(self, job_id: str) -> str:
+        """A delayed job's mark: its score in the delayed set, written with it (see ``DELAYED_MARK``)."""
+        return f"{self.prefix}{DELAYED_MARK}{job_id}"
 
     def alive(self, worker_id: str) -> str:
         """A worker's alive key on this queue: set with a TTL by each lease pass (recovery.py, lease.lua)."""

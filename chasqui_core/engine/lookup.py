@@ -1,20 +1,30 @@
 """Find one job by its id, in whatever state it is: waiting, running, delayed, dead or finished.
 
 Redis keeps no index from a job id to where the job is (but for dead jobs:
-the DLQ's index), and the scripts that move jobs about are the worker's, so
-this module searches, cheapest places first, and stops where it finds the job:
+the DLQ's index, and for delayed jobs: their marks), and the scripts that
+move jobs about are the worker's, so this module searches, cheapest places
+first, and stops where it finds the job:
 
 1. One pipelined round trip over every queue: the workers' heartbeats (each
    lists the jobs it runs), the ``result:<id>`` record (when result storage
-   is on) and the ``unique:<id>`` marker of caller-given ids. A result or a
-   marker names the job's queue, and the rest of the search keeps to it.
-2. The stream, near the job's creation: a job id that is a ULID starts with
+   is on), the ``unique:<id>`` marker of caller-given ids and the
+   ``djob:<id>`` mark of a delayed job. A result or a marker names the job's
+   queue, and the rest of the search keeps to it.
+2. The delayed set at the score the job's mark holds (``delayed.by_mark``):
+   every script that adds to the set writes the mark with it, and it is not
+   removed when the job leaves, so the members of that score are read to
+   check it (one call, even when a million share it). A delayed job
+   is found here; a mark the set does not bear out means the job left it,
+   and the set is not scanned for it.
+3. The stream, near the job's creation: a job id that is a ULID starts with
    the millisecond it was made, and a job added at once got a stream id of
    about that millisecond (server clock). Entries are read outwards from
    there, forwards and backwards at once, ``CHUNK`` at a time.
-3. The delayed set: members are envelopes holding the id verbatim, so
-   ``ZSCAN MATCH *<id>*`` filters on the server (about 0.7 µs a member).
-4. The dead-letter stream. Its index (``dlq/index.py``) maps job ids to
+4. The delayed set of a queue holding no mark of the job (a job delayed
+   before marks were written has none): members are envelopes holding the id
+   verbatim, so ``ZSCAN MATCH *<id>*`` filters on the server (about 0.7 µs a
+   member).
+5. The dead-letter stream. Its index (``dlq/index.py``) maps job ids to
    entries; it is read in the first round trip, and a job it names is
    returned as dead after the stream's near search, without reading the
    delayed set. When the index is ready and does not name the job, the DLQ
@@ -24,7 +34,7 @@ this module searches, cheapest places first, and stops where it finds the job:
    ``CLOCK_SKEW_MS``) is read; the rest is read from both ends at once, from
    just before its creation forwards and from the newest backwards, since a
    job dies either soon after it was made or not long ago.
-5. The rest of the stream (a job promoted from the delayed set, retried,
+6. The rest of the stream (a job promoted from the delayed set, retried,
    replayed or put back gets a later entry), from both ends.
 
 Every scan stops after ``scan_limit`` entries per place; the answer says what
@@ -43,7 +53,7 @@ from typing import Any, Literal
 import msgpack
 
 from .connection import Client
-from .delayed import _glob_escape
+from .delayed import _glob_escape, by_mark
 from .dlq.entries import DeadJob, decode_entry
 from .dlq.index import DLQIndex, IndexKeys
 from .envelope import DecodeError, Job, decode
@@ -182,16 +192,20 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
         pipe.get(k.result + job_id)
         pipe.exists(k.unique + job_id)
         pipe.hget(IndexKeys.for_queue(k).jobs, job_id)
+        pipe.get(k.delayed_mark(job_id))
     replies = pipe.execute()
     now = server_ms(replies[0])
     running: dict[str, Running] = {}
     results: dict[str, dict[str, Any]] = {}
     marked: list[str] = []
     indexed: dict[str, bytes] = {}
+    marks: dict[str, bytes] = {}
     for i, k in enumerate(all_keys):
-        beats, blob, unique, dead_entry = replies[1 + 4 * i: 5 + 4 * i]
+        beats, blob, unique, dead_entry, mark = replies[1 + 5 * i: 6 + 5 * i]
         if dead_entry is not None:
             indexed[k.queue] = dead_entry
+        if mark is not None:
+            marks[k.queue] = mark
         for raw in beats.values():
             info = _decode_worker(raw, now, 10_000)
             if info is None:
@@ -204,7 +218,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
                 results[k.queue] = decode_result(blob)  # a record not written by Chasqui is no result
         if unique:
             marked.append(k.queue)
-    search.note(f"heartbeats, result records and id markers of {_queues(all_keys)}")
+    search.note(f"heartbeats, result records, id markers and delayed marks of {_queues(all_keys)}")
     owners = list(dict.fromkeys([*running, *results, *marked]))
     if owners:  # the job is known to belong there: search no other queue
         all_keys = [k for k in all_keys if k.queue in owners]
@@ -213,7 +227,24 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     if finished is not None and finished[1].get("status") == "SUCCESSFUL" and not running:
         return _done(search, finished[1], JobLookup(job_id, "finished", queue=finished[0]))
 
-    # 2. the stream near the job's creation
+    # 2. the delayed set at the score a mark names
+    unmarked = []
+    for k in all_keys:
+        if k.queue not in marks:
+            unmarked.append(k)
+            continue
+        at_mark = by_mark(client, k, job_id, marks[k.queue])
+        if at_mark is None:  # cannot tell: the set is scanned in its turn
+            unmarked.append(k)
+        elif at_mark is not False:
+            member, score = at_mark  # by_mark decoded it to check the id
+            search.note(f"the delayed set of {k.queue} at the job's mark: found")
+            return _done(search, results.get(k.queue), JobLookup(job_id, "delayed", queue=k.queue,
+                                                                 job=decode(member), run_at_ms=int(score)))
+        else:
+            search.note(f"the delayed set of {k.queue} at the job's mark: not there (it left the set)")
+
+    # 3. the stream near the job's creation
     if search.created_ms is not None:
         for k in all_keys:
             hit = _stream_near(search, k, search.created_ms)
@@ -232,8 +263,8 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
                     return _done(search, results.get(k.queue), JobLookup(job_id, "dead", queue=k.queue,
                                                                          job=entry.job, dead=entry))
 
-    # 3. the delayed set
-    for k in all_keys:
+    # 4. the delayed sets holding no mark of the job
+    for k in unmarked:
         delayed = _delayed(search, k)
         if delayed is not None:
             job, score = delayed
@@ -249,7 +280,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
             return _done(search, results.get(queue), _in_stream(search, k, *hit, run))
         return _done(search, results.get(queue), JobLookup(job_id, "running", queue=queue, running=run))
 
-    # 4. the dead-letter queue
+    # 5. the dead-letter queue
     for k in all_keys:
         dead = _dead(search, k)
         if dead is not None:
@@ -258,7 +289,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     if finished is not None:
         return _done(search, finished[1], JobLookup(job_id, "finished", queue=finished[0]))
 
-    # 5. the rest of the stream
+    # 6. the rest of the stream
     for k in all_keys:
         hit = _stream_wide(search, k)
         if hit is not None:

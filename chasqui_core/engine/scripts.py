@@ -21,7 +21,10 @@ from typing import Any
 
 from .connection import Client
 from .dlq.fingerprint import INVALID_RETRY_FINGERPRINT, fingerprint_id
-from .keys import DLQ_INDEX_VERSION, DURATIONS, GROUP, MINUTE_BUCKET, SECOND_BUCKET, TOTALS
+from .envelope import FIELDS as ENVELOPE_FIELDS
+from .envelope import VERSION as ENVELOPE_VERSION
+from .keys import (DELAYED, DELAYED_MARK, DELAYED_MARK_GRACE_MS, DLQ_INDEX_VERSION, DURATIONS, GROUP,
+                   MINUTE_BUCKET, SECOND_BUCKET, TOTALS)
 from .metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 
 _LUA_DIR = Path(__file__).with_name("lua")
@@ -29,7 +32,7 @@ _LUA_DIR = Path(__file__).with_name("lua")
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
          "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_search", "dlq_discard",
          "dlq_reindex", "control_send", "purge", "rollup",
-         "cancel")
+         "cancel", "delayed_find")
 
 WITH_DLQ_INDEX = frozenset({"settle", "dlq_move", "dlq_discard", "dlq_reindex"})
 """Scripts that write or remove dead-letter entries: ``lua/dlq_index.lua`` follows the prelude in each."""
@@ -59,7 +62,9 @@ def prelude() -> str:
     """The prelude as one line of Lua, its constants filled in."""
     return _squeezed("prelude", SECOND_BUCKET=SECOND_BUCKET, MINUTE_BUCKET=MINUTE_BUCKET, TOTALS=TOTALS,
                      DURATIONS=DURATIONS, SECOND_BUCKET_TTL=SECOND_BUCKET_TTL_S,
-                     MINUTE_BUCKET_TTL=MINUTE_BUCKET_TTL_S, GROUP=GROUP)
+                     MINUTE_BUCKET_TTL=MINUTE_BUCKET_TTL_S, DELAYED_LEN=len(DELAYED), DELAYED_MARK=DELAYED_MARK,
+                     DELAYED_MARK_GRACE_MS=DELAYED_MARK_GRACE_MS, ENVELOPE_HEAD=0x90 | ENVELOPE_FIELDS,
+                     ENVELOPE_VERSION=ENVELOPE_VERSION, GROUP=GROUP)
 
 
 @cache
@@ -104,6 +109,7 @@ class Scripts:
     purge: ScriptCall
     rollup: ScriptCall
     cancel: ScriptCall
+    delayed_find: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:

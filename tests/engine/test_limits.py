@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from functools import partial
 
 import pytest
 
+from chasqui_core.engine.envelope import Job, new_job_id, now_ms
 from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.lookup import find_job
 from chasqui_core.engine.limits import Limit, LimitError, Limits, bucket_name, parse_limits, parse_rate
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.scripts import Scripts
 from tests.engine.worker_app import most_at_once, read_runs, read_spans, wait_for
 from tests.helpers import worker_running
 
@@ -162,6 +166,36 @@ def test_a_run_that_ends_wakes_a_parked_job_at_once(redis, redis_url):
         wait_for(lambda: len(spans) == 3, 20, "the parked jobs to be woken")
     assert time.monotonic() - began < 15
     assert overlap(spans) == 1
+
+
+def test_a_parked_job_is_found_at_its_mark_and_its_mark_follows_it_when_woken(redis, redis_url):
+    """limit_take.lua marks the job it defers, limit_release.lua moves the mark with the job it wakes."""
+    release = threading.Event()
+    registry = HandlerRegistry()
+    registry.register("limited", lambda: release.wait(20), is_async=False)
+    q = Queue("lim", url=redis_url)
+    first = q.add("limited")
+    try:
+        with running(redis_url, ["lim"], registry, limits={"limited": {"concurrency": 1}},
+                     visibility_timeout_ms=60_000):
+            wait_for(lambda: find_job(redis, first.job_id, ["lim"]).state == "running", 20, "the first job to run")
+            parked = q.add("limited")
+            wait_for(lambda: find_job(redis, parked.job_id, ["lim"]).state == "delayed", 20, "the job to be parked")
+            found = find_job(redis, parked.job_id, ["lim"])
+            assert any("at the job's mark: found" in note for note in found.searched)
+            release.set()
+    finally:
+        release.set()
+    # the wake, on its own: a parked member moved to now takes its mark along
+    keys = QueueKeys.for_queue("woken")
+    job = Job(new_job_id(), "limited", created_at=now_ms())
+    prefix = keys.limit("task", "limited")
+    redis.zadd(keys.delayed, {job.encode(): now_ms() + 3_600_000})
+    redis.zadd(prefix + "parked", {b"1-0 " + job.encode(): now_ms() + 3_600_000})
+    redis.zadd(prefix + "running", {"2-0": now_ms() + 3_600_000})
+    assert Scripts(redis).limit_release(keys=[keys.delayed], args=[prefix, "2-0"]) == [1, 1]
+    assert float(redis.get(keys.delayed_mark(job.id))) == redis.zscore(keys.delayed, job.encode()) <= now_ms()
+    assert find_job(redis, job.id, ["woken"]).state == "delayed"
 
 
 # --- several worker processes ------------------------------------------------------------

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 
 import pytest
 
 from chasqui_core.engine import delayed, lookup
 from chasqui_core.engine.envelope import Job, new_job_id, now_ms
-from chasqui_core.engine.keys import GROUP, QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.dlq.replay import DeadLetters
+from chasqui_core.engine.keys import DELAYED_MARK_GRACE_MS, GROUP, QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.results import encode_result
+from chasqui_core.engine.scripts import Scripts
 from tests.api.helpers import wait_for
 from tests.helpers import TASK, WorkerThread, add_dead, dead_job
 
@@ -102,6 +105,105 @@ def test_a_delayed_job_is_found_with_its_due_time(redis):
     found = find(redis, added.job_id)
     assert found.state == "delayed" and found.queue == Q and found.job.args == [1, 2]
     assert found.run_at_ms == delayed.find(redis, Q, added.job_id).run_at_ms
+
+
+def _at_mark(found: lookup.JobLookup) -> bool:
+    return any("delayed set of lookups at the job's mark: found" in note for note in found.searched)
+
+
+def _scanned_delayed(found: lookup.JobLookup) -> bool:
+    return any(note.startswith("the delayed set of lookups:") for note in found.searched)
+
+
+def test_a_delayed_job_is_found_at_its_mark_without_a_scan(redis):
+    queue = Queue(Q, redis_client=redis)
+    for i in range(30):
+        queue.add(TASK, [i, 0], delay=60_000 + i)
+    added = queue.add(TASK, [1, 2], delay=3_600_000)
+    found = find(redis, added.job_id)
+    assert found.state == "delayed" and found.job.args == [1, 2] and _at_mark(found)
+    assert not _scanned_delayed(found)
+    assert found.run_at_ms == int(float(redis.get(KEYS.delayed_mark(added.job_id))))
+    assert found.run_at_ms == int(redis.zscore(KEYS.delayed, delayed.find(redis, Q, added.job_id).member))
+    # the mark lapses a day (the grace) after the job is due
+    lapses = redis.pttl(KEYS.delayed_mark(added.job_id))
+    assert 3_600_000 + DELAYED_MARK_GRACE_MS - 60_000 < lapses <= 3_600_000 + DELAYED_MARK_GRACE_MS
+
+
+def test_a_retrying_job_is_found_at_its_mark(redis, redis_url):
+    def fails(*args):
+        raise RuntimeError("not yet")
+
+    registry = HandlerRegistry()
+    registry.register("fails", fails, is_async=False, max_attempts=3, backoff=3_600_000)
+    added = Queue(Q, redis_client=redis).add("fails", [1])
+    worker = WorkerThread([Q], registry, redis_url, concurrency=2)
+    try:
+        wait_for(lambda: redis.zcard(KEYS.delayed) == 1, 20)
+    finally:
+        worker.stop()
+    assert redis.exists(KEYS.delayed_mark(added.job_id))
+    found = find(redis, added.job_id)
+    assert found.state == "delayed" and _at_mark(found) and not _scanned_delayed(found)
+    assert found.job.attempt == 1 and found.job.errors[0]["message"] == "not yet"
+    assert found.run_at_ms > now_ms() + 3_000_000
+
+
+def test_a_job_that_left_the_delayed_set_is_not_scanned_for_there(redis):
+    queue = Queue(Q, redis_client=redis)
+    due = queue.add(TASK, [1], run_at=datetime.fromtimestamp((now_ms() - 1000) / 1000, tz=UTC))
+    moved = queue.add(TASK, [2], delay=3_600_000)
+    Scripts(redis).promote(keys=[KEYS.delayed, KEYS.stream, KEYS.events, KEYS.promoter_lock],
+                           args=["", 100, KEYS.metrics, 1000])
+    assert delayed.run_now(redis, Q, moved.job_id) is not None
+    for job_id, args in ((due.job_id, [1]), (moved.job_id, [2])):
+        assert redis.exists(KEYS.delayed_mark(job_id))  # stale: the job left the set
+        found = find(redis, job_id)
+        assert found.state == "waiting" and found.job.args == args
+        assert any("at the job's mark: not there" in note for note in found.searched)
+        assert not _scanned_delayed(found)
+        assert delayed.find(redis, Q, job_id) is None
+
+
+def test_jobs_sharing_one_due_time_are_found_at_their_mark(redis):
+    """A bulk schedule: members of one score are bisected by their id's bytes."""
+    queue = Queue(Q, redis_client=redis)
+    at = datetime.fromtimestamp(now_ms() // 1000 + 3600, tz=UTC)
+    queue.add(TASK, [-1], delay=1_800_000)
+    added = queue.add_bulk([JobSpec(TASK, [i], run_at=at) for i in range(3_000)])
+    queue.add(TASK, [-2], delay=7_200_000)
+    by_id = sorted(added, key=lambda e: e.job_id)
+    picks = [by_id[0], by_id[1], by_id[1234], by_id[-2], by_id[-1], added[0], added[-1]]
+    for pick in picks:
+        found = find(redis, pick.job_id)
+        assert found.state == "delayed" and _at_mark(found), pick
+        assert found.run_at_ms == int(at.timestamp() * 1000)
+        assert found.job.args == [added.index(pick)]
+        assert delayed.find(redis, Q, pick.job_id).job_id == pick.job_id
+    delayed.cancel(redis, Q, by_id[1234].job_id)
+    gone = find(redis, by_id[1234].job_id)
+    assert gone.state is None and not _scanned_delayed(gone)
+
+
+def test_a_job_delayed_before_marks_were_written_is_found_by_a_scan(redis):
+    queue = Queue(Q, redis_client=redis)
+    for i in range(30):
+        queue.add(TASK, [i, 0], delay=60_000 + i)
+    job = Job(new_job_id(), TASK, [1, 2], created_at=now_ms())
+    redis.zadd(KEYS.delayed, {job.encode(): now_ms() + 60_000})  # a member without a mark
+    found = find(redis, job.id)
+    assert found.state == "delayed" and found.job.args == [1, 2]
+    assert _scanned_delayed(found) and not _at_mark(found)
+    assert delayed.find(redis, Q, job.id).job_id == job.id
+
+
+def test_a_job_replayed_to_a_later_time_is_found_at_its_mark(redis):
+    job = dead_job(args=(7, 8))
+    entry = add_dead(redis, Q, job)
+    run_at = now_ms() + 3_600_000
+    assert DeadLetters(redis, Q).replay([entry], run_at_ms=run_at) == 1
+    found = find(redis, job.id)
+    assert found.state == "delayed" and _at_mark(found) and found.run_at_ms == run_at
 
 
 def test_a_dead_job_is_found_in_the_dlq(redis):

@@ -10,17 +10,24 @@
 -- ARGV triples: dlq entry id, payload to publish, run at epoch ms ("" = now)
 -- Returns the number of entries moved.
 --
--- Calls dlq_removal, dlq_take and dlq_removal_flush from dlq_index.lua.
+-- A job sent to the delayed set gets its mark there (mark_delayed).
+--
+-- Calls server_ms and mark_delayed from prelude.lua; dlq_removal, dlq_take and dlq_removal_flush from
+-- dlq_index.lua.
 
 local dlq, stream, delayed = KEYS[1], KEYS[2], KEYS[3]
 local removal = dlq_removal(dlq)
 local moved = 0
+local now
 for i = 1, #ARGV, 3 do
   if dlq_take(removal, ARGV[i]) then
     if ARGV[i + 2] == '' then
       redis.call('XADD', band_stream(stream, band_of(ARGV[i + 1])), '*', 'j', ARGV[i + 1])
     else
-      redis.call('ZADD', delayed, tonumber(ARGV[i + 2]), ARGV[i + 1])
+      local at = tonumber(ARGV[i + 2])
+      redis.call('ZADD', delayed, at, ARGV[i + 1])
+      now = now or server_ms()
+      mark_delayed(delayed, ARGV[i + 1], at, now)
     end
     moved = moved + 1
   end

@@ -17,12 +17,13 @@
 --                              ("!high", "!low": prelude's band_stream)
 --                   "+<ms>" -> delayed by ms from the server's clock (ZADD)
 --                   "@<ms>" -> delayed until an absolute epoch ms (ZADD)
+--          a delayed job's mark ({chasqui:<q>}:djob:<job id>) is written with it
 -- Returns: one entry per job: the stream id, "delayed", or 0 when a job with
 -- the same caller-given id was added within the idempotency window. A call
 -- whose lane already holds its sequence number was applied before (its reply
 -- was lost): it changes nothing and returns that first reply again.
 --
--- Calls server_ms and bump_counters from prelude.lua.
+-- Calls server_ms, bump_counters and mark_delayed from prelude.lua.
 
 local stream, delayed, lane = KEYS[1], KEYS[2], KEYS[3]
 local unique_prefix, unique_ttl, mprefix, lane_ttl, seq = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -56,6 +57,7 @@ for i = 1, #items, 3 do
       at = tonumber(string.sub(when, 2))
     end
     redis.call('ZADD', delayed, at, payload)
+    mark_delayed(delayed, payload, at, now)
     out[#out + 1] = 'delayed'
     added = added + 1
   end

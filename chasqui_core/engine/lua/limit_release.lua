@@ -10,7 +10,9 @@
 -- ARGV pairs: key prefix of a concurrency bucket ({chasqui:<q>}:limit:<scope>:<bucket>:), stream id of the run
 -- Returns {slots given back, jobs woken}
 --
--- Calls server_ms from prelude.lua.
+-- A woken job's mark is moved to its new score with it.
+--
+-- Calls server_ms and mark_delayed from prelude.lua.
 
 local delayed = KEYS[1]
 local released, woken = 0, 0
@@ -25,7 +27,9 @@ for i = 1, #ARGV, 2 do
       local member = next_up[1]
       local space = string.find(member, ' ', 1, true)
       redis.call('ZREM', prefix .. 'waiting', string.sub(member, 1, space - 1))
-      if redis.call('ZADD', delayed, 'XX', 'CH', now, string.sub(member, space + 1)) == 1 then
+      local payload = string.sub(member, space + 1)
+      if redis.call('ZADD', delayed, 'XX', 'CH', now, payload) == 1 then
+        mark_delayed(delayed, payload, now, now)
         woken = woken + 1
         break
       end

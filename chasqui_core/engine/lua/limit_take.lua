@@ -28,7 +28,7 @@
 -- Returns {server ms, array of the admitted jobs' positions (1-based), number parked,
 --          earliest due ms of a parked job or -1}
 --
--- Calls server_ms and bump_counters from prelude.lua.
+-- Calls server_ms, bump_counters and mark_delayed from prelude.lua.
 
 local stream, delayed, known = KEYS[1], KEYS[2], KEYS[3]
 local group, mprefix, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -95,6 +95,7 @@ for j = 1, #jobs, 3 do
   elseif redis.call('XACK', stream, group, id) == 1 then
     redis.call('XDEL', stream, id)
     redis.call('ZADD', delayed, due, payload)
+    mark_delayed(delayed, payload, due, now)
     for _, s in ipairs(full_rate) do s.waiting = s.waiting + 1 end
     local keep = math.max(due - now, 0) + 60000
     for _, b in ipairs(mine) do

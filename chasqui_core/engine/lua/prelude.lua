@@ -37,6 +37,16 @@
 --   workers' consumer group, when the first job goes to it, and the band is
 --   added to the queue's set of bands ({chasqui:<q>}:bands, beside the
 --   stream), which tells the workers to read it.
+-- mark_delayed(delayed, payload, at, now)
+--   Call with every ZADD of `payload` to the delayed set `delayed` at score
+--   `at` (server time `now`): notes `at` under the job's mark,
+--   {chasqui:<q>}:djob:<job id> (keys.py), so lookup.py finds the job
+--   without scanning the set. The mark expires a grace after `at`. The id
+--   is read from the envelope's head (a msgpack array: its length, the
+--   version, then the id as a string): a few bytes, not a decode. A payload
+--   of another layout gets no mark (lookup.py then scans the set). A
+--   script calls it for one queue's delayed set only: the marks' key
+--   prefix is worked out once per call.
 
 local function server_ms()
   local t = redis.call('TIME')
@@ -97,4 +107,20 @@ local function band_stream(stream, band)
     redis.call('SADD', string.sub(stream, 1, -7) .. 'bands', band)
   end
   return key
+end
+
+local mark_prefix
+local function mark_delayed(delayed, payload, at, now)
+  local head, version, kind = string.byte(payload, 1, 3)
+  if head ~= ${ENVELOPE_HEAD} or version ~= ${ENVELOPE_VERSION} or not kind then return end
+  local id
+  if kind >= 160 and kind <= 191 then
+    id = string.sub(payload, 4, 3 + kind - 160)
+  elseif kind == 217 then
+    id = string.sub(payload, 5, 4 + string.byte(payload, 4))
+  else
+    return
+  end
+  mark_prefix = mark_prefix or string.sub(delayed, 1, #delayed - ${DELAYED_LEN}) .. '${DELAYED_MARK}'
+  redis.call('SET', mark_prefix .. id, at, 'PX', math.floor(math.max(at - now, 0)) + ${DELAYED_MARK_GRACE_MS})
 end

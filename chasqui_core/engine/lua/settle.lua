@@ -27,7 +27,8 @@
 --         order: [job id, task, attempt, delay ms, duration ms, error class,
 --         error message]. It goes to the events stream as it is when every
 --         retry was scheduled (the usual case), so the script only unpacks it
---         when some were not
+--         when some were not. Each retry's mark (the job id read from its
+--         payload's head, see mark_delayed) is written with it
 -- then    number of dead jobs D and, when D > 0, one msgpack array of 11 items per
 --         job laid flat: stream id, payload, reason, task, job id, error class,
 --         error message, counts-as-failure (0/1), duration ms, error fingerprint
@@ -62,7 +63,7 @@
 -- task, reason, error class and fingerprint, the entry's id under each, its
 -- job id), so the console reads them without scanning; see dlq_index.lua.
 --
--- Calls server_ms, bump_counters and durations_key from prelude.lua; dlq_index_batch, dlq_index_put and
+-- Calls server_ms, bump_counters, durations_key and mark_delayed from prelude.lua; dlq_index_batch, dlq_index_put and
 -- dlq_index_flush from dlq_index.lua.
 
 local stream, delayed, dlq, events, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -161,6 +162,7 @@ if n > 0 then
       local at = now + delay
       due[#due + 1] = at
       due[#due + 1] = payload
+      mark_delayed(delayed, payload, at, now)
       retried = retried + 1
       if earliest < 0 or at < earliest then earliest = at end
       scheduled[#scheduled + 1] = k
