@@ -8,8 +8,9 @@ first, and stops where it finds the job:
 1. One pipelined round trip over every queue: the workers' heartbeats (each
    lists the jobs it runs), the ``result:<id>`` record (when result storage
    is on), the ``unique:<id>`` marker of caller-given ids and the
-   ``djob:<id>`` mark of a delayed job. A result or a marker names the job's
-   queue, and the rest of the search keeps to it.
+   ``djob:<id>`` mark of a delayed job, and the queue's priority bands. A
+   result or a marker names the job's queue, and the rest of the search
+   keeps to it.
 2. The delayed set at the score the job's mark holds (``delayed.by_mark``):
    every script that adds to the set writes the mark with it, and it is not
    removed when the job leaves, so the members of that score are read to
@@ -41,6 +42,8 @@ Every scan stops after ``scan_limit`` entries per place; the answer says what
 was read, so a miss after a cut-short scan is reported as such, never as
 "does not exist". Reading a stream costs about 2 µs an entry on the client
 (a Lua scan on the server measured slower, and would block it meanwhile).
+"The stream" is each of the queue's streams in turn, its own first, then its
+priority bands' (priority.py): the same search, per stream.
 """
 
 from __future__ import annotations
@@ -193,6 +196,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
         pipe.exists(k.unique + job_id)
         pipe.hget(IndexKeys.for_queue(k).jobs, job_id)
         pipe.get(k.delayed_mark(job_id))
+        pipe.smembers(k.bands)
     replies = pipe.execute()
     now = server_ms(replies[0])
     running: dict[str, Running] = {}
@@ -200,8 +204,12 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     marked: list[str] = []
     indexed: dict[str, bytes] = {}
     marks: dict[str, bytes] = {}
+    streams: dict[str, list[QueueKeys]] = {}
+    """Each queue's streams, its own first, then its priority bands' (high, low)."""
     for i, k in enumerate(all_keys):
-        beats, blob, unique, dead_entry, mark = replies[1 + 5 * i: 6 + 5 * i]
+        beats, blob, unique, dead_entry, mark, bands = replies[1 + 6 * i: 7 + 6 * i]
+        streams[k.queue] = sorted(k.band_keys(b.decode() if isinstance(b, bytes) else b for b in bands),
+                                  key=lambda band: band.band != "")
         if dead_entry is not None:
             indexed[k.queue] = dead_entry
         if mark is not None:
@@ -247,9 +255,10 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     # 3. the stream near the job's creation
     if search.created_ms is not None:
         for k in all_keys:
-            hit = _stream_near(search, k, search.created_ms)
-            if hit is not None:
-                return _done(search, results.get(k.queue), _in_stream(search, k, *hit, running.get(k.queue)))
+            for band in streams[k.queue]:
+                hit = _stream_near(search, band, search.created_ms)
+                if hit is not None:
+                    return _done(search, results.get(k.queue), _in_stream(search, band, *hit, running.get(k.queue)))
 
     # the DLQ's index names the job's entry: no scan of the delayed set or the DLQ
     if not running:
@@ -274,10 +283,10 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     # a job a worker runs but whose entry was not near its creation: say so before the wider scans
     if running:
         queue, run = next(iter(running.items()))
-        k = QueueKeys.for_queue(queue)
-        hit = _stream_wide(search, k)
-        if hit is not None:
-            return _done(search, results.get(queue), _in_stream(search, k, *hit, run))
+        for band in streams[queue]:
+            hit = _stream_wide(search, band)
+            if hit is not None:
+                return _done(search, results.get(queue), _in_stream(search, band, *hit, run))
         return _done(search, results.get(queue), JobLookup(job_id, "running", queue=queue, running=run))
 
     # 5. the dead-letter queue
@@ -291,9 +300,10 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
 
     # 6. the rest of the stream
     for k in all_keys:
-        hit = _stream_wide(search, k)
-        if hit is not None:
-            return _done(search, results.get(k.queue), _in_stream(search, k, *hit, None))
+        for band in streams[k.queue]:
+            hit = _stream_wide(search, band)
+            if hit is not None:
+                return _done(search, results.get(k.queue), _in_stream(search, band, *hit, None))
     owner = owners[0] if owners else None
     return _done(search, results.get(owner) if owner else None, JobLookup(job_id, None, queue=owner))
 
@@ -392,10 +402,15 @@ def _stream_near(search: _Search, k: QueueKeys, created: int) -> tuple[bytes, Jo
     for rows in _two_ends(search, k.stream, f"{created}-0", f"({created}-0", f"{low}-0", budget, converge=False):
         hit = _match_stream(search, rows)
         if hit is not None:
-            search.note(f"the stream of {k.queue} around the id's time: found")
+            search.note(f"the stream of {_stream_name(k)} around the id's time: found")
             return hit
-    search.note(f"the stream of {k.queue}: {search.scanned - before:,} entries around the id's time")
+    search.note(f"the stream of {_stream_name(k)}: {search.scanned - before:,} entries around the id's time")
     return None
+
+
+def _stream_name(k: QueueKeys) -> str:
+    """A queue's stream as the notes name it: the queue, or the queue and its priority band."""
+    return f"{k.queue} ({k.band} priority)" if k.band else k.queue
 
 
 def _wide(search: _Search, key: str) -> Iterator[list[tuple[bytes, dict[bytes, bytes]]]]:
@@ -417,10 +432,10 @@ def _stream_wide(search: _Search, k: QueueKeys) -> tuple[bytes, Job] | None:
     for rows in _wide(search, k.stream):
         hit = _match_stream(search, rows)
         if hit is not None:
-            search.note(f"the whole stream of {k.queue}: found")
+            search.note(f"the whole stream of {_stream_name(k)}: found")
             return hit
     search.complete = search.complete and not search.cut_short
-    search.note(f"the whole stream of {k.queue}: {search.scanned - before:,} entries"
+    search.note(f"the whole stream of {_stream_name(k)}: {search.scanned - before:,} entries"
                 + (f" (stopped at the limit of {search.scan_limit:,})" if search.cut_short else ""))
     return None
 

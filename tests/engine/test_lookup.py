@@ -277,3 +277,18 @@ def test_bad_ids_are_refused_in_words(redis):
         lookup.find_job(redis, "", [Q])
     with pytest.raises(ValueError, match="job_id"):
         lookup.find_job(redis, "x" * 201, [Q])
+
+
+def test_a_waiting_or_running_job_of_a_priority_band_is_found_in_its_bands_stream(redis, redis_url):
+    q = Queue("lk-bands", url=redis_url)
+    q.add("t", priority=0)
+    high = q.add("t", priority=3)
+    low = q.add("t", priority=-3, job_id="not-a-ulid")  # no creation time: found by the wide scan
+    found = lookup.find_job(redis, high.job_id, ["lk-bands"])
+    assert (found.state, found.stream_entry, found.job.meta["priority"]) == ("waiting", high.entry_id, 3)
+    assert any("high priority" in place for place in found.searched)
+    assert lookup.find_job(redis, low.job_id, ["lk-bands"]).state == "waiting"
+    keys = QueueKeys.for_queue("lk-bands").in_band("high")
+    redis.xreadgroup(GROUP, "w1", {keys.stream: ">"}, count=1)
+    found = lookup.find_job(redis, high.job_id, ["lk-bands"])
+    assert (found.state, found.delivered_to) == ("running", "w1")
