@@ -47,11 +47,9 @@ STRICT: Final = "strict"
 WEIGHTED: Final = "weighted"
 MODES: Final = (STRICT, WEIGHTED)
 
-WEIGHTS: Final = (6, 3, 1)
-"""Starts per band in every ten, in weighted mode: high, default, low."""
-
 _TURNS: Final = (0, 1, 0, 0, 1, 0, 2, 0, 1, 0)
-"""The weighted mode's order of turns (band ranks), 6:3:1 spread out so that no band waits ten starts for its turn."""
+"""The weighted mode's order of turns (band ranks): 6 high, 3 default, 1 low in every ten starts, spread out so
+that no band waits ten starts for its turn."""
 
 
 def band_of(priority: int) -> str:

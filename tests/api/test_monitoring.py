@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
 from datetime import datetime, timedelta, UTC
 
 import msgpack
@@ -23,8 +21,7 @@ from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.worker import Worker
-from tests.helpers import info_per_server
+from tests.helpers import info_per_server, worker_running
 
 pytestmark = pytest.mark.django_db
 
@@ -42,18 +39,8 @@ def scrape(response) -> dict[tuple[str, tuple], float]:
     return samples
 
 
-@contextmanager
-def running_worker(redis_url: str, queues: list[str], registry: HandlerRegistry, **options):
-    """A real worker on its own thread and event loop, stopped on exit."""
-    worker = Worker(queues, registry, url=redis_url, install_signal_handlers=False, **options)
-    thread = threading.Thread(target=worker.run_sync, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.request_stop()
-        thread.join(30)
-        assert not thread.is_alive(), "the worker did not stop"
+running_worker = worker_running
+"""A real worker on its own thread and event loop, stopped on exit (tests/helpers.py)."""
 
 
 def wait_for(condition, seconds: float, what: str) -> None:

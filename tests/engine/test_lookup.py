@@ -97,16 +97,6 @@ def test_a_job_a_real_worker_runs_is_running_with_its_worker_and_start(redis, re
         worker.stop()
 
 
-def test_a_delayed_job_is_found_with_its_due_time(redis):
-    queue = Queue(Q, redis_client=redis)
-    for i in range(30):
-        queue.add(TASK, [i, 0], delay=60_000 + i)
-    added = queue.add(TASK, [1, 2], delay=3_600_000)
-    found = find(redis, added.job_id)
-    assert found.state == "delayed" and found.queue == Q and found.job.args == [1, 2]
-    assert found.run_at_ms == delayed.find(redis, Q, added.job_id).run_at_ms
-
-
 def _at_mark(found: lookup.JobLookup) -> bool:
     return any("delayed set of lookups at the job's mark: found" in note for note in found.searched)
 
@@ -115,14 +105,15 @@ def _scanned_delayed(found: lookup.JobLookup) -> bool:
     return any(note.startswith("the delayed set of lookups:") for note in found.searched)
 
 
-def test_a_delayed_job_is_found_at_its_mark_without_a_scan(redis):
+def test_a_delayed_job_is_found_at_its_mark_with_its_due_time_without_a_scan(redis):
     queue = Queue(Q, redis_client=redis)
     for i in range(30):
         queue.add(TASK, [i, 0], delay=60_000 + i)
     added = queue.add(TASK, [1, 2], delay=3_600_000)
     found = find(redis, added.job_id)
-    assert found.state == "delayed" and found.job.args == [1, 2] and _at_mark(found)
+    assert found.state == "delayed" and found.queue == Q and found.job.args == [1, 2] and _at_mark(found)
     assert not _scanned_delayed(found)
+    assert found.run_at_ms == delayed.find(redis, Q, added.job_id).run_at_ms
     assert found.run_at_ms == int(float(redis.get(KEYS.delayed_mark(added.job_id))))
     assert found.run_at_ms == int(redis.zscore(KEYS.delayed, delayed.find(redis, Q, added.job_id).member))
     # the mark lapses a day (the grace) after the job is due
