@@ -45,6 +45,8 @@ class Kind:
     async_: bool = False
     concurrency: int = 0
     """At most this many of its runs at once, held by a concurrency limit (settings.py); 0: no limit."""
+    kills: bool = False
+    """Its run ends its process at once (``os._exit``): the run's start is when that process died."""
 
 
 KINDS: tuple[Kind, ...] = (
@@ -56,7 +58,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("always_fail", "always_fail", "soak-b", 3, "dead", "retries_exhausted", weight=6),
     Kind("unrecoverable", "unrecoverable", "soak-c", 3, "dead", "unrecoverable", weight=4, async_=True),
     Kind("fixed_by_replay", "fixed_by_replay", "soak-b", 2, "succeeded", weight=3),
-    Kind("crash", "crash", "soak-c", 3, "dead", "panic", every=40.0),
+    Kind("crash", "crash", "soak-c", 3, "dead", "panic", every=40.0, kills=True),
     Kind("hang_sync", "hang_sync", "soak-b", 2, "dead", "retries_exhausted", "JobTimeout", every=30.0, hang=True),
     Kind("hang_async", "hang_async", "soak-c", 2, "dead", "retries_exhausted", "JobTimeout", weight=1, hang=True,
          async_=True),

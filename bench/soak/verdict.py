@@ -27,7 +27,8 @@ The rules, and why:
   may never have reached Redis. A process that stopped gracefully (a
   reload, its supervisor gone) settles what it ran before it exits. A
   hanging job's run normally has no end (its timeout abandons it): it is
-  lost only if its process died before the timeout.
+  lost only if its process died before the timeout. A process died when
+  the watcher saw it gone, or sooner, when a crash job started in it.
 - **A replay gives the job a new run.**
 - **Every dead-letter reason is the one its kind gets**, and a hanging
   job's last error is a ``...JobTimeout``. ``panic`` is right for any kind
@@ -168,6 +169,22 @@ def is_lost(run: Run, kind: Kind | None, dead_pids: Mapping[int, float | None], 
     return None
 
 
+def death_times(ev: Evidence) -> dict[int, float | None]:
+    """When each dead process died: the watcher's time (up to a poll late), or sooner, the start of a run of a
+    kind that ends its process at once (a crash job), which is when it died. A hanging run's fate turns on
+    which of its timeout and its process's death came first, sometimes by less than a poll."""
+    died = dict(ev.dead_pids)
+    for job_id, runs in ev.ledger.runs.items():
+        kind = ev.kinds.get(kind_of_job(job_id, ev.ledger.enqueued) or "")
+        if kind is None or not kind.kills:
+            continue
+        for r in runs:
+            if r.ended is None and r.pid in died:
+                at = died[r.pid]
+                died[r.pid] = r.started if at is None else min(at, r.started)
+    return died
+
+
 def abrupt_deaths(ev: Evidence) -> set[int]:
     """The processes that died without settling: killed by the soak, or gone under a run that never ended."""
     out = set(ev.killed)
@@ -228,6 +245,7 @@ def judge(ev: Evidence) -> Verdict:
         dead_by_job.setdefault(entry.job_id, []).append(entry)
 
     abrupt = abrupt_deaths(ev)
+    died = death_times(ev)
     job_ids = set(ledger.enqueued) | set(ledger.runs) | set(dead_by_job)
     fired_seen: dict[str, set[str]] = {}
     for job_id in sorted(job_ids):
@@ -260,7 +278,7 @@ def judge(ev: Evidence) -> Verdict:
         row.enqueued += 1
         replays = ledger.replays.get(job_id, [])
         row.replays += len(replays)
-        fates = Counter(is_lost(r, kind, ev.dead_pids, abrupt) for r in runs)
+        fates = Counter(is_lost(r, kind, died, abrupt) for r in runs)
         row.lost_runs += fates[LOST]
         row.unsettled += fates[UNSETTLED]
         lost = fates[LOST] + fates[UNSETTLED]
@@ -290,7 +308,7 @@ def judge(ev: Evidence) -> Verdict:
 
         if kind.expect == "dead" and succeeded:
             flag("unexpected success", f"a {kind.name} job must end dead ({kind.reason})")
-        charged = charged_deaths(runs, kind, ev.dead_pids, abrupt)
+        charged = charged_deaths(runs, kind, died, abrupt)
         if charged > POISON_PILL_DEATHS * (1 + len(replays)):
             flag("past the poison-pill limit", f"lost {charged} charged runs with their processes: a job in flight "
                                                f"at {POISON_PILL_DEATHS} deaths must be dead-lettered as panic "

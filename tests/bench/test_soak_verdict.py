@@ -287,6 +287,17 @@ def test_a_hanging_run_is_lost_only_when_its_process_died_before_the_timeout():
     assert b.judge().rows["hang_async"].lost_runs == 0
 
 
+def test_a_hanging_run_whose_process_a_crash_job_ended_before_the_timeout_is_lost():
+    """The watcher notes a death up to a poll late; the crash job's start in that process is when it died."""
+    b = Book()
+    b.enqueue("hang-3", "hang_sync")
+    b.run("hang-3", "hang_sync", at=1, outcome=None, pid=KILLED_PID)
+    b.enqueue("crash-3", "crash")
+    b.run("crash-3", "crash", at=2.9, outcome=None, pid=KILLED_PID)
+    b.process_died(KILLED_PID, 3.1)  # noticed after the hang's timeout (1 + 2 s), though it died before it
+    assert b.judge().rows["hang_sync"].lost_runs == 1
+
+
 def test_a_job_that_must_die_but_succeeded_is_flagged():
     b = a_clean_book()
     b.enqueue("fail-2", "always_fail")
