@@ -211,7 +211,8 @@ class LimitGate:
             flat_jobs += (d.entry_id, d.payload, mine)
         server_ms, positions, parked, earliest = await self.scripts.limit_take(
             keys=[keys.stream, keys.delayed, keys.limits],
-            args=[GROUP, keys.metrics, self.slot_ms, _pack(flat_buckets), _pack(flat_jobs)])
+            args=[GROUP, keys.metrics, self.slot_ms, _pack(flat_buckets), _pack(flat_jobs),
+                  f"{keys.band}:" if keys.band else ""])
         self.skew_ms = int(server_ms) - now_ms()
         admitted = [deliveries[p - 1] for p in positions]
         for d in admitted:
@@ -223,7 +224,7 @@ class LimitGate:
         args: list[Any] = []
         for d in deliveries:
             for prefix in d.slots:
-                args += (prefix, d.entry_id)
+                args += (prefix, slot_member(d))
         if args:
             await self.scripts.limit_release(keys=[keys.delayed], args=args)
 
@@ -239,9 +240,15 @@ class LimitGate:
             for prefix in d.slots:
                 if pipe is None:
                     pipe = client.pipeline(transaction=False)
-                pipe.zadd(prefix + "running", {d.entry_id: now_ms + self.slot_ms}, xx=True, gt=True)
+                pipe.zadd(prefix + "running", {slot_member(d): now_ms + self.slot_ms}, xx=True, gt=True)
         if pipe is not None:
             await pipe.execute()
+
+
+def slot_member(d: Delivery) -> bytes:
+    """A run's member in its buckets' sets: its stream id, after its priority band's name for a band's stream
+    (``<band>:<id>``), since stream ids repeat across a queue's streams (limit_take.lua writes the same)."""
+    return d.keys.band.encode() + b":" + d.entry_id if d.keys.band else d.entry_id
 
 
 # --- reading the state of the limits (console, API, /metrics) ------------------------------------

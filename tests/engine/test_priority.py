@@ -214,3 +214,35 @@ def test_the_inbox_takes_the_highest_line_first_and_weighted_takes_turns():
     assert (taken.count(0), taken.count(1), taken.count(2)) == (6, 3, 1)
     with pytest.raises(ValueError, match="'strict' or 'weighted'"):
         Inbox("fair")
+
+
+def test_a_concurrency_limit_holds_for_entries_with_the_same_id_in_two_bands(redis, redis_url):
+    """A limit's slots are named by stream id and band: two runs of one id in two bands hold two slots."""
+    import asyncio
+
+    spans: list[tuple[str, float, float]] = []
+    registry = HandlerRegistry()
+
+    async def job(name):
+        start = time.monotonic()
+        await asyncio.sleep(0 if name == "made the high band" else 0.6)
+        spans.append((name, start, time.monotonic()))
+
+    registry.register("job", job)
+    keys = QueueKeys.for_queue("p")
+    q = Queue("p", url=redis_url)
+    q.add("job", kwargs={"name": "made the high band"}, priority=1)
+    with running(redis_url, ["p"], registry, concurrency=4, limits={"job": {"concurrency": 2}}):
+        wait_for(lambda: len(spans) == 1, 10, "the high band's first job")
+        for stream, name in ((keys.stream, "default"), (keys.in_band("high").stream, "high")):
+            redis.xadd(stream, {"j": pack_job(f"job-{name}", "job", [], {"name": name}, int(time.time() * 1000),
+                                              None, None, 0, {})}, id="9999999999999-1")
+        time.sleep(0.2)  # both run now, in two slots
+        q.add("job", kwargs={"name": "later"})
+        wait_for(lambda: len(spans) == 4, 20, "every job")
+    edges = sorted([(s[1], 1) for s in spans] + [(s[2], -1) for s in spans], key=lambda e: (e[0], e[1]))
+    now = most = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    assert most == 2, "a third ran beside the two: the two same-id runs held one slot"

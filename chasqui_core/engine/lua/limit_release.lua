@@ -7,7 +7,8 @@
 -- parked job is tried.
 --
 -- KEYS[1] delayed
--- ARGV pairs: key prefix of a concurrency bucket ({chasqui:<q>}:limit:<scope>:<bucket>:), stream id of the run
+-- ARGV pairs: key prefix of a concurrency bucket ({chasqui:<q>}:limit:<scope>:<bucket>:), the run's member
+--            (its stream id, after "<band>:" for a priority band's stream: limits.slot_member)
 -- Returns {slots given back, jobs woken}
 --
 -- A woken job's mark is moved to its new score with it.

@@ -25,13 +25,15 @@
 --         concurrency N (0: none)
 -- ARGV[5] msgpack array of 3 items per job laid flat, in the order read:
 --         stream id, payload, array of the job's buckets (1-based positions in ARGV[4])
+-- ARGV[6] what goes before a stream id in the limit sets' members: '' for the default
+--         band's stream, '<band>:' for a priority band's (stream ids repeat across streams)
 -- Returns {server ms, array of the admitted jobs' positions (1-based), number parked,
 --          earliest due ms of a parked job or -1}
 --
 -- Calls server_ms, bump_counters and mark_delayed from prelude.lua.
 
 local stream, delayed, known = KEYS[1], KEYS[2], KEYS[3]
-local group, mprefix, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local group, mprefix, lease, band = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[6] or ''
 local buckets, jobs = cmsgpack.unpack(ARGV[4]), cmsgpack.unpack(ARGV[5])
 local now = server_ms()
 
@@ -59,6 +61,7 @@ end
 local admitted, parked, earliest = {}, 0, -1
 for j = 1, #jobs, 3 do
   local id, payload, mine = jobs[j], jobs[j + 1], jobs[j + 2]
+  local member = band .. id
   local due, full_rate, full_conc = now, {}, {}
   for _, b in ipairs(mine) do
     local s = look(b)
@@ -81,12 +84,12 @@ for j = 1, #jobs, 3 do
     for _, b in ipairs(mine) do
       local s = state[b]
       if s.rate > 0 then
-        redis.call('ZADD', s.prefix .. 'rate', now, id)
+        redis.call('ZADD', s.prefix .. 'rate', now, member)
         redis.call('PEXPIRE', s.prefix .. 'rate', s.window)
         s.started = s.started + 1
       end
       if s.conc > 0 then
-        redis.call('ZADD', s.prefix .. 'running', now + lease, id)
+        redis.call('ZADD', s.prefix .. 'running', now + lease, member)
         redis.call('PEXPIRE', s.prefix .. 'running', lease * 2)
         s.running = s.running + 1
       end
@@ -103,14 +106,14 @@ for j = 1, #jobs, 3 do
       if (s.rate > 0 and s.started >= s.rate) or (s.conc > 0 and s.running >= s.conc) then
         local waiting = s.prefix .. 'waiting'
         redis.call('ZREMRANGEBYSCORE', waiting, '-inf', now)
-        redis.call('ZADD', waiting, due, id)
+        redis.call('ZADD', waiting, due, member)
         redis.call('PEXPIRE', waiting, keep)
       end
     end
     for _, s in ipairs(full_conc) do
       local key = s.prefix .. 'parked'
       redis.call('ZREMRANGEBYSCORE', key, '-inf', now - 60000)
-      redis.call('ZADD', key, due, id .. ' ' .. payload)
+      redis.call('ZADD', key, due, member .. ' ' .. payload)
       redis.call('PEXPIRE', key, keep)
     end
     parked = parked + 1
