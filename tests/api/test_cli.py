@@ -1,4 +1,4 @@
-"""``manage.py chasqui``: inspect, dlq, delayed, pause/resume, apikey, operations."""
+"""``manage.py chasqui``: inspect, dlq, delayed, pause/resume/purge, workers/quiet/stop, apikey, operations."""
 
 import io
 import os
@@ -10,6 +10,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from chasqui_core.engine import control
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.management.commands.chasqui import ProgressBar, parse_when
@@ -257,3 +258,39 @@ def test_cancel_a_waiting_job_by_id(redis):
     with pytest.raises(CommandError, match="No job"):
         run("cancel", "no-such-job")
     assert [e.action for e in AuditEntry.objects.order_by("id")] == ["cancel_job"]
+
+
+def test_purge_asks_first_then_deletes_every_band_and_is_audited(redis):
+    queue = Queue(Q, redis_client=redis)
+    queue.add(TASK, [1])
+    queue.add(TASK, [2], priority=5)
+    queue.add(TASK, [3], delay=600)
+    with pytest.raises(CommandError, match=r"Delete about 2 waiting jobs of default \(1 high, 1 default\)\? .*--yes"):
+        run("purge", Q)  # no terminal to ask on
+    assert "Purged 2 waiting jobs of default" in run("purge", Q, "--yes")
+    assert stream_jobs(redis, Q) == []
+    assert redis.zcard(QueueKeys.for_queue(Q).delayed) == 1
+    assert "no waiting jobs" in run("purge", Q, "--yes")
+    entry = AuditEntry.objects.get()
+    assert (entry.action, entry.source, entry.count) == ("purge", "cli", 2)
+
+
+def test_workers_quiet_and_stop_by_id(redis, operator, viewer):
+    heartbeat(redis, [Q, "emails"], "w-1", in_flight=2)
+    heartbeat(redis, [Q], "w-old", age_ms=3_600_000)
+    rows = {line.split()[0]: line.split() for line in run("workers").splitlines()[2:]}
+    assert rows["w-1"][4] == "default,emails" and rows["w-1"][-1] == "running"
+    assert rows["w-old"][-1] == "stale"
+    assert "Sent quiet to worker w-1" in run("--as", operator.username, "quiet", "w-1")
+    assert control.pending(redis, "w-1") == "quiet"
+    assert "had been asked already" in run("quiet", "w-1")
+    assert "Sent stop to worker w-1" in run("stop", "w-1")
+    assert control.pending(redis, "w-1") == "stop"
+    with pytest.raises(CommandError, match="has not sent a heartbeat lately"):
+        run("stop", "w-old")
+    with pytest.raises(CommandError, match="No worker 'ghost'"):
+        run("quiet", "ghost")
+    with pytest.raises(CommandError, match="pause_queues"):
+        run("--as", viewer.username, "stop", "w-1")
+    assert [(e.action, e.actor) for e in AuditEntry.objects.order_by("id")] == [
+        ("worker_quiet", operator), ("worker_quiet", None), ("worker_stop", None)]

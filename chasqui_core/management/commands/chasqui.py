@@ -3,7 +3,8 @@
     chasqui inspect [QUEUE]
     chasqui dlq peek|groups|replay|discard QUEUE [filters] [--ids ...] [--all] [--yes]
     chasqui delayed list|cancel|run QUEUE [JOB_ID]
-    chasqui pause|resume QUEUE
+    chasqui pause|resume|purge QUEUE
+    chasqui workers [QUEUE] | quiet|stop WORKER_ID
     chasqui apikey create --user NAME [--name TEXT] | revoke PREFIX | list
     chasqui operations [--run [QUEUE]]
 
@@ -150,7 +151,8 @@ class Interrupt:
 
 
 class Command(BaseCommand):
-    help = "Inspect and operate Chasqui queues: stats, dead letters, delayed jobs, pause/resume, API keys."
+    help = ("Inspect and operate Chasqui queues: stats, dead letters, delayed jobs, pause/resume/purge, workers "
+            "(quiet/stop), API keys.")
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--as", dest="as_user", metavar="USER",
@@ -195,6 +197,16 @@ class Command(BaseCommand):
 
         for name, text in (("pause", "Workers stop reading the queue."), ("resume", "Workers read the queue again.")):
             sub.add_parser(name, help=text).add_argument("queue")
+        purge = sub.add_parser("purge", help="Delete a queue's waiting jobs (those no worker holds yet); running and "
+                                             "delayed jobs and the DLQ are left alone.")
+        purge.add_argument("queue")
+        purge.add_argument("--yes", "-y", action="store_true", help="Do not ask for confirmation.")
+
+        sub.add_parser("workers", help="Workers from their heartbeats, with their ids for quiet and stop."
+                       ).add_argument("queue", nargs="?")
+        for name, text in (("quiet", "A worker takes no more jobs and finishes those it runs (it keeps running)."),
+                           ("stop", "A worker finishes the jobs it runs, then exits.")):
+            sub.add_parser(name, help=text).add_argument("worker_id")
 
         keys = sub.add_parser("apikey", help="API keys.").add_subparsers(dest="apikey_command", required=True,
                                                                           metavar="ACTION")
@@ -235,6 +247,10 @@ class Command(BaseCommand):
             "delayed": self.delayed,
             "pause": self.pause,
             "resume": self.resume,
+            "purge": self.purge,
+            "workers": self.workers,
+            "quiet": self.worker_command,
+            "stop": self.worker_command,
             "apikey": self.apikey,
             "operations": self.operations,
             "cancel": self.cancel,
@@ -273,15 +289,8 @@ class Command(BaseCommand):
         if not opts["queue"]:
             return
         queue = opts["queue"]
-        workers = workers_service.worker_list(self.actor, queue=queue, source="cli")
         self._say(f"\nWorkers of {queue}:")
-        if workers:
-            self._say(table([(w.id, w.host, w.pid, w.supervisor_pid or "-", w.concurrency, w.in_flight, w.processed,
-                              w.failed, _fmt_ms(w.last_seen_ms), "stale" if w.stale else "live") for w in workers],
-                            ("ID", "HOST", "PID", "SUPERVISOR", "CONCURRENCY", "IN-FLIGHT", "PROCESSED", "FAILED",
-                             "LAST-SEEN", "STATE")))
-        else:
-            self._say("  none")
+        self._workers_table(workers_service.worker_list(self.actor, queue=queue, source="cli"))
         groups = dlq_service.dlq_groups(self.actor, queue, source="cli")[:10]
         if groups:
             self._say(f"\nTop dead-letter errors of {queue}:")
@@ -429,6 +438,43 @@ class Command(BaseCommand):
     def resume(self, opts: dict) -> None:
         changed = queues_service.resume(self.actor, opts["queue"], source="cli")
         self._say(f"Resumed {opts['queue']}." if changed else f"{opts['queue']} was not paused.")
+
+    def purge(self, opts: dict) -> None:
+        queue = opts["queue"]
+        waiting = queues_service.waiting_by_band(self.actor, queue, source="cli")
+        total = sum(waiting.values())
+        if not total:
+            self._say(f"{queue} has no waiting jobs; nothing to purge.")
+            return
+        if not opts["yes"]:
+            bands = ", ".join(f"{count:,} {band}" for band, count in waiting.items() if count)
+            self._confirm(f"Delete about {total:,} waiting jobs of {queue} ({bands})?")
+        self._say(f"Purged {queues_service.purge(self.actor, queue, source='cli'):,} waiting jobs of {queue}.")
+
+    # --- workers ---------------------------------------------------------------------------------------
+
+    def workers(self, opts: dict) -> None:
+        self._workers_table(workers_service.worker_list(self.actor, queue=opts["queue"], source="cli"))
+
+    def _workers_table(self, workers: Sequence[Any]) -> None:
+        if not workers:
+            self._say("  none")
+            return
+        self._say(table([(w.id, w.host, w.pid, w.supervisor_pid or "-", ",".join(w.queues), w.concurrency,
+                          w.in_flight, w.processed, w.failed, _fmt_ms(w.last_seen_ms),
+                          "stale" if w.stale else w.state) for w in workers],
+                        ("ID", "HOST", "PID", "SUPERVISOR", "QUEUES", "CONCURRENCY", "IN-FLIGHT", "PROCESSED",
+                         "FAILED", "LAST-SEEN", "STATE")))
+
+    def worker_command(self, opts: dict) -> None:
+        send = workers_service.quiet if opts["command"] == "quiet" else workers_service.stop
+        sent = send(self.actor, opts["worker_id"], source="cli")
+        done = {"quiet": "takes no more jobs and finishes those it runs",
+                "stop": "finishes the jobs it runs, then exits"}[opts["command"]]
+        if sent.changed:
+            self._say(f"Sent {opts['command']} to worker {sent.worker.id}: it {done}.")
+        else:
+            self._say(f"Worker {sent.worker.id} had been asked already (it is {sent.worker.state}).")
 
     # --- API keys ---------------------------------------------------------------------------------------
 
