@@ -474,7 +474,8 @@ class Command(BaseCommand):
         if sent.changed:
             self._say(f"Sent {opts['command']} to worker {sent.worker.id}: it {done}.")
         else:
-            self._say(f"Worker {sent.worker.id} had been asked already (it is {sent.worker.state}).")
+            self._say(f"Worker {sent.worker.id} had been asked already (a stop is not undone by a quiet); "
+                      f"nothing was sent.")
 
     # --- API keys ---------------------------------------------------------------------------------------
 
