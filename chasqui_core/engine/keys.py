@@ -56,7 +56,7 @@ DELAYED_MARK_GRACE_MS = 86_400_000
 """How long a delayed job's mark outlives the job's due time: a day, for a promoter that is down a while."""
 
 
-_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}\Z")
 
 
 def validate_queue_name(name: str) -> str:

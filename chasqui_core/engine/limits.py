@@ -48,7 +48,7 @@ _WINDOWS_MS = {
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-z]+)\s*$")
 _pack = msgpack.Packer(use_bin_type=False).pack
 """Bytes as msgpack raw strings: the form the server's cmsgpack reads."""
-_PLAIN_BUCKET = re.compile(r"^[A-Za-z0-9_.@+\-]{1,64}$")
+_PLAIN_BUCKET = re.compile(r"^[A-Za-z0-9_.@+\-]{1,64}\Z")
 NO_VALUE_BUCKET = "-"
 """The bucket of a keyed limit's jobs that carry no value for its key: they share one."""
 

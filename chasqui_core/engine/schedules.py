@@ -38,7 +38,7 @@ DEFAULT_RESULT_TTL = 7 * 24 * 3600
 
 _CRON_WALK_LIMIT = 10_000
 """Missed cron due times walked one by one before the walk jumps to the present."""
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}\Z")
 _KEYS = frozenset({"task", "cron", "every", "timezone", "args", "kwargs", "queue", "attempts", "backoff", "misfire",
                    "grace", "catch_up", "result_ttl"})
 

@@ -268,7 +268,7 @@ def test_get_missing_and_malformed_ids(redis, dl):
     assert dl.get(eid).entry_id == eid
     with pytest.raises(JobNotFound, match="No dead-letter entry 1-0"):
         dl.get("1-0")
-    for bad in ("abc", "12", "1-2-3", "", "99999999999999999999999-0"):
+    for bad in ("abc", "12", "1-2-3", "", "99999999999999999999999-0", "1-0\n"):
         with pytest.raises(ValueError, match="not a valid dead-letter entry id"):
             dl.get(bad)
     with pytest.raises(ValueError, match="cursor"):

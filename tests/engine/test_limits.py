@@ -72,6 +72,7 @@ def test_bucket_names_keep_plain_values_and_digest_the_rest():
     assert bucket_name(42) == "42"
     odd = bucket_name("a b}{:" * 30)
     assert odd.startswith("#") and len(odd) == 21 and bucket_name("a b}{:" * 30) == odd
+    assert bucket_name("acme-42\n").startswith("#")  # a trailing newline is not plain
     assert Limit.parse("x", {"rate": "1/s", "concurrency": 2, "key": "customer"}).describe() == \
         "1 per 1 s, 2 at once per customer"
 

@@ -49,6 +49,8 @@ def test_a_bad_definition_is_refused_naming_the_schedule_and_the_key(raw, words)
 def test_a_bad_name_and_a_missing_queue_are_refused():
     with pytest.raises(ScheduleError, match="schedule name 'two words' is not valid"):
         parse_schedule("two words", {"task": "a.b", "every": 5, "queue": "q"})
+    with pytest.raises(ScheduleError, match="is not valid"):
+        parse_schedule("report\n", {"task": "a.b", "every": 5, "queue": "q"})
     with pytest.raises(ScheduleError, match="needs a 'queue'"):
         parse_schedule("report", {"task": "a.b", "every": 5})
     assert parse_schedule("report", {"task": "a.b", "every": 5}, default_queue="emails").queue == "emails"

@@ -22,7 +22,7 @@ REASONS = ("retries_exhausted", "unrecoverable", "panic", "decode_failed", "inte
 MAX_PART = 2**64 - 1
 """The largest millisecond or sequence part a stream id can have."""
 
-_ENTRY_ID = re.compile(r"^(\d{1,20})-(\d{1,20})$")
+_ENTRY_ID = re.compile(r"^(\d{1,20})-(\d{1,20})\Z")
 _WORKER_LOST = "WorkerLost"
 
 StreamId = tuple[int, int]
