@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .connection import Client
-from .envelope import decode, id_head
+from .envelope import Job, decode, id_head
 from .keys import QueueKeys
 from .scripts import Scripts
 
@@ -63,6 +63,10 @@ def _to_job(member: bytes, score: float) -> DelayedJob:
         job = decode(member)
     except Exception:  # DecodeError, or anything odd a foreign member trips in the decoder
         return DelayedJob("", UNDECODABLE, int(score), 0, [], {}, [], member)
+    return _delayed_job(member, job, score)
+
+
+def _delayed_job(member: bytes, job: Job, score: float) -> DelayedJob:
     return DelayedJob(job.id, job.task, int(score), job.attempt, job.args, job.kwargs, job.errors, member)
 
 
@@ -129,16 +133,19 @@ def _glob_escape(text: str) -> bytes:
     return bytes(out)
 
 
-def _holds(member: bytes, job_id: str) -> bool:
+def _held(member: bytes, job_id: str) -> Job | None:
+    """The member's job when it is the one with this id."""
     try:
-        return decode(member).id == job_id
+        job = decode(member)
     except Exception:  # DecodeError, or anything odd a foreign member trips in the decoder  # noqa: BLE001
-        return False
+        return None
+    return job if job.id == job_id else None
 
 
 def by_mark(client: Client, keys: QueueKeys, job_id: str,
-            mark: bytes | str) -> tuple[bytes, float] | Literal[False] | None:
-    """The job's member and score, found at the score its mark holds (``delayed_find.lua``); one round trip.
+            mark: bytes | str) -> tuple[bytes, Job, float] | Literal[False] | None:
+    """The job's member, decoded job and score, found at the score its mark holds (``delayed_find.lua``); one
+    round trip.
 
     False when the job is not at that score (it left the set since: the mark
     is stale); None when the mark is not a number.
@@ -150,8 +157,9 @@ def by_mark(client: Client, keys: QueueKeys, job_id: str,
     if score != score or score in (float("inf"), float("-inf")):
         return None
     for member in Scripts(client).delayed_find(keys=[keys.delayed], args=[repr(score), id_head(job_id), FOUND_MOST]):
-        if _holds(member, job_id):
-            return member, score
+        job = _held(member, job_id)
+        if job is not None:
+            return member, job, score
     return False
 
 
@@ -173,7 +181,7 @@ def find(client: Client, queue: str, job_id: str) -> DelayedJob | None:
         if hit is False:
             return None
         if hit is not None:
-            return _to_job(*hit)
+            return _delayed_job(*hit)
     pattern = b"*" + _glob_escape(job_id) + b"*"
     for member, score in client.zscan_iter(keys.delayed, match=pattern, count=1000):
         job = _to_job(member, score)

@@ -212,7 +212,7 @@ class LimitGate:
         server_ms, positions, parked, earliest = await self.scripts.limit_take(
             keys=[keys.stream, keys.delayed, keys.limits],
             args=[GROUP, keys.metrics, self.slot_ms, _pack(flat_buckets), _pack(flat_jobs),
-                  f"{keys.band}:" if keys.band else ""])
+                  slot_prefix(keys)])
         self.skew_ms = int(server_ms) - now_ms()
         admitted = [deliveries[p - 1] for p in positions]
         for d in admitted:
@@ -245,10 +245,15 @@ class LimitGate:
             await pipe.execute()
 
 
+def slot_prefix(keys: QueueKeys) -> bytes:
+    """What goes before a run's stream id in its buckets' sets: its priority band's name for a band's stream
+    (``<band>:<id>``), since stream ids repeat across a queue's streams; nothing for the default band's."""
+    return keys.band.encode() + b":" if keys.band else b""
+
+
 def slot_member(d: Delivery) -> bytes:
-    """A run's member in its buckets' sets: its stream id, after its priority band's name for a band's stream
-    (``<band>:<id>``), since stream ids repeat across a queue's streams (limit_take.lua writes the same)."""
-    return d.keys.band.encode() + b":" + d.entry_id if d.keys.band else d.entry_id
+    """A run's member in its buckets' sets (limit_take.lua writes the same, given ``slot_prefix``)."""
+    return slot_prefix(d.keys) + d.entry_id
 
 
 # --- reading the state of the limits (console, API, /metrics) ------------------------------------

@@ -245,10 +245,10 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
         if at_mark is None:  # cannot tell: the set is scanned in its turn
             unmarked.append(k)
         elif at_mark is not False:
-            member, score = at_mark  # by_mark decoded it to check the id
+            _, job, score = at_mark
             search.note(f"the delayed set of {k.queue} at the job's mark: found")
             return _done(search, results.get(k.queue), JobLookup(job_id, "delayed", queue=k.queue,
-                                                                 job=decode(member), run_at_ms=int(score)))
+                                                                 job=job, run_at_ms=int(score)))
         else:
             search.note(f"the delayed set of {k.queue} at the job's mark: not there (it left the set)")
 
