@@ -14,16 +14,23 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Protocol
 
 import msgpack
 
 from . import control, history
+from .admission import Admission
+from .connection import Client
+from .inflight import InFlight
+from .journal import StartJournal
+from .keys import QueueKeys
+from .limits import LimitGate, Limits
+from .outcomes import Outcomes
+from .scripts import Scripts
+from .settler import Settler
 from .envelope import now_ms
 from .recovery import Leases, forget_dead_workers, reclaim_abandoned
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -40,9 +47,63 @@ def resident_kb() -> int:
         return 0
 
 
+class Stats(Protocol):
+    processed: int
+    failed: int
+    started_at: float
+
+
+class HousekeepingHost(Protocol):
+    """What housekeeping reads of the worker it keeps (worker.Worker is one)."""
+
+    id: str
+    hostname: str
+    keys: list[QueueKeys]
+    streams: dict[str, list[QueueKeys]]
+    paused: dict[str, bool]
+    concurrency: int
+    supervisor_pid: int | None
+    problem: str
+    client: Client
+    scripts: Scripts
+    settler: Settler
+    outcomes: Outcomes
+    admission: Admission
+    journal: StartJournal
+    held: InFlight
+    limits: Limits
+    gate: LimitGate
+    visibility_timeout_ms: int
+    heartbeat_interval: float
+    dead_worker_grace_ms: int
+
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+    def all_streams(self) -> list[QueueKeys]: ...
+
+    def learn_bands(self, keys: QueueKeys, bands: Collection[bytes | str]) -> bool: ...
+
+    def check_memory(self) -> None: ...
+
+    async def obey(self, command: str | None) -> bool: ...
+
+
+Take = Callable[[QueueKeys, list[Any]], Awaitable[None]]
+"""Takes in entries read from a stream (running.Runner.take): where orphans found by a lease pass go."""
+
+
 class Housekeeping:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: HousekeepingHost, take: Take | None = None) -> None:
         self.w = worker
+        self.take = take
+        """None before the worker runs jobs (its first heartbeat, at start)."""
         self.leases = Leases(worker.scripts, worker.id, worker.visibility_timeout_ms)
 
     async def run(self) -> None:
@@ -97,7 +158,8 @@ class Housekeeping:
             if kept.orphans:
                 logger.warning("worker %s: %d entries on %s were pending on this worker but not held by it; taking "
                                "them in now", w.id, len(kept.orphans), keys.queue)
-                await w.take(keys, kept.orphans)
+                if self.take is not None:
+                    await self.take(keys, kept.orphans)
 
     async def reclaim(self) -> None:
         w = self.w

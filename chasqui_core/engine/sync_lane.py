@@ -29,7 +29,7 @@ from typing import Any
 
 from .envelope import check_json_types, now_ms
 from .journal import StartJournal
-from .outcomes import Delivery
+from .delivery import Delivery
 from .priority import STRICT, Inbox
 
 OK, FAILED, REQUEUE = 0, 1, 2
