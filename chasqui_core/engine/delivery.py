@@ -67,7 +67,7 @@ class Delivery:
     started: int = 0
     """When the handler started (epoch ms); 0 while the job waits in the worker."""
     journaled: bool = False
-    """Written to the start journal: its mark is struck as soon as the run ends (``Runner._unmark``)."""
+    """Written to the start journal, its mark not yet struck (struck the moment the run ends, journal.py)."""
     timed_out: bool = False
     """Set when the run passed its timeout: an async run is being cancelled, a sync run was abandoned."""
     timer: Any = None
@@ -80,6 +80,9 @@ class Delivery:
     """The asyncio task of an async run that waited on something (what a cancel request cancels)."""
     cancel_requested: int = 0
     """When a cancel of this job was asked for (server ms, cancel.py); 0: it was not."""
+    taken_back: bool = False
+    """Another worker took its entry back while this one held it (this one was silent past the visibility
+    timeout): it must not start here, and a run under way here has its outcome dropped (``Runner.let_go``)."""
     cancel_seen: int = 0
     """When this worker saw that request (its clock): a sync run's grace counts from here."""
 

@@ -36,6 +36,10 @@ class InFlight:
         """Whether the delivery of ``ref`` (a ``DeliveryRef``) is held."""
         return ref in self._held
 
+    def get(self, ref: DeliveryRef) -> Delivery | None:
+        """The delivery held for ``ref``, if any."""
+        return self._held.get(ref)
+
     def holds(self, d: Delivery) -> bool:
         """Whether this very delivery is still held (not settled, given back or taken back)."""
         return self._held.get(d.ref) is d

@@ -27,7 +27,7 @@ from typing import Any, Final, Protocol, TypeVar
 from . import cancel
 from .admission import Admission
 from .connection import Client
-from .delivery import Delivery
+from .delivery import Delivery, ref_of
 from .envelope import check_json_types, now_ms
 from .errors import JobCancelled, JobTimeout
 from .idempotency import completed_by
@@ -107,8 +107,6 @@ class Runner:
         """Set while one read's bands are taken in (``take_bands``): their jobs start once all are in."""
         self._jobs: set[asyncio.Task[None]] = set()
         """Tasks of the jobs waiting on something now (see ``_dispatch``); a job that never waits is never kept."""
-        self._unmarks: dict[str, list[bytes]] = {}
-        """Journal marks of runs that ended this turn of the loop, struck together (``_unmark``)."""
         self._timed_sync: set[Delivery] = set()
         """Sync deliveries with a timeout, until their outcome: the deadline watcher walks these."""
         self._releases: dict[str, list[Delivery]] = {}
@@ -368,6 +366,8 @@ class Runner:
             return
         accepted = False
         for d, by in zip(keyed, done, strict=True):
+            if d.taken_back:  # let go while its key was checked: another worker's now
+                continue
             if by is not None:
                 if self.held.remove(d) and d.slots:
                     self._give_back(d)
@@ -490,10 +490,11 @@ class Runner:
 
     def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
         """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
+        if d.journaled:  # struck at once, before anything else (journal.py); a sync run's thread struck its own
+            d.journaled = False
+            self.journal.finished_one(d.keys.stream, d.entry_id)
         if not self.held.remove(d):
-            return  # written already: a sync run that passed its timeout, reporting at last
-        if d.journaled:
-            self._unmark(d)
+            return  # written already (a sync run that passed its timeout, reporting at last), or let go
         if d.slots:
             self._give_back(d)
         if d.timeout is not None:
@@ -511,30 +512,44 @@ class Runner:
         except Exception as exc:
             self.outcomes.internal(d, "recording the outcome", exc)
 
-    def _unmark(self, d: Delivery) -> None:
-        """Strike a finished run's journal mark soon, with the others of this turn of the loop (one send)."""
-        ids = self._unmarks.get(d.keys.stream)
-        if ids is None:
-            self._unmarks[d.keys.stream] = [d.entry_id]
-        else:
-            ids.append(d.entry_id)
-        if len(self._unmarks) == 1 and len(self._unmarks[d.keys.stream]) == 1:
-            self._loop.call_soon(self._send_unmarks)
-
-    def _send_unmarks(self) -> None:
-        marks, self._unmarks = self._unmarks, {}
-        if marks:
-            self.journal.finished(marks)
-
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
         if self.held.remove(d) and d.slots:
             self._give_back(d)
         self.outcomes.internal(d, doing, exc)
 
     def _requeue(self, d: Delivery) -> None:
-        if self.held.remove(d) and d.slots:
+        if not self.held.remove(d):
+            return  # another worker took it back (``let_go``): it is theirs to run now
+        if d.slots:
             self._give_back(d)
         self.outcomes.requeue(d)
+
+    def let_go(self, keys: QueueKeys, entry_ids: list[bytes]) -> None:
+        """Let go of held entries of ``keys``'s stream that another worker took back while this one held them
+        (it was silent past the visibility timeout; recovery.Leases found them). They are the other's now: one
+        not started here never starts, a run under way goes on and its outcome is dropped, and nothing of them
+        is written by this worker (a requeue would put a second copy on the stream)."""
+        let_go = []
+        for entry_id in entry_ids:
+            d = self.held.get(ref_of(keys.stream, entry_id))
+            if d is None or not self.held.remove(d):
+                continue  # settled meanwhile, or let go already
+            d.taken_back = True
+            let_go.append(d)
+            if d.slots:
+                self._give_back(d)
+            if d.timeout is not None:
+                self._timed_sync.discard(d)
+            if d.journaled:
+                d.journaled = False
+                self.journal.finished_one(d.keys.stream, d.entry_id)
+            if not d.started and d.handler.is_async and d in self._inbox:
+                self._inbox.remove(d)
+        if let_go:
+            logger.warning("worker %s: %d job(s) on %s were taken back by another worker while this one held them "
+                           "(it was out of touch past the visibility timeout): %s; they run there now, and what "
+                           "they come to here is not written", self.id, len(let_go), keys.queue,
+                           ", ".join(d.job.id for d in let_go[:5]) + (" ..." if len(let_go) > 5 else ""))
 
     def _on_sync_outcomes(self, outcomes: list[Any]) -> None:
         for kind, d, value, started, duration in outcomes:

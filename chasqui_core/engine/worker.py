@@ -268,7 +268,7 @@ class Worker:
                               lock_ttl_ms=self.promoter_lock_ttl_ms)
             for k in self.keys
         }
-        self.housekeeping = Housekeeping(self, runner.take)
+        self.housekeeping = Housekeeping(self, runner.take, runner.let_go)
         self.cancel_watch = Watch(self.id, self.client, self.keys, self.held, self.outcomes, self.settler,
                                          runner, self.cancel_grace)
         self.readers = [Reader(self, runner, k) for k in self.keys]
