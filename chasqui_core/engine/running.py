@@ -21,6 +21,7 @@ import contextvars
 import enum
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, Protocol, TypeVar
 
@@ -118,12 +119,23 @@ class Runner:
         self._room.set()
         self.cancelling: set[Delivery] = set()
         """Sync deliveries told to stop, until their outcome or their grace runs out (cancel_watch.Watch)."""
+        self._isolating = False
+        """Set while a suspect waits to run alone or runs alone (``_run_alone``): nothing else starts."""
+        self._suspects: deque[Delivery] = deque()
+        """Jobs charged a lost run, waiting to run alone, in the order read."""
+        self._set_aside: deque[Delivery] = deque()
+        """Other jobs fetched while isolating: they start once no suspect is left."""
+        self._alone: Delivery | None = None
+        """The suspect running alone now."""
 
     @property
     def buffered(self) -> int:
         """Jobs fetched and not yet finished: what counts against the prefetch."""
         lane = self._lane
-        return len(self._inbox) + self._running + (lane.outstanding if lane is not None else 0)
+        buffered = len(self._inbox) + self._running + (lane.outstanding if lane is not None else 0)
+        if self._isolating:
+            buffered += len(self._suspects) + len(self._set_aside)
+        return buffered
 
     @property
     def in_flight(self) -> int:
@@ -153,7 +165,9 @@ class Runner:
     def give_back_unstarted(self, *, stopping: bool = False) -> None:
         """Put every fetched job that has not started back on the stream, as it was, uncharged (quiet, stop).
         ``stopping``: the sync threads take no more jobs either."""
-        unstarted = list(self._inbox)
+        unstarted = [*self._suspects, *self._set_aside, *self._inbox]
+        self._suspects.clear()
+        self._set_aside.clear()
         self._inbox.clear()
         if self._lane is not None:
             if stopping:
@@ -161,6 +175,8 @@ class Runner:
             unstarted += self._lane.take_unstarted()
         for d in unstarted:
             self._requeue(d)
+        if self._alone is None:
+            self._isolating = False
 
     async def wind_down(self, timeout: float) -> int:
         """Let running jobs finish for up to ``timeout`` seconds, then cut the async ones short and close the sync
@@ -228,6 +244,8 @@ class Runner:
                 if keyed is None:
                     keyed = []
                 keyed.append(d)
+            elif self._isolating or d.job.deaths:
+                self._isolate(d)
             elif d.handler.is_async:
                 self._inbox.append(d)
                 to_dispatch = True
@@ -347,6 +365,64 @@ class Runner:
         logger.info("worker %s: job %s (%s) cancelled %s", self.id, d.job.id, d.job.task,
                     "while it ran" if d.started else "before it started")
 
+    # --- suspects run alone -----------------------------------------------------------
+
+    def _isolate(self, d: Delivery) -> None:
+        """Set a delivery aside while a suspect runs alone: a suspect (a job charged a run lost with a worker
+        that died) waits for its turn; any other job waits until no suspect is left.
+
+        A job that kills its process takes with it every job running beside it, and each of those is charged a
+        lost run. Run beside the same neighbours again, it would kill them a second time, and two deaths make
+        a ``panic``: innocent jobs dead-lettered beside the pill. So a suspect runs with nothing else running in
+        its process; if it dies then, the death is its own. What was fetched and has not started waits too,
+        so that only the runs under way must end before the suspect starts."""
+        if d.job.deaths:
+            self._suspects.append(d)
+        else:
+            self._set_aside.append(d)
+        if not self._isolating:
+            self._isolating = True
+            self._set_aside.extend(self._inbox)
+            self._inbox.clear()
+            if self._lane is not None:
+                self._set_aside.extend(self._lane.take_unstarted())
+        self._loop.call_soon(self._run_alone)
+
+    def _run_alone(self) -> None:
+        """Start the next suspect once nothing runs in this process; when none is left, start what was set aside.
+        Called whenever a run ends while isolating."""
+        if self._alone is not None or not self._isolating or self._stop.is_set() or self.in_flight:
+            return
+        while self._suspects:
+            d = self._suspects.popleft()
+            if d.taken_back or not self.held.holds(d):
+                continue
+            self._alone = d
+            logger.info("worker %s: job %s (%s) runs alone: it was running when a worker died (%d time(s)); "
+                        "alone, a death of its process is its own", self.id, d.job.id, d.job.task, d.job.deaths)
+            if d.handler.is_async:
+                self._inbox.append(d)
+                self._dispatch(alone=True)
+            else:
+                self._to_lane(d)
+            return
+        self._isolating = False
+        set_aside, self._set_aside = self._set_aside, deque()
+        for d in set_aside:
+            if d.taken_back or not self.held.holds(d):
+                continue
+            if d.handler.is_async:
+                self._inbox.append(d)
+            else:
+                self._to_lane(d)
+        self._dispatch()
+
+    def _ran_alone(self, d: Delivery) -> None:
+        """The suspect running alone is done (its outcome, or given back): the next may go."""
+        if d is self._alone:
+            self._alone = None
+            self._loop.call_soon(self._run_alone)
+
     def _to_lane(self, d: Delivery) -> None:
         if self._lane is None:
             self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal, self.priority_mode)
@@ -377,6 +453,8 @@ class Runner:
                     self.outcomes.internal(d, "acknowledging a job whose idempotency key had completed", exc)
             elif self._stop.is_set():  # stopping while the markers were read: it must not start now
                 self._requeue(d)
+            elif self._isolating or d.job.deaths:
+                self._isolate(d)
             elif d.handler.is_async:
                 self._inbox.append(d)
                 accepted = True
@@ -387,7 +465,7 @@ class Runner:
 
     # --- running ------------------------------------------------------------------
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, alone: bool = False) -> None:
         """Start waiting jobs, up to ``concurrency`` running at once, each as a task of its own.
 
         A job's task starts eagerly: it runs in this call until the handler
@@ -406,6 +484,8 @@ class Runner:
         kills the process before its first ``await`` is never charged, which
         the recovery count catches instead (retry.RECOVERIES_BEFORE_PANIC).
         """
+        if self._isolating and not alone:  # a suspect waits to run alone, or runs: nothing else starts
+            return
         inbox = self._inbox
         base = self._context
         loop = self._loop
@@ -463,7 +543,9 @@ class Runner:
                 problem = f"a job's task died ({class_path(exc)}: {message(exc)})"
                 self._report_problem(problem)
                 logger.error("worker %s: %s", self.id, problem, exc_info=exc)
-        if dispatch:
+        if self._isolating:
+            self._loop.call_soon(self._run_alone)
+        elif dispatch:
             self._dispatch()
 
     async def _execute(self, d: Delivery) -> None:
@@ -495,6 +577,8 @@ class Runner:
             self.journal.finished_one(d.keys.stream, d.entry_id)
         if not self.held.remove(d):
             return  # written already (a sync run that passed its timeout, reporting at last), or let go
+        if self._alone is not None:
+            self._ran_alone(d)
         if d.slots:
             self._give_back(d)
         if d.timeout is not None:
@@ -515,11 +599,15 @@ class Runner:
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
         if self.held.remove(d) and d.slots:
             self._give_back(d)
+        if self._alone is not None:
+            self._ran_alone(d)
         self.outcomes.internal(d, doing, exc)
 
     def _requeue(self, d: Delivery) -> None:
         if not self.held.remove(d):
             return  # another worker took it back (``let_go``): it is theirs to run now
+        if self._alone is not None:
+            self._ran_alone(d)
         if d.slots:
             self._give_back(d)
         self.outcomes.requeue(d)
@@ -560,6 +648,8 @@ class Runner:
                     self._internal(d, "putting the job back", exc)
             else:
                 self._outcome(d, value, started, duration, failed=kind == FAILED)
+        if self._isolating:
+            self._run_alone()
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 
