@@ -47,3 +47,28 @@ def test_an_entry_taken_back_while_running_is_let_go_and_its_late_outcome_is_not
         "the entry stays the other worker's: this one neither acknowledged nor put back its run"
     assert worker.stats.processed == 1, "the dropped run is not counted as processed here"
     assert int(redis.xlen(keys.dlq)) == 0
+
+
+def test_a_lease_pass_that_keeps_failing_holds_back_neither_the_heartbeat_nor_the_other_streams(redis, redis_url,
+                                                                                                   caplog):
+    """The lease pass of one queue fails at every turn (its start-journal key holds a value of the wrong type):
+    the heartbeat still beats, and the other queue's jobs still run; the warning is held to one a second."""
+    import msgpack
+
+    broken, fine = QueueKeys.for_queue("hk-broken"), QueueKeys.for_queue("hk-fine")
+    redis.set(broken.running("w-hk"), "not a hash")
+    registry = HandlerRegistry()
+    ran: list[int] = []
+    registry.register("t.quick", lambda: ran.append(1))
+    caplog.set_level(logging.WARNING, logger="chasqui.worker")
+    with worker_running(redis_url, [broken.queue, fine.queue], registry, worker_id="w-hk",
+                        visibility_timeout_ms=600, heartbeat_interval=0.2) as worker:
+        wait_for(lambda: redis.hget(fine.workers, "w-hk") is not None, 10, "the first heartbeat")
+        first = msgpack.unpackb(redis.hget(fine.workers, "w-hk"))["last_seen"]
+        wait_for(lambda: msgpack.unpackb(redis.hget(fine.workers, "w-hk"))["last_seen"] >= first + 1000, 10,
+                 "heartbeats a second later, though every lease pass fails")
+        Queue(fine.queue, url=redis_url).add("t.quick")
+        wait_for(lambda: ran == [1], 10, "a job of the other queue to run")
+        assert worker.id == "w-hk"
+    failures = [r for r in caplog.records if "the lease pass failed" in r.getMessage()]
+    assert 1 <= len(failures) <= 15, f"{len(failures)} warnings: held to about one a second"
