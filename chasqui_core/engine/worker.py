@@ -64,6 +64,9 @@ from .tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
 
+PROBLEM_SHOWN_S = 60.0
+"""How long a worker's heartbeat keeps showing a problem of its own after it was last seen."""
+
 CONNECT_BACKOFF_S = (0.5, 10.0)
 """First and longest wait between tries while Redis cannot be reached at start."""
 
@@ -169,8 +172,8 @@ class Worker:
         self.unfinished_sync_jobs = 0
         """Sync jobs still running in threads when run() returned, abandoned ones included (they cannot be
         cancelled: the process must exit without waiting for them)."""
-        self.problem = ""
-        """What went wrong inside the worker itself, if anything (shown with its heartbeat)."""
+        self._problem = ""
+        self._problem_at = 0.0
         self.paused: dict[str, bool] = {k.queue: False for k in self.keys}
         self.quiet = False
         """Asked to take no more jobs (control.py): the readers rest, what was fetched and not started went back."""
@@ -184,6 +187,19 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- public -------------------------------------------------------------
+
+    @property
+    def problem(self) -> str:
+        """What went wrong inside the worker itself lately, if anything (shown with its heartbeat): a problem not
+        seen again for ``PROBLEM_SHOWN_S`` is over (a reader that failed while Redis restarted reads again)."""
+        if self._problem and time.monotonic() - self._problem_at > PROBLEM_SHOWN_S:
+            self._problem = ""
+        return self._problem
+
+    @problem.setter
+    def problem(self, text: str) -> None:
+        self._problem = text
+        self._problem_at = time.monotonic()
 
     @property
     def stopping(self) -> asyncio.Event:

@@ -72,3 +72,16 @@ def test_a_lease_pass_that_keeps_failing_holds_back_neither_the_heartbeat_nor_th
         assert worker.id == "w-hk"
     failures = [r for r in caplog.records if "the lease pass failed" in r.getMessage()]
     assert 1 <= len(failures) <= 15, f"{len(failures)} warnings: held to about one a second"
+
+
+def test_a_problem_the_worker_reported_is_shown_until_it_has_not_been_seen_for_a_while(monkeypatch):
+    """A reader that failed while Redis restarted reads again: its problem must not stay on the heartbeat."""
+    from chasqui_core.engine import worker as worker_module
+    from chasqui_core.engine.worker import Worker
+
+    monkeypatch.setattr(worker_module, "PROBLEM_SHOWN_S", 0.2)
+    w = Worker(["hk-problem"], HandlerRegistry(), install_signal_handlers=False)
+    assert w.problem == ""
+    w.problem = "reading hk-problem: ConnectionError: refused"
+    assert w.problem == "reading hk-problem: ConnectionError: refused"
+    wait_for(lambda: w.problem == "", 5, "the problem to be over once not seen again")
