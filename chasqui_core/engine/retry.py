@@ -104,9 +104,13 @@ def at_pickup(job: Job, max_attempts: int, *, lost: int, now: int, recovered: in
 
     A job charged a lost run that has now died with ``PANIC_AFTER_DEATHS``
     workers is a poison pill; one with no run left ends with the lost run as
-    its last error. An envelope that arrives with its budget already spent,
-    or created in the future, was not written by a producer or a retry: it is
-    refused as ``invalid``, not run.
+    its last error. Every run a job makes leaves a line in its error history
+    (a failure, a lost run), so an envelope that counts more runs than its
+    history records, or was created in the future, was not written by a
+    producer or a retry: it is refused as ``invalid``, not run. A retry that
+    finds its budget spent was written under a larger one (a deploy lowered
+    ``max_attempts``): ``retries_exhausted``, as if its last run had been the
+    last allowed, since the count of runs is the one thing that says so.
     """
     if recovered >= RECOVERIES_BEFORE_PANIC:
         return Refusal("panic", "WorkerLost", f"the job was taken back from {recovered} workers that died while "
@@ -119,9 +123,15 @@ def at_pickup(job: Job, max_attempts: int, *, lost: int, now: int, recovered: in
             return Refusal("retries_exhausted", "WorkerLost",
                            f"its worker died during run {job.attempt} of {max_attempts}; no run is left")
         return None
-    if job.attempt >= max_attempts:
+    if job.attempt > len(job.errors):
         return Refusal("invalid", "InvalidEnvelope",
-                       f"the envelope says {job.attempt} runs were made, and the budget is {max_attempts}")
+                       f"the envelope says {job.attempt} runs were made, and its error history records "
+                       f"{len(job.errors)}")
+    if job.attempt >= max_attempts:
+        last = job.errors[-1].get("class") if job.attempt else None
+        return Refusal("retries_exhausted", last if isinstance(last, str) and last else "RetriesExhausted",
+                       f"its budget is now {max_attempts} runs and it has made {job.attempt}: no run is left "
+                       "(the budget was lowered since it was retried)")
     if job.created_at > now + CLOCK_AHEAD_MS:
         return Refusal("invalid", "InvalidEnvelope",
                        f"created_at {job.created_at} is more than a day ahead of this worker's clock ({now})")

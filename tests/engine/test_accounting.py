@@ -215,10 +215,55 @@ def test_envelopes_no_producer_wrote_are_dead_lettered_as_invalid(redis, redis_u
     assert runs == []
     reasons = {decode(e[b"j"]).id: (e[b"reason"], e[b"error"].decode()) for e in dlq(redis, keys)}
     assert reasons[spent.id][0] == reasons[future.id][0] == b"invalid"
-    assert "3 runs were made, and the budget is 3" in reasons[spent.id][1]
+    assert "3 runs were made, and its error history records 0" in reasons[spent.id][1]
     assert "ahead of this worker's clock" in reasons[future.id][1]
     totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.totals).items()}
     assert (totals["dlq"], totals["dlq:invalid"], totals["fetched"]) == (2, 2, 2)
+
+
+def test_a_retry_past_a_lowered_budget_is_retries_exhausted_not_invalid(redis, redis_url):
+    """A deploy lowers a task's max_attempts while its retries wait: they were written honestly."""
+    runs: list[int] = []
+
+    def release(budget: int) -> HandlerRegistry:
+        registry = HandlerRegistry()
+
+        def t(ctx):
+            runs.append(ctx.attempt)
+            raise ValueError("t fails")
+        registry.register("t", t, takes_context=True, max_attempts=budget,
+                          backoff=BackoffSpec(initial_ms=100, multiplier=20, jitter="none"))  # 0.1 s, then 2 s
+        return registry
+
+    keys = QueueKeys.for_queue("lowered")
+    job_id = Queue(keys.queue, redis_client=redis).add("t").job_id
+    with running(redis_url, [keys.queue], release(5)):
+        wait_for(lambda: len(runs) == 2, 20, "two failed runs")
+        wait_for(lambda: redis.zcard(keys.delayed) == 1 and not pending(redis, keys), 10, "the retry to wait")
+    [waiting] = redis.zrange(keys.delayed, 0, 0)
+    assert decode(waiting).attempt == 2
+    with running(redis_url, [keys.queue], release(2)):  # the new release's budget
+        wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the retry to be dead-lettered")
+    assert len(runs) == 2, "a run past the new budget was made"
+    [entry] = dlq(redis, keys)
+    assert (entry[b"reason"], entry[b"job_id"].decode(), entry[b"error_class"]) == (
+        b"retries_exhausted", job_id, b"ValueError")
+    assert b"budget is now 2 runs and it has made 2" in entry[b"error"]
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.totals).items()}
+    assert totals.get("dlq:invalid", 0) == 0 and totals["dlq:retries_exhausted"] == 1
+
+
+def test_an_envelope_counting_runs_its_history_does_not_record_is_invalid_within_its_budget(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("forged")
+    forged = Job(new_job_id(), "t", [], {}, attempt=1, created_at=now_ms(), max_attempts=3)
+    redis.xadd(keys.stream, {"j": forged.encode()})
+    with running(redis_url, [keys.queue], registry):
+        wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the job to be dead-lettered")
+    assert runs == []
+    [entry] = dlq(redis, keys)
+    assert entry[b"reason"] == b"invalid" and b"records 0" in entry[b"error"]
 
 
 @pytest.mark.parametrize("strategy", ["exponential", "fixed", "linear", "retry_after"])
