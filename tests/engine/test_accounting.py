@@ -10,6 +10,7 @@ the start journal as a worker does, then never answers again.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from contextlib import suppress
@@ -22,6 +23,9 @@ from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, 
 from chasqui_core.engine.errors import RetryAfter
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.connection import aconnect
+from chasqui_core.engine.recovery import Leases, add_death_record
+from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy, decide
 from tests.engine.worker_app import wait_for
@@ -67,6 +71,11 @@ def ghost_reads(redis, keys: QueueKeys, ghost: str, count: int = 100, *, running
     for entry_id in ids[:running]:
         redis.hset(keys.running(ghost), entry_id, now_ms() - 500)
     return ids
+
+
+def bury(redis, keys: QueueKeys, ghost: str) -> None:
+    """Record the ghost's death, as the supervisor of a process that ended does: its lost runs are deaths."""
+    add_death_record(redis, keys, ghost, "killed by signal 9", now_ms())
 
 
 def dlq(redis, keys: QueueKeys) -> list[dict[bytes, bytes]]:
@@ -116,6 +125,7 @@ def test_a_lost_run_on_a_budget_of_one_is_dead_lettered_not_run_again(redis, red
     keys = QueueKeys.for_queue("budget-1")
     job_id = Queue(keys.queue, redis_client=redis).add("t", attempts=1).job_id
     ghost_reads(redis, keys, "ghost", running=1)
+    bury(redis, keys, "ghost")
     time.sleep(0.3)
     with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
         wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the job to be dead-lettered")
@@ -139,6 +149,7 @@ def test_two_failures_then_a_lost_run_spend_a_budget_of_three(redis, redis_url):
     job = Job(new_job_id(), "t", [], {}, attempt=2, created_at=now_ms(), max_attempts=3, errors=errors)
     redis.xadd(keys.stream, {"j": job.encode()})
     ghost_reads(redis, keys, "ghost", running=1)
+    bury(redis, keys, "ghost")
     time.sleep(0.3)
     with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
         wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the job to be dead-lettered")
@@ -155,6 +166,7 @@ def test_only_the_jobs_a_dead_worker_was_running_are_charged(redis, redis_url):
     q = Queue(keys.queue, redis_client=redis)
     ids = [q.add("t").job_id for _ in range(6)]
     ghost_reads(redis, keys, "ghost", running=1)  # it had started the first of the six it fetched
+    bury(redis, keys, "ghost")
     time.sleep(0.3)
     with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
         wait_for(lambda: len(runs) == 6, 10, "all six jobs to run")
@@ -188,15 +200,68 @@ def test_a_crash_loop_becomes_a_panic_after_two_deaths_and_the_job_never_runs_ag
     Queue(keys.queue, redis_client=redis).add("t", attempts=5)
     for ghost in ("ghost-1", "ghost-2"):
         ghost_reads(redis, keys, ghost, running=1)
+        bury(redis, keys, ghost)
         time.sleep(0.3)
         [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
-        assert moved.charged
+        assert moved.charged and moved.died
     with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
         wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the poison pill to be dead-lettered")
     assert runs == []
     [entry] = dlq(redis, keys)
     assert entry[b"reason"] == b"panic"
     assert [e["worker"] for e in decode(entry[b"j"]).errors] == ["ghost-1", "ghost-2"]
+
+
+def test_runs_of_a_worker_that_only_lost_contact_are_charged_runs_but_never_deaths(redis, redis_url):
+    """Two workers cut off while running the job, neither known dead: no panic, two runs on its budget."""
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("contact")
+    job_id = Queue(keys.queue, redis_client=redis).add("t", attempts=5).job_id
+    for ghost in ("cut-1", "cut-2"):
+        ghost_reads(redis, keys, ghost, running=1)  # no death on record: its process may live on
+        time.sleep(0.3)
+        [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
+        assert moved.charged and not moved.died
+    with running(redis_url, [keys.queue], registry):
+        wait_for(lambda: runs, 10, "the job to run")
+    assert runs == [("t", job_id, 3)] and redis.xlen(keys.dlq) == 0
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.totals).items()}
+    assert (totals["lost_contact"], totals.get("lost", 0), totals.get("recovered", 0)) == (2, 0, 0)
+
+
+def test_a_lease_pass_tells_entries_settled_meanwhile_from_entries_taken_back(redis, redis_url, caplog):
+    """Only an entry a reclaim took back is reported: one the worker settled itself since is not."""
+    keys = QueueKeys.for_queue("lease")
+    q = Queue(keys.queue, redis_client=redis)
+    for _ in range(3):
+        q.add("t")
+    settled_id, taken_id, kept_id = ghost_reads(redis, keys, "slow", running=3)
+    redis.xack(keys.stream, GROUP, settled_id)  # what settle.lua does once the outcome is flushed
+    redis.xdel(keys.stream, settled_id)
+    time.sleep(0.3)
+    redis.set(keys.alive("slow"), "1", px=60_000)
+    redis.xclaim(keys.stream, GROUP, "slow", 0, [kept_id], justid=True)
+    redis.delete(keys.alive("slow"))  # silent past its visibility timeout: the reclaim takes what is idle
+    [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
+    assert moved.entry_id == taken_id
+
+    async def lease_pass():
+        client = aconnect(redis_url)
+        try:
+            leases = Leases(Scripts(client), "slow", 10_000)
+            first = await leases.keep(keys, [settled_id, taken_id, kept_id])
+            again = await leases.keep(keys, [kept_id])
+            return first, again
+        finally:
+            await client.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="chasqui.worker"):
+        first, again = asyncio.run(lease_pass())
+    assert first.taken_back == [taken_id] and again.taken_back == []
+    lines = [r.getMessage() for r in caplog.records if "taken back from this worker" in r.getMessage()]
+    assert len(lines) == 1 and taken_id.decode() in lines[0]
+    assert redis.xpending_range(keys.stream, GROUP, "-", "+", 10)[0]["message_id"] == kept_id
 
 
 # --- 5. pickup rules and small gaps --------------------------------------------------------------------------
