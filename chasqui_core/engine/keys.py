@@ -208,8 +208,8 @@ class QueueKeys:
         return self.taken("")
 
     def died(self, worker_id: str) -> str:
-        """A worker's death record on this queue: written by whoever saw its process end (its supervisor, its
-        own exit with runs under way); reclaim.lua charges its lost runs as deaths only when it is there."""
+        """A worker's death record on this queue: written by whoever saw its process end (its supervisor);
+        reclaim.lua charges its lost runs as deaths only when it is there."""
         return f"{self.prefix}died:{worker_id}"
 
 

@@ -16,8 +16,8 @@ A lapsed alive key says a worker stopped answering, not that it died: a
 partition or a blocked event loop lapses it too, and that worker may finish
 the run and try to settle it. So a lost run is charged as a *death* (toward
 ``panic``) only when the worker's death is on record (``record_death``:
-written by its supervisor when the process ended, or by the worker when it
-left with runs under way); otherwise it is *lost contact*: a run made, a
+written by whoever saw the process end: its supervisor, when the child
+exits); otherwise it is *lost contact*: a run made, a
 ``LostContact`` line in the job's history, and no death. The job runs again
 either way (at least once). Should the silent worker come back, its lease pass
 learns which of its entries were taken back (reclaim.lua notes them) apart from
@@ -112,7 +112,7 @@ def lost_runs(field: bytes | None) -> list[LostRun]:
 
 @dataclass(frozen=True, slots=True)
 class LeasePass:
-    taken_back: list[bytes]
+    lost: list[bytes]
     """Held entries another worker's reclaim took back while this one was silent too long: they are no longer
     this worker's to run or settle (its outcome for them is dropped), and it should let go of them. Entries it
     settled meanwhile are not among them."""
@@ -131,15 +131,12 @@ class Leases:
         """Seconds between passes: three passes fit in a visibility timeout, so one late pass loses nothing."""
 
     async def keep(self, keys: QueueKeys, held: list[bytes]) -> LeasePass:
-        """Run ``lease.lua`` on one queue: alive key, renewals, journal sweep, orphans."""
+        """Run ``lease.lua`` on one queue: alive key, renewals, journal sweep, orphans, entries taken back (the
+        caller lets go of those, and says so)."""
         orphan_idle_ms = max(2 * int(self.every * 1000), 1000)
         taken, orphans = await self.scripts.lease(
             keys=[keys.stream, keys.alive(self.consumer), keys.running(self.consumer), keys.taken(self.consumer)],
             args=[GROUP, self.consumer, self.visibility_timeout_ms, orphan_idle_ms, ORPHANS_PER_PASS, *held])
-        for entry_id in taken:
-            logger.warning("entry %s on %s was taken back from this worker while it held it: its alive key lapsed "
-                           "(no lease pass reached Redis for %d ms); another worker runs it, and this worker's "
-                           "outcome for it is dropped", entry_id.decode(), keys.queue, self.visibility_timeout_ms)
         return LeasePass(list(taken), [(orphans[i], orphans[i + 1]) for i in range(0, len(orphans), 2)])
 
 

@@ -23,7 +23,7 @@ from chasqui_core.engine.envelope import Job, decode, new_job_id, now_ms
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.lookup import find_job
 from chasqui_core.engine.limits import Limit, LimitError, LimitGate, Limits, bucket_name, parse_limits, parse_rate
-from chasqui_core.engine.outcomes import Delivery
+from chasqui_core.engine.delivery import Delivery, ref_of
 from chasqui_core.engine.queue import JobSpec, Queue
 from chasqui_core.engine.registry import Handler, HandlerRegistry
 from chasqui_core.engine.scripts import Scripts
@@ -287,7 +287,7 @@ def test_a_rate_limit_holds_where_jobs_start_not_where_they_are_read(redis, redi
                 for _, entries in reply or []:
                     for entry_id, fields in entries:
                         job = decode(fields[b"j"])
-                        d = Delivery(keys, entry_id, fields[b"j"], job, handler, (keys.stream, entry_id))
+                        d = Delivery(keys, entry_id, fields[b"j"], job, handler, ref_of(keys.stream, entry_id))
                         d.limits = limits.buckets(keys, job)
                         batch.append(d)
                 if batch:

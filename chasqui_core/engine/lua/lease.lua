@@ -8,12 +8,14 @@
 -- 2. Each held entry is renewed (XCLAIM JUSTID resets its idle time without
 --    counting a delivery), only while the pending list still names this
 --    consumer as its owner: renewing blindly would take back an entry that
---    was already reclaimed, and its job would run twice. A held entry no
---    longer pending here was either settled meanwhile (the held list includes
---    outcomes the settler is flushing) or taken back by a reclaim while this
+--    was already reclaimed, and its job would run twice. A held entry
+--    pending on another consumer was taken back (claimed). One no longer
+--    pending at all was either settled meanwhile (the held list includes
+--    outcomes the settler is flushing) or put back by a reclaim while this
 --    worker was silent: reclaim.lua notes the ids it takes in the worker's
---    taken set, so only those are returned. The set is then emptied: every
---    id in it that this worker still holds was in the held list.
+--    taken set, so only those are returned with the claimed ones. The set is
+--    then emptied: every id in it that this worker still holds was in the
+--    held list.
 -- 3. A start journal mark (running hash) of an entry no longer pending on
 --    this consumer is removed: its HSET reached the server after the
 --    settle.lua HDEL. Marks of pending entries stay, held or not: one may be
@@ -42,8 +44,8 @@ for i = 6, #ARGV do
   local p = redis.call('XPENDING', stream, group, id, id, 1)
   if #p > 0 and p[1][2] == me then
     redis.call('XCLAIM', stream, group, me, 0, id, 'JUSTID')
-  elseif some_taken and redis.call('SISMEMBER', taken, id) == 1 then
-    lost[#lost + 1] = id
+  elseif #p > 0 or (some_taken and redis.call('SISMEMBER', taken, id) == 1) then
+    lost[#lost + 1] = id  -- pending on another consumer, or put back by a reclaim
   end
 end
 if some_taken then redis.call('DEL', taken) end

@@ -11,8 +11,8 @@
 -- entry carries a `lost` field, one line per lost run appended to any it
 -- had: "<worker>\t<started ms>\t<lost at ms>\t<verdict>". The verdict is
 -- `died` when the owner's death is on record (<prefix>died:<worker>, written
--- by its supervisor when the process ended, or by the worker itself when it
--- left with runs under way), else `contact`: the worker stopped answering,
+-- by whoever saw the process end: its supervisor, recovery.record_death),
+-- else `contact`: the worker stopped answering,
 -- but nothing says its process ended (a partition, a blocked event loop) and
 -- it may have finished the run. A line without a verdict (written before
 -- verdicts existed) is a death. The worker that reads the entry charges each
