@@ -59,10 +59,11 @@ LOST_CLASS = "WorkerLost"
 LOST_CONTACT_CLASS = "LostContact"
 """The error class a run of a worker that stopped answering (with no death on record) leaves in the history."""
 
-DEATH_RECORD_TTL_MS = 7 * 24 * 3600 * 1000
-"""How long a death record waits for the reclaim that reads it: a week, should no worker of the queue run
-meanwhile. Left to lapse: it names the queue, not a band, and a worker forgotten on one band may still have
-entries to reclaim on another."""
+DEATH_RECORD_TTL_MS = 24 * 3600 * 1000
+"""How long a death record waits for the reclaim that reads it (one visibility timeout later while any worker of
+the queue runs): a day, and a crash loop leaves no more than a day of them. Left to lapse rather than deleted
+with the worker: it names the queue, not a band, and a worker forgotten on one band may still have entries to
+reclaim on another. A reclaim after it lapsed charges lost contact, never more."""
 
 TAKEN_TTL_MS = 24 * 3600 * 1000
 """How long the ids taken back from a silent worker wait for its next lease pass (a day of partition)."""
