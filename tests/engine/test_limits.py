@@ -292,7 +292,7 @@ def test_a_rate_limit_holds_where_jobs_start_not_where_they_are_read(redis, redi
                         batch.append(d)
                 if batch:
                     for d in (await gate.take(keys, batch)).admitted:
-                        task = asyncio.ensure_future(start_later(d, rng.uniform(0, 0.8)))
+                        task = asyncio.ensure_future(start_later(d, rng.uniform(0, 1.5)))
                         runs.add(task)
                         task.add_done_callback(runs.discard)
             await asyncio.gather(*runs)
@@ -308,5 +308,5 @@ def test_a_rate_limit_holds_where_jobs_start_not_where_they_are_read(redis, redi
     assert sorted(job_id for _, job_id in starts) == sorted(ids), "a job was lost or started twice"
     times = sorted(at for at, _ in starts)
     crowded = [(round(times[i], 3), round(times[i + rate] - times[i], 3)) for i in range(len(times) - rate)
-               if times[i + rate] - times[i] < 0.98]
+               if times[i + rate] - times[i] < 0.95]
     assert not crowded, f"{rate + 1} starts within a second (first start, span): {crowded}"
