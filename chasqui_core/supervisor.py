@@ -74,6 +74,10 @@ class SupervisorConfig:
     """A child up this long has proven itself: the next death of its slot restarts at once again."""
     ready_timeout: float = 120.0
     """On reload, how long a new child may take to be ready before the reload is given up."""
+    on_child_exit: Callable[[int, int], None] | None = None
+    """Called with an ended child's pid and exit code, before anything else is done about it: runworker records
+    the death of the child's worker in Redis there, so the runs it had under way are charged as deaths, not as
+    lost contact (engine/recovery.py). Its errors are logged, never raised."""
 
     def __post_init__(self) -> None:
         if self.processes < 1:
@@ -275,6 +279,12 @@ class Supervisor:
     def _on_exit(self, child: _Child, code: int) -> None:
         slot = self._slots[child.slot]
         how = describe_exit(code)
+        if self.config.on_child_exit is not None:
+            try:
+                self.config.on_child_exit(child.pid, code)
+            except Exception as exc:
+                logger.warning("worker process %d %s; its death could not be recorded (%s: %s): the runs it had "
+                               "under way are charged as lost contact", child.pid, how, type(exc).__name__, exc)
         if self._stop_signals:
             logger.info("worker process %d (slot %d) %s", child.pid, child.slot, how)
             return

@@ -168,6 +168,9 @@ def test_a_child_killed_with_sigkill_is_replaced_and_its_job_still_completes(sta
     assert job == "doomed" and finisher != victim
     assert [job for job, _ in _runs(redis, STARTED)] == ["doomed", "doomed"], "it ran again, once"
     assert redis.xlen(KEYS.dlq) == 0
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(KEYS.totals).items()}
+    assert (totals.get("lost"), totals.get("lost_contact", 0)) == (1, 0), (
+        "the supervisor saw its child die: the run under way is a death, not lost contact")
     log = supervisor.log()
     assert f"worker process {victim} (slot" in log and "was killed by SIGKILL; restarting now" in log
     assert supervisor.stop() == 0

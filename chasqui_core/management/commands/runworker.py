@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 
 from django.core.exceptions import ImproperlyConfigured
@@ -25,8 +26,10 @@ from chasqui_core.backend import ChasquiBackend
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import coerce_backoff
 from chasqui_core.engine.connection import check as check_redis
+from chasqui_core.engine.connection import connect
 from chasqui_core.engine.errors import InvalidQueueName, RedisConfigError
 from chasqui_core.engine.keys import validate_queue_name
+from chasqui_core.engine.recovery import record_death
 from chasqui_core.engine.retry import RetryPolicy
 from chasqui_core.engine.worker import Worker
 from chasqui_core.outbox import OutboxRelay
@@ -34,7 +37,7 @@ from chasqui_core.schedules import configured as configured_schedules
 from chasqui_core.schedules import afire as fire_schedule
 from chasqui_core.services import background
 from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, STOPPED_EXIT_CODE, SupervisedChild, Supervisor,
-                                     SupervisorConfig, child_command, cpu_count)
+                                     SupervisorConfig, child_command, cpu_count, describe_exit)
 from chasqui_core.task_runner import build_registry
 
 WORKER_OPTIONS = ("concurrency", "batch_size", "max_attempts", "backoff", "visibility_timeout", "poll_interval",
@@ -71,6 +74,26 @@ def _outbox_relay() -> OutboxRelay | None:
         if isinstance(backend, ChasquiBackend) and backend.outbox:
             return OutboxRelay(backend.queue).start()
     return None
+
+
+class DeathRecorder:
+    """The supervisor's report of a child that ended: its worker's death, recorded on each of its queues.
+
+    Made on the first exit (the supervisor needs no Redis otherwise), with
+    short timeouts: a Redis that does not answer delays a child's
+    replacement by seconds at most, and its runs are then lost contact.
+    """
+
+    def __init__(self, url: str, queues: list[str]) -> None:
+        self.url = url
+        self.queues = list(queues)
+        self.client = None
+
+    def __call__(self, pid: int, code: int) -> None:
+        if self.client is None:
+            self.client = connect(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        record_death(self.client, self.queues, host=socket.gethostname(), pid=pid, how=describe_exit(code),
+                     supervisor_pid=os.getpid())
 
 
 class Command(BaseCommand):
@@ -221,6 +244,7 @@ class Command(BaseCommand):
             command=tuple(child_command(sys.argv[0], arguments)),
             processes=processes,
             shutdown_timeout=options["shutdown_timeout"] or default_shutdown_timeout,
+            on_child_exit=DeathRecorder(chasqui_settings().redis_url, options["queues"]),
         )
         _configure_logging()
         self.stdout.write(f"Chasqui supervisor {os.getpid()}: {processes} worker process(es) for queues "
