@@ -32,7 +32,9 @@ from .journal import StartJournal
 from .delivery import Delivery
 from .priority import STRICT, Inbox
 
-OK, FAILED, REQUEUE = 0, 1, 2
+OK, FAILED, REQUEUE, LATE = 0, 1, 2, 3
+"""What became of a job handed to the lane: ran (OK, FAILED), went back unstarted (REQUEUE), or came back to the
+loop unstarted because its rate token lapsed while it waited (LATE: it takes one again, limits.py)."""
 
 Outcome = tuple[int, Delivery, Any, int, int]
 """(kind, delivery, result or exception, started at ms, duration ms)."""
@@ -116,10 +118,13 @@ class SyncLane:
                 return
             else:
                 d, marked = self._take(), False
-            if self.stopping or d.cancel_requested or d.taken_back:  # back unstarted (cancel.py, Runner.let_go)
+            if self.stopping or d.cancel_requested or d.taken_back or 0.0 < d.rate_by < time.monotonic():
+                # back unstarted (cancel.py, Runner.let_go), or back to the loop for a rate token (limits.py)
                 if marked:
                     journal.finished_one(d.keys.stream, d.entry_id)
-                done.append((REQUEUE, d, None, 0, 0))
+                late = not (self.stopping or d.cancel_requested or d.taken_back)
+                d.started = 0
+                done.append((LATE if late else REQUEUE, d, None, 0, 0))
                 token = self._queue.get() if not self._notify() else None
                 continue
             started = now_ms()

@@ -310,3 +310,25 @@ def test_a_rate_limit_holds_where_jobs_start_not_where_they_are_read(redis, redi
     crowded = [(round(times[i], 3), round(times[i + rate] - times[i], 3)) for i in range(len(times) - rate)
                if times[i + rate] - times[i] < 0.95]
     assert not crowded, f"{rate + 1} starts within a second (first start, span): {crowded}"
+
+
+@pytest.mark.timeout(120)
+def test_a_rate_limit_holds_where_worker_processes_start_jobs_that_waited_after_their_read(redis, redis_url,
+                                                                                          workers):
+    """Three worker processes at concurrency 2 read a queue limited to 5 starts a second; each job runs 0.7 s, so
+    most admitted jobs wait behind others before they start. A job whose rate token lapsed while it waited
+    takes one again before it starts, so no second holds more than 5 starts, async jobs and sync alike."""
+    limits = json.dumps({"rate-wired": {"rate": "5/s"}})
+    for _ in range(3):
+        workers.start("rate-wired", concurrency=2, limits=limits, block_ms=100, poll=0.02)
+    workers.wait_ready(redis, "rate-wired", 3)
+    q = Queue("rate-wired", url=redis_url)
+    q.add_bulk([JobSpec("span" if i % 2 else "span_sync", kwargs={"seconds": 0.7, "log": "rw:log"})
+                for i in range(30)])
+    wait_for(lambda: len(read_spans(redis, "rw:log")) == 30, 90, "every job to run")
+    spans = read_spans(redis, "rw:log")
+    assert len({s.job_id for s in spans}) == 30, "a job ran twice"
+    assert len({s.pid for s in spans}) >= 2, "several processes started jobs"
+    starts = sorted(s.start_ms for s in spans)
+    crowded = [(starts[i], starts[i + 5] - starts[i]) for i in range(len(starts) - 5) if starts[i + 5] - starts[i] < 950]
+    assert not crowded, f"6 starts within a second (first start ms, span ms): {crowded}"
