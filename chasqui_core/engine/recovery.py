@@ -43,9 +43,6 @@ from .stats import add_clock_read
 
 logger = logging.getLogger("chasqui.worker")
 
-PANIC_AFTER_DEATHS = 2
-"""A job that was running when this many workers died is a poison pill (reason ``panic``)."""
-
 LOST_FIELD = b"lost"
 """The stream field reclaim.lua writes on a dead worker's running entries: one line per lost run."""
 
