@@ -445,13 +445,50 @@ class Worker:
 
     # --- recycling --------------------------------------------------------------------
 
+    ask_successor: Callable[[str], bool] | None = None
+    """Set by a supervisor's child (chasqui_core/supervisor.py) that can ask it for a successor: True once asked.
+
+    A worker that recycles then keeps reading until the supervisor, its successor reading already, stops it (as a
+    SIGTERM does), so a recycle never leaves its queues unread for the length of a process start. None, or False
+    (the supervisor could not be told), and the worker stops at once, as a standalone one does."""
+
+    _lane_refilled: tuple[object, int] = (None, 0)
+    """(The sync lane, how many of its abandoned threads were replaced here): see ``_refill_lane``."""
+
     def _recycle(self, reason: str) -> None:
-        """Stop gracefully because a limit was reached: running jobs finish, the rest go back to the stream."""
-        if self.recycle_reason or self._stop.is_set():
+        """Make way for a fresh process because a limit was reached: ask the supervisor for a successor and go on
+        until told to stop, or, when nobody can be asked, stop now. Either way the stop is graceful: running
+        jobs finish, the rest go back to the stream. Called again for each later reason (a second sync run
+        past its timeout, each memory check over the limit); the successor is asked for once."""
+        if self._stop.is_set():
+            return
+        if self.recycle_reason:
+            self._refill_lane()  # another sync run given up while the successor starts
             return
         self.recycle_reason = reason
+        ask = self.ask_successor
+        if ask is not None and ask(reason):
+            logger.info("worker %s recycling: %s; it goes on until its successor reads", self.id, reason)
+            self._refill_lane()
+            return
         logger.info("worker %s recycling: %s", self.id, reason)
         self._stop.set()
+
+    def _refill_lane(self) -> None:
+        """Give the sync lane a thread for each one left stuck in a run given up (a timeout, a cancel unheeded).
+
+        Under a supervisor the runner leaves a stuck thread unreplaced, since the process is about to end;
+        one that works on until its successor reads needs the thread back, or its sync jobs would wait."""
+        runner = self.runner
+        lane = runner._lane if runner is not None else None
+        if lane is None:
+            return
+        seen, replaced = self._lane_refilled
+        if seen is not lane:
+            replaced = 0
+        for _ in range(lane.abandoned - replaced):
+            lane.replace()
+        self._lane_refilled = (lane, lane.abandoned)
 
     def check_memory(self) -> None:
         if self.max_memory_mb is None:
