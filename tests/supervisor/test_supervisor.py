@@ -333,7 +333,9 @@ def _check_every_tick_ran_once(redis, supervisor: Supervised, feeder: Feeder) ->
 @pytest.mark.timeout(600)
 def test_a_sync_job_past_its_timeout_recycles_its_process_without_a_gap_in_reading(start, redis, tmp_path):
     hook = tmp_path / "start-hook"
-    supervisor = start("--processes", "1", "--concurrency", "1", env={START_HOOK_ENV: str(hook)})
+    # A limit never reached, for a supervisor with one process: nothing else would read while it is replaced.
+    supervisor = start("--processes", "1", "--max-memory", "65536", "--concurrency", "1",
+                       env={START_HOOK_ENV: str(hook)})
     [first] = supervisor.wait_workers(redis, 1)
     hook.write_text(str(SLOW_START))  # from now on a process takes this much longer to start
     feeder = Feeder(redis, supervisor).start()
