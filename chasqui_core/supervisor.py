@@ -403,6 +403,13 @@ class Supervisor:
             return
         successor = handover.successor
         assert successor is not None  # set with ``_handover``
+        if self._slots[handover.slot].retired:  # an operator stopped the old child meanwhile: the slot stays empty
+            logger.info("stopping worker process %d: slot %d was stopped by an operator", successor.pid,
+                        handover.slot)
+            successor.role = "discarded"
+            self._terminate(successor)
+            self._handover = None
+            return
         if not successor.ready:
             if time.monotonic() - successor.started_at > self.config.ready_timeout:
                 successor.role = "discarded"

@@ -423,6 +423,24 @@ def test_a_successor_that_fails_to_start_leaves_its_predecessor_working(start, r
     assert supervisor.stop() == 0
 
 
+@pytest.mark.timeout(600)
+def test_a_recycling_process_an_operator_stops_takes_its_successor_along(start, redis, tmp_path):
+    hook = tmp_path / "start-hook"
+    supervisor = start("--processes", "1", "--max-jobs", "1", env={START_HOOK_ENV: str(hook)})
+    [first] = supervisor.wait_workers(redis, 1)
+    hook.write_text(str(SLOW_START))
+    Queue(QUEUE, redis_client=redis).add(TICK, ["the-one"])
+    supervisor.wait("it asks for a successor", lambda: "reached its limit; it goes on" in supervisor.log())
+    [worker_id] = [w.id for w in stats.workers(redis, QUEUE) if w.pid == first]
+    assert control.send(Scripts(redis), worker_id, "stop")
+
+    assert supervisor.proc.wait(WAIT) == 0, supervisor.log()
+    log = supervisor.log()
+    assert "slot 0 was stopped by an operator" in log, "the successor is not kept in a slot an operator emptied"
+    assert "every worker process was stopped by an operator; exiting" in log
+    assert [key for key, _, _ in _ticks(redis)] == ["the-one"]
+
+
 class _Asking:
     """A supervisor's side of ``Worker.ask_successor``, kept in the test: it notes each request and says yes."""
 
