@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -391,6 +392,27 @@ def test_max_jobs_recycles_a_process_once_its_successor_reads(start, redis, tmp_
     log = supervisor.log()
     assert "recycling: 5 jobs processed (max_jobs 5); it goes on until its successor reads" in log
     assert log.count("asked for a successor again") == 0
+    assert supervisor.stop() == 0
+
+
+@pytest.mark.timeout(600)
+def test_processes_recycling_together_are_replaced_one_at_a_time(start, redis, tmp_path):
+    hook = tmp_path / "start-hook"
+    supervisor = start("--processes", "2", "--max-jobs", "4", "--concurrency", "2", env={START_HOOK_ENV: str(hook)})
+    first = supervisor.wait_workers(redis, 2)
+    hook.write_text(str(SLOW_START))
+    feeder = Feeder(redis, supervisor).start()
+    try:  # both reach their limit within a second or two of each other
+        supervisor.wait("both first processes replaced", lambda: not [pid for pid in first if _alive(pid)])
+        supervisor.wait("two successors run ticks", lambda: len(set(_ran_by(_ticks(redis))) - first) >= 2)
+    finally:
+        feeder.stop()
+    ticks = _check_every_tick_ran_once(redis, supervisor, feeder)
+
+    assert feeder.most_processes <= 3, "one process above the count, at most, though both asked at once"
+    assert _largest_gap(ticks) < SLOW_START / 2, "no stretch the length of a start with nothing reading"
+    log = supervisor.log()
+    assert all(re.search(rf"worker process {pid} \(slot \d\) reached its limit", log) for pid in first), log
     assert supervisor.stop() == 0
 
 
