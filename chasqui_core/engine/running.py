@@ -719,10 +719,10 @@ class Runner:
         assert lane is not None  # only sync deliveries are watched
         lane.abandon(d)
         self._outcome(d, exc, d.started, now - d.started, failed=True)
+        lane.replace()  # another thread takes its place: the lane keeps its size until the process goes
         if self.recycles:
             self._recycle(f"{what}; its thread cannot be stopped, so a fresh process takes this one's place")
         else:
             logger.warning("worker %s: %s; its thread cannot be stopped: it is abandoned and another takes its "
                            "place (run under a supervisor, runworker --processes, to have the process replaced)",
                            self.id, what)
-            lane.replace()

@@ -96,6 +96,21 @@ class DeathRecorder:
                      supervisor_pid=os.getpid())
 
 
+async def _serve(worker: Worker, child: SupervisedChild | None) -> None:
+    """Run the worker, and tell a supervisor once it reads its queues (Redis reached, readers started).
+
+    Ready means reading, not merely loaded: the supervisor stops the process a
+    successor replaces only then, so the queues are never left unread between them.
+    """
+    run = asyncio.ensure_future(worker.run())
+    if child is not None:
+        while worker.runner is None and not run.done():
+            await asyncio.wait({run}, timeout=0.01)
+        if not run.done():
+            child.ready()
+    await run
+
+
 class Command(BaseCommand):
     help = "Run a Chasqui worker for the given queues (Django Tasks of this project only)."
 
@@ -123,12 +138,13 @@ class Command(BaseCommand):
                                  "supervises them: it restarts those that die, reloads them one by one on SIGHUP "
                                  "and stops them all on SIGTERM (default 1: one worker, no supervisor)")
         parser.add_argument("--max-jobs", type=int,
-                            help="Replace a worker process after it has run this many jobs (it finishes its running "
-                                 "jobs first). Starts a supervisor, even with --processes 1")
+                            help="Replace a worker process after it has run this many jobs (it works on until its "
+                                 "successor reads, then finishes its running jobs). Starts a supervisor, even with "
+                                 "--processes 1")
         parser.add_argument("--max-memory", type=int, metavar="MB",
                             help="Replace a worker process once its resident memory reaches this many MB (checked "
-                                 "every 2 s; it finishes its running jobs first). Starts a supervisor, even with "
-                                 "--processes 1")
+                                 "every 2 s; it works on until its successor reads, then finishes its running "
+                                 "jobs). Starts a supervisor, even with --processes 1")
 
     def handle(self, *args, **options) -> None:
         try:
@@ -210,10 +226,10 @@ class Command(BaseCommand):
         self.stdout.flush()
         relay = _outbox_relay()
         audits = background.OperationAudits(options["queues"])  # DLQ operations' audit entries, when they end
-        if child is not None:
-            child.ready()
+        if child is not None:  # at a limit, ask for a successor and work on until it reads
+            worker.ask_successor = child.ask_successor
         try:
-            asyncio.run(worker.run())
+            asyncio.run(_serve(worker, child))
         finally:
             audits.stop()
             if relay is not None:
