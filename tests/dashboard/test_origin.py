@@ -48,16 +48,23 @@ async def test_a_page_of_another_site_is_refused_at_the_handshake(viewer_cookie)
 
 
 async def test_a_socket_without_an_origin_or_with_a_lookalike_is_refused(viewer_cookie):
-    for origin in (None, b"null", b"http://console.example.evil.example", b"ftp://console.example",
-                   b"http://console.example:8443"):
+    for origin in (
+        None,
+        b"null",
+        b"http://console.example.evil.example",
+        b"ftp://console.example",
+        b"http://console.example:8443",
+    ):
         connected, _ = await answer(socket(viewer_cookie, origin))
         assert not connected, origin
 
 
 async def test_a_page_of_the_same_site_is_accepted(viewer_cookie):
-    for origin, host in ((b"https://console.example", b"console.example"),
-                         (b"http://console.example:8000", b"console.example:8000"),
-                         (b"https://console.example", b"console.example:443")):
+    for origin, host in (
+        (b"https://console.example", b"console.example"),
+        (b"http://console.example:8000", b"console.example:8000"),
+        (b"https://console.example", b"console.example:443"),
+    ):
         connected, _ = await answer(socket(viewer_cookie, origin, host))
         assert connected, (origin, host)
 
