@@ -33,7 +33,28 @@ from chasqui_core.services.common import Conflict, InvalidInput, NotFound
 
 logger = logging.getLogger("chasqui.api")
 
-api = NinjaAPI(
+RETRY_AFTER_HEADER = {
+    "description": "Seconds to wait before sending a wrong API key again; requests with a valid key are served.",
+    "schema": {"type": "integer", "minimum": 1},
+}
+
+
+class ChasquiAPI(NinjaAPI):
+    """NinjaAPI, with the ``Retry-After`` header of every 429 in the schema (ninja declares bodies only)."""
+
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        for methods in schema.get("paths", {}).values():
+            for operation in methods.values():
+                too_many = operation.get("responses", {}).get(429)
+                if too_many is None:
+                    too_many = operation.get("responses", {}).get("429")
+                if too_many is not None:
+                    too_many.setdefault("headers", {})["Retry-After"] = RETRY_AFTER_HEADER
+        return schema
+
+
+api = ChasquiAPI(
     title="Chasqui",
     version="1",
     description=(

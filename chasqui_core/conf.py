@@ -60,7 +60,12 @@ class ChasquiSettings:
     METRICS_ALLOWED_IPS: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     """Client addresses or networks ("10.0.0.7", "10.0.0.0/8", "fd00::/8") that may read /metrics without an
     API key: the Prometheus servers, when giving them a key is awkward. Matched against the address Django
-    sees (REMOTE_ADDR), never a forwarded header."""
+    sees as the client's (see TRUSTED_PROXIES)."""
+    TRUSTED_PROXIES: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    """Addresses or networks of the reverse proxies in front of the site. A request from one of them is
+    taken to come from the address its X-Forwarded-For names (read from the right, past every trusted
+    proxy); from anywhere else the header is ignored, since a client can send any. Empty: REMOTE_ADDR is the
+    client. Used for the limit on wrong API keys and for METRICS_ALLOWED_IPS."""
     SIGNING_KEYS: tuple[bytes, ...] = ()
     """Keys (str or bytes) that sign jobs: producers sign with the first, workers run only jobs signed with
     one of them. Empty: jobs are neither signed nor checked. See docs/security.md."""
@@ -79,12 +84,23 @@ class ChasquiSettings:
 
     def metrics_allowed(self, address: str) -> bool:
         """Whether a request from ``address`` may read /metrics without a key."""
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        mapped = getattr(ip, "ipv4_mapped", None)  # "::ffff:10.0.0.7" from a dual-stack socket
-        return any(ip in network or (mapped is not None and mapped in network) for network in self.METRICS_ALLOWED_IPS)
+        return in_networks(address, self.METRICS_ALLOWED_IPS)
+
+    def client_address(self, remote_addr: str, forwarded_for: str | None) -> str:
+        """The address a request comes from: REMOTE_ADDR, or behind trusted proxies what they forwarded.
+
+        X-Forwarded-For is read from the right: each proxy appends the address
+        it heard from, so the rightmost entry not of a trusted proxy is the
+        first one a trusted proxy vouches for; what lies left of it is the
+        client's to write.
+        """
+        if not forwarded_for or not in_networks(remote_addr, self.TRUSTED_PROXIES):
+            return remote_addr
+        hops = [hop.strip() for hop in forwarded_for.split(",") if hop.strip()]
+        for hop in reversed(hops):
+            if not in_networks(hop, self.TRUSTED_PROXIES):
+                return hop
+        return hops[0] if hops else remote_addr
 
     @property
     def redis_url(self) -> str:
@@ -113,6 +129,16 @@ class ChasquiSettings:
     @property
     def backoff(self) -> BackoffSpec:
         return coerce_backoff(self.BACKOFF) or DEFAULT_BACKOFF
+
+
+def in_networks(address: str, networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]) -> bool:
+    """Whether ``address`` (a string, perhaps not an address at all) is in one of ``networks``."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # "::ffff:10.0.0.7" from a dual-stack socket
+    return any(ip in network or (mapped is not None and mapped in network) for network in networks)
 
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
@@ -181,8 +207,9 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
             raise ImproperlyConfigured("settings.CHASQUI['MASKED_KEYS'] must be a list of key names")
         raw["MASKED_KEYS"] = tuple(k.lower() for k in keys)
-    if "METRICS_ALLOWED_IPS" in raw:
-        raw["METRICS_ALLOWED_IPS"] = _networks(raw["METRICS_ALLOWED_IPS"])
+    for key in ("METRICS_ALLOWED_IPS", "TRUSTED_PROXIES"):
+        if key in raw:
+            raw[key] = _networks(raw[key], f"settings.CHASQUI[{key!r}]")
     if "SCHEDULES" in raw:
         schedules = raw["SCHEDULES"]
         if not isinstance(schedules, Mapping) or not all(isinstance(v, Mapping) for v in schedules.values()):
@@ -220,8 +247,7 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
     return loaded
 
 
-def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    name = "settings.CHASQUI['METRICS_ALLOWED_IPS']"
+def _networks(value: Any, name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ImproperlyConfigured(f"{name} must be a list of IP addresses or networks, e.g. ['10.0.0.7', "
                                    f"'10.1.0.0/16'], got {value!r}")
@@ -258,3 +284,27 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
         for backend in task_backends.all():
             if hasattr(backend, "reset_connections"):
                 backend.reset_connections()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyFailurePolicy:
+    """How many wrong API keys an address may send with one key prefix in a window before it is told 429."""
+
+    limit: int = 20
+    window: int = 300
+
+
+def key_failure_policy() -> KeyFailurePolicy:
+    """``API_KEY_FAILURE_LIMIT`` and ``API_KEY_FAILURE_WINDOW``, top-level settings, checked.
+
+    Read at each wrong key (tests change them), and by the ``chasqui.E005``
+    check, so a wrong type is a check error naming the setting rather than a
+    TypeError quoted to an API client.
+    """
+    values = {}
+    for name, default in (("API_KEY_FAILURE_LIMIT", 20), ("API_KEY_FAILURE_WINDOW", 300)):
+        value = getattr(settings, name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ImproperlyConfigured(f"settings.{name} must be a whole number of 1 or more, got {value!r}")
+        values[name] = value
+    return KeyFailurePolicy(values["API_KEY_FAILURE_LIMIT"], values["API_KEY_FAILURE_WINDOW"])

@@ -151,6 +151,9 @@ CHASQUI: dict[str, object] = {}
 # Keys that sign jobs, the signing one first (see docs/security.md).
 if env_list("CHASQUI_SIGNING_KEYS"):
     CHASQUI["SIGNING_KEYS"] = env_list("CHASQUI_SIGNING_KEYS")
+# Reverse proxies whose X-Forwarded-For names the client (docs/settings.md).
+if env_list("CHASQUI_TRUSTED_PROXIES"):
+    CHASQUI["TRUSTED_PROXIES"] = env_list("CHASQUI_TRUSTED_PROXIES")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -175,10 +178,10 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_VERBOSE = False
 
-# Guessing API keys: after API_KEY_FAILURE_LIMIT wrong bearer keys from one
-# address within API_KEY_FAILURE_WINDOW seconds, that address gets 429 with
-# Retry-After until the window passes. Counted in the cache below (Redis when
-# its URL is known, so every web process shares the count).
+# Wrong API keys: after API_KEY_FAILURE_LIMIT wrong bearer keys from one
+# address with one key prefix within API_KEY_FAILURE_WINDOW seconds, further
+# wrong ones get 429 with Retry-After until the window passes; a right key is
+# always served. Counted in Redis, shared by every web process.
 API_KEY_FAILURE_LIMIT = 20
 API_KEY_FAILURE_WINDOW = 300
 # Django's Redis cache, on a cluster or behind Sentinel too (chasqui_core/cache.py).
