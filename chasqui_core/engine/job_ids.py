@@ -44,16 +44,20 @@ running Python."""
 _ANY = f"[^{_REFUSED}]"
 _NOT_DOT = f"[^.{_REFUSED}]"
 
-PATTERN = (f"^(?:{_NOT_DOT}{_ANY}{{0,{MAX_LENGTH - 1}}}"
-           f"|\\.{_NOT_DOT}{_ANY}{{0,{MAX_LENGTH - 2}}}"
-           f"|\\.\\.{_ANY}{{1,{MAX_LENGTH - 2}}})$")
+PATTERN = (
+    f"^(?:{_NOT_DOT}{_ANY}{{0,{MAX_LENGTH - 1}}}"
+    f"|\\.{_NOT_DOT}{_ANY}{{0,{MAX_LENGTH - 2}}}"
+    f"|\\.\\.{_ANY}{{1,{MAX_LENGTH - 2}}})$"
+)
 """A valid id, for schemas: 1 to 200 characters, none refused, and neither "." nor ".."."""
 
 _VALID = re.compile(PATTERN.replace(_REFUSED, _REFUSED + r"\ud800-\udfff"))
 """PATTERN, refusing lone surrogates too (text no UTF-8 encoder takes; a schema's regex engine cannot name them)."""
 
-RULE = (f"a job id is 1 to {MAX_LENGTH} characters, without '/', control characters, invisible formatting "
-        "(bidi) characters or spaces other than ' ', and is not '.' or '..', so that a URL can address it")
+RULE = (
+    f"a job id is 1 to {MAX_LENGTH} characters, without '/', control characters, invisible formatting "
+    "(bidi) characters or spaces other than ' ', and is not '.' or '..', so that a URL can address it"
+)
 
 
 def check(job_id: object, name: str = "job_id") -> str:

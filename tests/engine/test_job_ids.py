@@ -22,15 +22,47 @@ def test_the_written_out_ranges_are_the_unicode_tables_of_this_python():
         assert bool(refused.fullmatch(ch)) == expected, f"U+{code:04X} {unicodedata.category(ch)}"
 
 
-@pytest.mark.parametrize("job_id", ["order-42", "schedule:nightly:1700000000000", "a b", "...", ".hidden", "ü✓",
-                                    "x" * 200, "01JABCDEFGHJKMNPQRSTVWXYZ0"])
+@pytest.mark.parametrize(
+    "job_id",
+    [
+        "order-42",
+        "schedule:nightly:1700000000000",
+        "a b",
+        "...",
+        ".hidden",
+        "ü✓",
+        "x" * 200,
+        "01JABCDEFGHJKMNPQRSTVWXYZ0",
+    ],
+)
 def test_ids_a_url_can_address_are_taken(job_id):
     assert job_ids.check(job_id) == job_id
 
 
-@pytest.mark.parametrize("job_id", ["", ".", "..", "a/b", "/", "tab\t", "line\n", "nul\x00", "del\x7f", "c1\x85",
-                                    "\u202eevil", "\u2066isolate", "zero\u200bwidth", "nbsp\u00a0", "\ufeffbom",
-                                    "tag\U000e0041", "sep\u2028", "lone\ud800", "x" * 201])
+@pytest.mark.parametrize(
+    "job_id",
+    [
+        "",
+        ".",
+        "..",
+        "a/b",
+        "/",
+        "tab\t",
+        "line\n",
+        "nul\x00",
+        "del\x7f",
+        "c1\x85",
+        "\u202eevil",
+        "\u2066isolate",
+        "zero\u200bwidth",
+        "nbsp\u00a0",
+        "\ufeffbom",
+        "tag\U000e0041",
+        "sep\u2028",
+        "lone\ud800",
+        "x" * 201,
+    ],
+)
 def test_ids_that_no_url_could_address_or_that_hide_what_they_are_are_refused(job_id):
     with pytest.raises(ValueError, match="a job id is 1 to 200 characters, without '/'"):
         job_ids.check(job_id)
