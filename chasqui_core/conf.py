@@ -30,8 +30,9 @@ from chasqui_core.engine.signing import check_keys
 
 @dataclass(frozen=True, slots=True)
 class ChasquiSettings:
-    REDIS_URL: str = ""
-    """Empty: settings.REDIS_URL, else the REDIS_URL environment variable, else 127.0.0.1:6379."""
+    REDIS_URL: str | None = None
+    """None (not given): settings.REDIS_URL, else the REDIS_URL environment variable, else 127.0.0.1:6379. Given
+    but empty is a mistake (chasqui.E003), never a silent default."""
     CONCURRENCY: int = 10
     BATCH_SIZE: int = 100
     MAX_ATTEMPTS: int = 3
@@ -102,29 +103,45 @@ class ChasquiSettings:
                 return hop
         return hops[0] if hops else remote_addr
 
+    def _redis_url_source(self) -> tuple[Any, str]:
+        """The Redis URL as given, and the setting it came from: the first of them that is set at all."""
+        if self.REDIS_URL is not None:
+            return self.REDIS_URL, "settings.CHASQUI['REDIS_URL']"
+        if hasattr(settings, "REDIS_URL"):
+            return settings.REDIS_URL, "settings.REDIS_URL"
+        if "REDIS_URL" in os.environ:
+            return os.environ["REDIS_URL"], "the REDIS_URL environment variable"
+        return DEFAULT_URL, f"the default Redis URL ({DEFAULT_URL}; set REDIS_URL)"
+
     @property
     def redis_url(self) -> str:
-        return self.REDIS_URL or getattr(settings, "REDIS_URL", "") or os.environ.get("REDIS_URL") or DEFAULT_URL
+        url, _ = self._redis_url_source()
+        return url.strip() if isinstance(url, str) and url.strip() else DEFAULT_URL
 
     @property
     def redis_url_setting(self) -> str:
         """Where ``redis_url`` came from, for messages about it."""
-        if self.REDIS_URL:
-            return "settings.CHASQUI['REDIS_URL']"
-        if getattr(settings, "REDIS_URL", ""):
-            return "settings.REDIS_URL"
-        if os.environ.get("REDIS_URL"):
-            return "the REDIS_URL environment variable"
-        return f"the default Redis URL ({DEFAULT_URL}; set REDIS_URL)"
+        return self._redis_url_source()[1]
 
     @property
     def redis_url_problem(self) -> str | None:
-        """Why ``redis_url`` cannot name a server, in words naming its setting; None when its scheme is one we use.
+        """Why the Redis URL cannot name a server, in words naming its setting; None when it can.
 
-        Reported by the ``chasqui.E003`` system check, and raised by the first
-        connection in a process that ran no checks.
+        An empty or non-string value, a scheme no client uses, a port out of
+        range, a database that is not a number of 0 or more, TLS files that
+        are not there: all that can be told without a server. Reported by the
+        ``chasqui.E003`` system check, and raised by the first connection in a
+        process that ran no checks.
         """
-        return scheme_problem(self.redis_url, self.redis_url_setting)
+        url, setting = self._redis_url_source()
+        if not isinstance(url, str):
+            return (f"{setting} must be a string such as 'redis://127.0.0.1:6379/0', got "
+                    f"{type(url).__name__} {redact.mask_text(repr(url))}.")
+        if not url.strip():
+            return (f"{setting} is empty: give a Redis URL such as 'redis://127.0.0.1:6379/0', or leave it unset "
+                    f"(Chasqui then looks further: settings.CHASQUI['REDIS_URL'], settings.REDIS_URL, the REDIS_URL "
+                    f"environment variable, {DEFAULT_URL}).")
+        return scheme_problem(url.strip(), setting) or shape_problem(url.strip(), setting)
 
     @property
     def backoff(self) -> BackoffSpec:
@@ -159,6 +176,28 @@ def scheme_problem(url: str, setting: str) -> str | None:
     found = f"its scheme is {scheme + '://'!r}" if scheme else "it has no scheme"
     return (f"{setting} is {redact.mask_text(url)!r}, and {found}: a Redis URL starts with one of {accepted} "
             "(e.g. redis://127.0.0.1:6379/0; rediss:// for TLS).")
+
+
+def shape_problem(url: str, setting: str) -> str | None:
+    """What is wrong with a Redis URL of an accepted scheme that no server could fix: port, database, TLS files."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() in ("redis", "rediss"):
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            return (f"{setting} is {redact.mask_text(url)!r}: its port must be a number from 1 to 65535 "
+                    "(e.g. redis://127.0.0.1:6379/0).")
+        database = parts.path.strip("/")
+        if database and not database.isdigit():
+            return (f"{setting} is {redact.mask_text(url)!r}: the database after the host must be a number of 0 or "
+                    f"more (e.g. redis://127.0.0.1:6379/0), got {database!r}.")
+    try:
+        check_url(url)
+    except RedisConfigError as exc:
+        return f"{setting}: {exc}"
+    return None
 
 
 _POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE", "MAX_ATTEMPTS", "VISIBILITY_TIMEOUT_MS", "PROMOTER_LOCK_TTL_MS",
@@ -200,8 +239,6 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         raise ImproperlyConfigured(
             f"settings.CHASQUI['PRIORITY'] must be 'strict' (the highest priority first) or 'weighted' (high, default "
             f"and low priority take 6, 3 and 1 of every 10 starts), got {raw['PRIORITY']!r}")
-    if "REDIS_URL" in raw and not isinstance(raw["REDIS_URL"], str):
-        raise ImproperlyConfigured("settings.CHASQUI['REDIS_URL'] must be a string such as 'redis://127.0.0.1:6379/0'")
     if "MASKED_KEYS" in raw:
         keys = raw["MASKED_KEYS"]
         if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
@@ -237,14 +274,9 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
             coerce_backoff(raw["BACKOFF"])
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"settings.CHASQUI['BACKOFF'] is not valid: {exc}") from None
-    loaded = ChasquiSettings(**raw)
-    if loaded.redis_url_problem is not None:
-        return loaded  # the chasqui.E003 system check reports it, and the first connection refuses it
-    try:  # what can be checked without a server: the URL's shape, the TLS files it names
-        check_url(loaded.redis_url)
-    except RedisConfigError as exc:
-        raise ImproperlyConfigured(f"{loaded.redis_url_setting}: {exc}") from None
-    return loaded
+    # The Redis URL is not refused here: the chasqui.E003 system check reports what is wrong with it
+    # (redis_url_problem), and the first connection of a process that ran no checks refuses it.
+    return ChasquiSettings(**raw)
 
 
 def _networks(value: Any, name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

@@ -36,10 +36,14 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 
-# Empty means "no external server": the run command starts an embedded Valkey
+# Unset means "no external server": the run command starts an embedded Valkey
 # and passes its URL to the processes it spawns in their REDIS_URL, so every
-# process that reads these settings sees the real URL.
-REDIS_URL = env_str("REDIS_URL")
+# process that reads these settings sees the real URL. settings.REDIS_URL is
+# defined only when the variable holds a URL: Chasqui reports an empty one
+# (chasqui.E003) rather than quietly using 127.0.0.1.
+_redis_url = env_str("REDIS_URL")
+if _redis_url:
+    REDIS_URL = _redis_url
 
 INSTALLED_APPS = [
     # First on purpose: Django gives management commands of earlier apps
@@ -122,11 +126,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # for management commands that never touch websockets. The layer is
 # channels_redis's, the kind the server allows (pub/sub on a Redis Cluster):
 # see chasqui_core/channel_layer.py.
-if REDIS_URL:
+if _redis_url:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "chasqui_core.channel_layer.redis_channel_layer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {"hosts": [_redis_url]},
         },
     }
 else:
@@ -185,8 +189,8 @@ AXES_VERBOSE = False
 API_KEY_FAILURE_LIMIT = 20
 API_KEY_FAILURE_WINDOW = 300
 # Django's Redis cache, on a cluster or behind Sentinel too (chasqui_core/cache.py).
-if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "chasqui_core.cache.RedisCache", "LOCATION": REDIS_URL,
+if _redis_url:
+    CACHES = {"default": {"BACKEND": "chasqui_core.cache.RedisCache", "LOCATION": _redis_url,
                           "KEY_PREFIX": "chasqui-web"}}
 
 # The demo's signup form (it enqueues work): on in `make run` (devstack sets
