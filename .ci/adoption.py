@@ -169,7 +169,8 @@ def main() -> int:
         files = file_blocks(blocks)
 
         with step("docs/quickstart.md has the steps this test follows"):
-            for expected in ("pip install chasqui", "python manage.py migrate", "python manage.py runworker default"):
+            for expected in ("pip install django-chasqui", "python manage.py migrate",
+                             "python manage.py runworker default"):
                 if expected not in shell:
                     raise StepFailed(f"no ```sh block reads {expected!r}; its shell blocks: {shell}")
             paths = [path for path, _ in files]
@@ -180,16 +181,17 @@ def main() -> int:
 
         with step("build the wheel"):
             run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work / "dist", ROOT], cwd=work)
-            [wheel] = list((work / "dist").glob("chasqui-*.whl"))
+            [wheel] = list((work / "dist").glob("django_chasqui-*.whl"))
             print(f"    {wheel.name}")
 
         venv = work / "venv"
         python, admin = venv / "bin" / "python", venv / "bin" / "django-admin"
-        with step("pip install the wheel in a fresh virtualenv (quickstart: pip install chasqui)"):
+        with step("pip install the wheel in a fresh virtualenv (quickstart: pip install django-chasqui)"):
             run([sys.executable, "-m", "venv", venv], cwd=work)
             run([python, "-m", "pip", "install", "-q", wheel], cwd=work)
             top = run([python, "-c", "import importlib.metadata as m; print(sorted({str(f).split('/')[0] for f in "
-                       "m.distribution('chasqui').files if not str(f).startswith(('chasqui-', '..'))}))"], cwd=work)
+                       "m.distribution('django-chasqui').files if not str(f).startswith(('django_chasqui-', '..'))}))"],
+                      cwd=work)
             if top.strip() != "['chasqui_core']":
                 raise StepFailed(f"the wheel installs top-level modules other than chasqui_core: {top.strip()}")
 

@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "dashboard",
     "api",
     "emails",
+    "config",  # the demo project's own commands (make run's devstack, ensure_admin): not in the package
 ]
 
 MIDDLEWARE = [
