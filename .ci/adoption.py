@@ -191,13 +191,13 @@ elif step == "websocket":
     from chasqui_core.dashboard.routing import websocket_urlpatterns
     from mysite.asgi import application
 
-    viewer = get_user_model().objects.create_user("wes")
+    viewer, _ = get_user_model().objects.get_or_create(username="wes")
     viewer.groups.add(Group.objects.get(name="Chasqui viewers"))
     client.force_login(viewer)
     cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
 
     async def opens(app, origin):
-        headers = [(b"host", b"localhost:8000"), (b"origin", origin), (b"cookie", cookie)]
+        headers = [(b"host", b"testserver"), (b"origin", origin), (b"cookie", cookie)]  # the test client's host
         ws = WebsocketCommunicator(app, "/ws/live/overview/", headers=headers)
         connected, _ = await ws.connect(timeout=10)
         await ws.disconnect()
@@ -206,8 +206,8 @@ elif step == "websocket":
     if asyncio.run(opens(application, b"http://evil.example")):
         fail("the quickstart's asgi.py let a page of another site (Origin: http://evil.example) open the "
              "console's socket")
-    if not asyncio.run(opens(application, b"http://localhost:8000")):
-        fail("the quickstart's asgi.py refused the console's own page (Origin: http://localhost:8000)")
+    if not asyncio.run(opens(application, b"http://testserver")):
+        fail("the quickstart's asgi.py refused the console's own page (Origin: http://testserver)")
     bare = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))  # no origin validator, every host allowed
     with override_settings(ALLOWED_HOSTS=["*"]):
         if asyncio.run(opens(bare, b"http://evil.example")):
