@@ -29,7 +29,7 @@ from typing import Any
 
 from .envelope import check_json_types, now_ms
 from .journal import StartJournal
-from .outcomes import Delivery
+from .delivery import Delivery
 from .priority import STRICT, Inbox
 
 OK, FAILED, REQUEUE = 0, 1, 2
@@ -97,28 +97,68 @@ class SyncLane:
     # --- in the threads -----------------------------------------------------------
 
     def _run(self) -> None:
+        """Take jobs and run them until told to end.
+
+        A run's journal mark is struck the moment its handler returns, before
+        its outcome is handed on (journal.py says why); when another job is
+        waiting, its start mark goes out in the same send, so a busy thread
+        pays one send per job, not two.
+        """
         done = self._done
+        journal = self.journal
+        token: bool | None = self._queue.get()
+        ahead: Delivery | None = None
+        """The next job, taken while the last run's mark was struck, its start mark already written."""
         while True:
-            if self._queue.get() is None:
+            if ahead is not None:
+                d, ahead, marked = ahead, None, True
+            elif token is None:
                 return
-            d = self._take()
-            if self.stopping or d.cancel_requested:  # a cancelled one goes back: the reader refuses it (cancel.py)
-                done.append((REQUEUE, d, None, 0, 0))
             else:
+                d, marked = self._take(), False
+            if self.stopping or d.cancel_requested or d.taken_back:  # back unstarted (cancel.py, Runner.let_go)
+                if marked:
+                    journal.finished_one(d.keys.stream, d.entry_id)
+                done.append((REQUEUE, d, None, 0, 0))
+                token = self._queue.get() if not self._notify() else None
+                continue
+            started = now_ms()
+            if not marked:
+                journal.started_one(d.keys.stream, d.entry_id, started)
+            outcome = self._call(d, started)
+            # strike its mark at once; with the next job's start when one waits (not after an abandoned run:
+            # this thread leaves the lane then)
+            token = None
+            if not d.timed_out:
                 try:
-                    done.append(self._call(d))
-                except BaseException as exc:  # never lose the thread, nor the job's outcome
-                    done.append((FAILED, d, exc, now_ms(), 0))
-            # append first, then look at the flag: the loop clears the flag
-            # before it drains, so an outcome is never left behind
-            if not self._notified:
-                self._notified = True
-                try:
-                    self._loop.call_soon_threadsafe(self._drain)
-                except RuntimeError:  # the loop is closed: the worker is gone (an abandoned run ending late)
-                    return
-            if d.timed_out:  # abandoned while it ran: another thread took this one's place
-                return
+                    token = self._queue.get_nowait()
+                except queue.Empty:
+                    token = False
+            if token:
+                ahead = self._take()
+                ahead.started = now_ms()
+                journal.ended_and_started(d.keys.stream, d.entry_id, ahead.keys.stream, ahead.entry_id,
+                                          ahead.started)
+            else:
+                journal.finished_one(d.keys.stream, d.entry_id)
+            done.append(outcome)
+            if self._notify() or d.timed_out:  # the loop is gone, or this run was abandoned: another thread
+                return                          # took this one's place
+            if token is False:
+                token = self._queue.get()
+
+    def _notify(self) -> bool:
+        """Wake the loop to drain the outcomes (once for all that finished meanwhile); True when it is gone.
+
+        Append first, then look at the flag: the loop clears the flag before
+        it drains, so an outcome is never left behind."""
+        if not self._notified:
+            self._notified = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: the worker is gone (an abandoned run ending late)
+                return True
+        return False
 
     def _take(self) -> Delivery:
         """The next job to run, for a thread that holds a token: one waits for it, though another thread
@@ -129,11 +169,9 @@ class SyncLane:
             except IndexError:
                 time.sleep(0)
 
-    def _call(self, d: Delivery) -> Outcome:
+    def _call(self, d: Delivery, started: int) -> Outcome:
+        """Run the handler; never raises (whatever it raises is the job's outcome)."""
         job, handler = d.job, d.handler
-        started = now_ms()
-        self.journal.started_one(d.keys.stream, d.entry_id, started)
-        d.journaled = True
         d.started = started
         t0 = time.perf_counter()
         try:
