@@ -59,8 +59,12 @@ class LocalSwagger(Swagger):
 
         csrf = get_token(request)  # the "Try it out" calls made with the session need the token
         page = _PAGE.format(
-            title=escape(api.title), css=asset("swagger-ui.css"), icon=asset("favicon.svg"),
-            bundle=asset("swagger-ui-bundle.js"), init=asset("swagger-ui-init.js"), csrf=escape(csrf),
+            title=escape(api.title),
+            css=asset("swagger-ui.css"),
+            icon=asset("favicon.svg"),
+            bundle=asset("swagger-ui-bundle.js"),
+            init=asset("swagger-ui-init.js"),
+            csrf=escape(csrf),
             api_csrf="true",
             # JSON inside a script element: "</" must not end it early
             settings=json.dumps(self.settings, indent=1).replace("</", "<\\/"),

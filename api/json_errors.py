@@ -39,8 +39,9 @@ def _as_json(response: HttpResponse) -> HttpResponse:
 
 def _too_big() -> JsonResponse:
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    return JsonResponse({"detail": f"The request body is too large: this API accepts at most {limit} bytes."},
-                        status=413)
+    return JsonResponse(
+        {"detail": f"The request body is too large: this API accepts at most {limit} bytes."}, status=413
+    )
 
 
 def json_errors(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

@@ -35,8 +35,9 @@ def test_a_method_an_endpoint_does_not_take_is_a_json_405_with_allow(mounted, vi
 
 def test_a_body_over_the_limit_is_a_json_413(mounted, op_api, settings):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
-    response = op_api.client.post(f"{PREFIX}/queues/default/jobs", data="{" + " " * 5000 + "}",
-                                  content_type="application/json")
+    response = op_api.client.post(
+        f"{PREFIX}/queues/default/jobs", data="{" + " " * 5000 + "}", content_type="application/json"
+    )
     assert response.status_code == 413 and "at most 1000 bytes" in response.json()["detail"]
 
 
@@ -54,7 +55,9 @@ def test_the_docs_page_names_no_other_site_and_its_files_are_served_under_the_pr
         body = b"".join(answer.streaming_content)
         assert len(body) > 100, url
     assert client.get(f"{PREFIX}/docs/assets/swagger-ui-bundle.js")["Content-Type"] in (
-        "text/javascript", "application/javascript")
+        "text/javascript",
+        "application/javascript",
+    )
     assert client.get(f"{PREFIX}/docs/assets/swagger-ui-bundle.js.map").status_code == 404, "only the page's files"
     assert set(ASSETS) >= {url.rsplit("/", 1)[1] for url in referenced}
 
@@ -71,8 +74,12 @@ def test_the_docs_render_in_a_browser_that_can_reach_nothing_but_the_site(redis_
         if os.environ.get("CI"):
             pytest.fail(f"{CHROMIUM} is missing")
         pytest.skip(f"{CHROMIUM} is missing")
-    env = {**os.environ, "REDIS_URL": redis_url, "DATABASE_URL": subprocess_database_url(),
-           "DJANGO_SETTINGS_MODULE": "config.settings"}
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "DATABASE_URL": subprocess_database_url(),
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+    }
     with serve(env, log_path=tmp_path / "daphne.log") as base, sync_playwright() as p:
         browser = launch(p)
         try:

@@ -28,8 +28,9 @@ def test_a_viewer_who_is_not_staff_logs_in_and_sees_the_console(viewer):
     assert sent.status_code == 302 and sent["Location"] == "/chasqui/login/?next=/chasqui/queues/emails/"
     page = browser.get(sent["Location"])
     assert page.status_code == 200 and b'name="password"' in page.content and b"csrfmiddlewaretoken" in page.content
-    done = browser.post("/chasqui/login/", {"username": viewer.username, "password": PASSWORD,
-                                            "next": "/chasqui/queues/emails/"})
+    done = browser.post(
+        "/chasqui/login/", {"username": viewer.username, "password": PASSWORD, "next": "/chasqui/queues/emails/"}
+    )
     assert done.status_code == 302 and done["Location"] == "/chasqui/queues/emails/"
     overview = browser.get("/chasqui/")
     assert overview.status_code == 200 and b"Overview" in overview.content
@@ -54,12 +55,14 @@ def test_a_wrong_password_is_refused_in_words(viewer):
 
 def test_a_next_to_another_site_is_not_followed(viewer):
     _password(viewer)
-    done = Client().post("/chasqui/login/", {"username": viewer.username, "password": PASSWORD,
-                                             "next": "https://evil.example/"})
+    done = Client().post(
+        "/chasqui/login/", {"username": viewer.username, "password": PASSWORD, "next": "https://evil.example/"}
+    )
     assert done.status_code == 302 and done["Location"] == "/chasqui/"
 
 
 def test_htmx_polls_of_a_lapsed_session_are_sent_to_the_login_by_url_name(db):
-    response = Client().get("/chasqui/queues/emails/", headers={"HX-Request": "true",
-                                                                 "HX-Current-URL": "http://testserver/chasqui/"})
+    response = Client().get(
+        "/chasqui/queues/emails/", headers={"HX-Request": "true", "HX-Current-URL": "http://testserver/chasqui/"}
+    )
     assert response.status_code == 401 and response["HX-Redirect"] == "/chasqui/login/?next=/chasqui/"
