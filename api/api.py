@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import logging
 
+from functools import partial
+
 from django.core.exceptions import PermissionDenied
 from django.db import DataError
 from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path, re_path
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from . import docs
 from .audit import router as audit_router
 from .auth import ApiKeyAuth, SessionAuth, TooManyAttempts
 from .delayed import router as delayed_router
 from .dlq import router as dlq_router
 from .jobs import router as jobs_router
+from .json_errors import json_errors, not_found
 from .operations import router as operations_router
 from .queues import router as queues_router
 from .schedules import router as schedules_router
@@ -33,7 +38,41 @@ from chasqui_core.services.common import Conflict, InvalidInput, NotFound
 
 logger = logging.getLogger("chasqui.api")
 
-api = NinjaAPI(
+RETRY_AFTER_HEADER = {
+    "description": "Seconds to wait before sending a wrong API key again; requests with a valid key are served.",
+    "schema": {"type": "integer", "minimum": 1},
+}
+
+
+class ChasquiAPI(NinjaAPI):
+    """NinjaAPI, with the ``Retry-After`` header of every 429 in the schema (ninja declares bodies only), and
+    URL patterns that answer JSON for every error under the API's prefix, and serve the docs' own files
+    (json_errors.py, docs.py)."""
+
+    def _get_urls(self):
+        patterns = super()._get_urls()
+        for pattern in patterns:
+            if isinstance(pattern, URLPattern):
+                pattern.callback = json_errors(pattern.callback)
+        docs_url = self.docs_url.strip("/") if self.docs_url else "docs"
+        patterns.append(path(f"{docs_url}/assets/<str:name>", docs.asset, name="docs-asset"))
+        patterns.append(re_path(r"^.*$", partial(not_found, docs_name=f"{self.urls_namespace}:openapi-view"),
+                                 name="not-found"))
+        return patterns
+
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        for methods in schema.get("paths", {}).values():
+            for operation in methods.values():
+                too_many = operation.get("responses", {}).get(429)
+                if too_many is None:
+                    too_many = operation.get("responses", {}).get("429")
+                if too_many is not None:
+                    too_many.setdefault("headers", {})["Retry-After"] = RETRY_AFTER_HEADER
+        return schema
+
+
+api = ChasquiAPI(
     title="Chasqui",
     version="1",
     description=(
@@ -44,6 +83,7 @@ api = NinjaAPI(
     ),
     urls_namespace="chasqui_api",
     docs_url="/docs",
+    docs=docs.LocalSwagger(),
     openapi_url="/openapi.json",
     auth=[ApiKeyAuth(), SessionAuth()],
 )

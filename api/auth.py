@@ -10,14 +10,14 @@ no token. A caller with neither gets 401.
 Each endpoint names the permission it needs (``needs("replay_jobs")``), and
 it is checked here, right after authentication and before the request's
 parameters and body are read: a caller without the permission learns nothing
-from 404s or validation errors, only 403. Wrong keys are counted per client
-address; past ``API_KEY_FAILURE_LIMIT`` in ``API_KEY_FAILURE_WINDOW`` seconds
-the address gets 429 without its keys being looked at.
+from 404s or validation errors, only 403. Wrong keys are counted in Redis per
+client address and key prefix (key_failures.py); past ``API_KEY_FAILURE_LIMIT``
+in ``API_KEY_FAILURE_WINDOW`` seconds a wrong key gets 429, a right one is
+still served.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django.conf import settings
@@ -27,42 +27,22 @@ from ninja.errors import HttpError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
-from django.core.cache import cache
-
+from .client_address import client_address
+from .key_failures import count_failure
 from chasqui_core.services.api_keys import authenticate_api_key
 from chasqui_core.services.common import require
 
 
 class TooManyAttempts(Exception):
-    """Too many wrong API keys from one address: answered 429 with Retry-After."""
+    """Too many wrong API keys from one address and key prefix: answered 429 with Retry-After."""
 
     def __init__(self, retry_after: int) -> None:
-        super().__init__(f"Too many requests with a wrong API key from this address; try again in {retry_after} s")
+        super().__init__(
+            f"Too many requests with a wrong API key from this address; try again in {retry_after} s "
+            "(requests with a valid key are served meanwhile)"
+        )
         self.retry_after = retry_after
 
-
-def _client_address(request: HttpRequest) -> str:
-    return request.META.get("REMOTE_ADDR", "") or "unknown"
-
-
-def _failures_key(request: HttpRequest) -> str:
-    return f"api-key-failures:{_client_address(request)}"
-
-
-def _check_not_blocked(request: HttpRequest) -> None:
-    limit = getattr(settings, "API_KEY_FAILURE_LIMIT", 20)
-    failures = cache.get(_failures_key(request))
-    if failures is not None and failures[0] >= limit:
-        window = getattr(settings, "API_KEY_FAILURE_WINDOW", 300)
-        raise TooManyAttempts(max(1, int(failures[1] + window - time.time())))
-
-
-def _count_failure(request: HttpRequest) -> None:
-    """One more wrong key from this address, in a window that starts at the first one."""
-    window = getattr(settings, "API_KEY_FAILURE_WINDOW", 300)
-    key = _failures_key(request)
-    count, since = cache.get(key) or (0, time.time())
-    cache.set(key, (count + 1, since), timeout=max(1, int(since + window - time.time())))
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
@@ -82,13 +62,16 @@ def user_for_key(request: HttpRequest, token: str, permission: str | tuple[str, 
     """The user a bearer key belongs to, once it holds ``permission``; None for a wrong key.
 
     Shared by the API and the plain views that take keys (/metrics), so every
-    wrong key counts against the same limit: TooManyAttempts once the address
-    is over it, PermissionDenied for a right key without the permission.
+    wrong key counts against the same limit: TooManyAttempts for a wrong key
+    once its address and prefix are over it (a right key is served whatever
+    the count), PermissionDenied for a right key without the permission.
     """
-    _check_not_blocked(request)
-    user = authenticate_api_key(token.strip())
+    token = token.strip()
+    user = authenticate_api_key(token)
     if user is None:
-        _count_failure(request)
+        retry_after = count_failure(client_address(request), token)
+        if retry_after is not None:
+            raise TooManyAttempts(retry_after)
         return None
     return _permitted(user, permission)
 

@@ -5,7 +5,7 @@ from ninja import Query, Router
 
 from .auth import needs
 from .errors import CHANGE, READ
-from .schemas import CancelledOut, DelayedJobOut, DelayedPageOut, RunNowOut
+from .schemas import CancelledOut, DelayedJobOut, DelayedPageOut, JobId, RunNowOut
 from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services.common import MAX_PAGE
 
@@ -27,14 +27,14 @@ def list_delayed(
 
 @router.get("/{queue}/delayed/{job_id}", response={200: DelayedJobOut, **READ}, summary="One delayed job",
             auth=needs("view_queues"))
-def get_delayed(request: HttpRequest, queue: str, job_id: str):
+def get_delayed(request: HttpRequest, queue: str, job_id: JobId):
     """Needs view_queues."""
     return DelayedJobOut.from_job(delayed_service.delayed_job(request.auth, queue, job_id))
 
 
 @router.post("/{queue}/delayed/{job_id}/cancel", response={200: CancelledOut, **CHANGE},
              summary="Cancel a delayed job", auth=needs("discard_jobs"))
-def cancel_delayed(request: HttpRequest, queue: str, job_id: str):
+def cancel_delayed(request: HttpRequest, queue: str, job_id: JobId):
     """Remove the job for good; 404 when it already ran or was cancelled. Needs discard_jobs."""
     delayed_service.cancel_delayed(request.auth, queue, job_id, source="api")
     return CancelledOut(job_id=job_id, cancelled=True)
@@ -42,7 +42,7 @@ def cancel_delayed(request: HttpRequest, queue: str, job_id: str):
 
 @router.post("/{queue}/delayed/{job_id}/run-now", response={200: RunNowOut, **CHANGE},
              summary="Run a delayed job now", auth=needs("enqueue_jobs"))
-def run_delayed_now(request: HttpRequest, queue: str, job_id: str):
+def run_delayed_now(request: HttpRequest, queue: str, job_id: JobId):
     """Move the job to the stream at once. Needs enqueue_jobs."""
     entry_id = delayed_service.run_delayed_now(request.auth, queue, job_id, source="api")
     return RunNowOut(job_id=job_id, entry_id=entry_id)

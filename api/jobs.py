@@ -6,7 +6,7 @@ from ninja.responses import Status
 
 from .auth import needs
 from .errors import CHANGE, READ, WITH_BODY
-from .schemas import CancelJobOut, EnqueueIn, EnqueueOut, JobOut, TaskOut, _dt
+from .schemas import CancelJobOut, EnqueueIn, EnqueueOut, JobId, JobOut, TaskOut, _dt
 from chasqui_core.services import jobs as jobs_service
 
 router = Router(tags=["jobs"])
@@ -36,7 +36,7 @@ def enqueue(request: HttpRequest, queue: str, payload: EnqueueIn):
 
 @router.get("/jobs/{job_id}", response={200: JobOut, **READ}, summary="Find a job in any state",
             auth=needs("view_queues"))
-def find_job(request: HttpRequest, job_id: str):
+def find_job(request: HttpRequest, job_id: JobId):
     """Where a job is and what it holds: waiting, running, delayed, dead, or finished (while result storage
     keeps it). 404 says where it looked. Arguments, errors and results are masked. Needs view_queues."""
     return JobOut.from_lookup(jobs_service.find_job(request.auth, job_id))
@@ -44,7 +44,7 @@ def find_job(request: HttpRequest, job_id: str):
 
 @router.post("/jobs/{job_id}/cancel", response={202: CancelJobOut, **CHANGE}, summary="Cancel a job",
              auth=needs("discard_jobs"))
-def cancel_job(request: HttpRequest, job_id: str):
+def cancel_job(request: HttpRequest, job_id: JobId):
     """Cancel a waiting, delayed or running job: a waiting or delayed one never runs, a running async one is
     cancelled within a second, a running sync one is told and given up after the worker's grace. It ends in
     the dead-letter queue with reason ``cancelled``. 202: asked for, the workers act on it; 409 when the job

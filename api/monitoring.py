@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .auth import TooManyAttempts, user_for_key
+from .client_address import client_address
 from chasqui_core import access, health, prometheus, schedules
 from chasqui_core.services.common import redis_client
 from chasqui_core.conf import chasqui_settings
@@ -35,7 +36,7 @@ def _text(status: int, message: str, **headers: str) -> HttpResponse:
 
 def _refusal(request: HttpRequest) -> HttpResponse | None:
     """Why this request may not read the metrics, as a response; None when it may."""
-    if chasqui_settings().metrics_allowed(request.META.get("REMOTE_ADDR", "")):
+    if chasqui_settings().metrics_allowed(client_address(request)):
         return None
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, UTC
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
+from pydantic import AfterValidator, WithJsonSchema
 
+from chasqui_core.engine import job_ids
 from chasqui_core.engine.dlq.browse import ErrorGroup
 from chasqui_core.engine.dlq.entries import REASONS, DeadJob
 from chasqui_core.engine.priority import job_priority
@@ -44,6 +46,13 @@ def _dt(ms: int | None) -> datetime | None:
 
 # --- errors ------------------------------------------------------------------
 
+
+JobId = Annotated[str, AfterValidator(job_ids.check), WithJsonSchema({
+    "type": "string", "minLength": 1, "maxLength": job_ids.MAX_LENGTH, "pattern": job_ids.PATTERN,
+    "description": job_ids.RULE[0].upper() + job_ids.RULE[1:] + ".",
+})]
+"""A job id as the API takes it: the engine's own check (job_ids.check), so the error says what is wrong in
+words, and its pattern in the schema, so the schema allows exactly what the check does."""
 
 class ErrorOut(Schema):
     detail: str = Field(description="What went wrong, in words.")
@@ -135,8 +144,8 @@ class EnqueueIn(Schema):
     backoff: int | str | dict[str, Any] | None = Field(
         None, description="Milliseconds (fixed), a strategy name, or a backoff object; see docs/retries.md."
     )
-    job_id: str | None = Field(None, min_length=1, max_length=200,
-                               description="Your id for the job: a second enqueue with the same id is ignored.")
+    job_id: JobId | None = Field(None, description="Your id for the job: a second enqueue with the same id is "
+                                                   "ignored.")
     priority: int | None = Field(None, ge=-100, le=100,
                                  description="Higher runs first: above 0 the queue's high band, below 0 its low band; "
                                              "none: the task's own (see docs/flow-control.md).")

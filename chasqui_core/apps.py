@@ -16,8 +16,7 @@ class ChasquiCoreConfig(AppConfig):
         from django.core import checks
         from django.db.models.signals import post_migrate
 
-        from chasqui_core.checks import redis_url, runworker_command, signing_keys
-        from chasqui_core.conf import chasqui_settings
+        from chasqui_core.checks import other_settings, redis_url, runworker_command, signing_keys
         from chasqui_core.schedules import check_schedules
 
         post_migrate.connect(_ensure_groups, sender=self)
@@ -25,8 +24,10 @@ class ChasquiCoreConfig(AppConfig):
         checks.register(signing_keys, checks.Tags.security)
         checks.register(redis_url)
         checks.register(runworker_command)
-        # A mistake in settings.CHASQUI stops the process at start, not at the first job or scrape.
-        chasqui_settings()
+        checks.register(other_settings)
+        # A mistake in the settings is not raised here, where it would be a traceback before any check ran:
+        # `check` and every command that runs checks (runworker, migrate, runserver) report it in words and
+        # stop, and a server process that runs none refuses its first use of Chasqui with the same words.
 
 
 def _ensure_groups(**kwargs) -> None:

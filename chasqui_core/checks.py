@@ -1,9 +1,11 @@
 """Django system checks of Chasqui's settings and installation.
 
-Most mistakes in ``settings.CHASQUI`` stop the start in conf.py; these are the
-warnings, and the errors that ``check`` (and every command that runs checks)
-reports rather than a start-up traceback: an unusable Redis URL scheme, and a
-``runworker`` command shadowed by another app's.
+Every mistake in the settings Chasqui reads is reported here (or by the
+task backend's own check, chasqui.E001, for ``settings.CHASQUI``) in words
+naming the setting, rather than as a start-up traceback: a Redis URL that
+cannot name a server (E003), a ``runworker`` command shadowed by another
+app's (E004), a wrong type in a setting outside ``CHASQUI`` (E005), and the
+security warnings.
 
 Registered by the app (apps.py), so ``manage.py check``, ``runserver`` and
 ``runworker`` report them.
@@ -17,7 +19,7 @@ from django.core.checks import CheckMessage, Error, Warning
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import get_commands
 
-from chasqui_core.conf import chasqui_settings
+from chasqui_core.conf import chasqui_settings, key_failure_policy
 
 MIN_KEY_BYTES = 32
 """Shorter signing keys may be guessed offline from any signed job read out of Redis."""
@@ -48,12 +50,41 @@ def signing_keys(app_configs=None, **kwargs) -> list[CheckMessage]:
 
 
 def redis_url(app_configs=None, **kwargs) -> list[CheckMessage]:
-    """An error for a Redis URL no client can use, naming the setting it came from and the schemes we accept."""
+    """An error for a Redis URL no client can use (empty, scheme, port, database), naming its setting."""
     try:
         problem = chasqui_settings().redis_url_problem
     except ImproperlyConfigured:
         return []  # reported by chasqui.E001
     return [] if problem is None else [Error(problem, id="chasqui.E003")]
+
+
+def _number(name: str, default: float, *, whole: bool) -> CheckMessage | None:
+    value = getattr(settings, name, default)
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)) or value <= 0:
+        kind = "a whole number of 1 or more" if whole else "a number above 0"
+        return Error(f"settings.{name} must be {kind}, got {value!r}.", id="chasqui.E005")
+    return None
+
+
+def other_settings(app_configs=None, **kwargs) -> list[CheckMessage]:
+    """Errors for the settings Chasqui reads outside ``CHASQUI`` whose type is wrong, naming each.
+
+    Without this, ``API_KEY_FAILURE_LIMIT = "twenty"`` passed ``check`` and
+    surfaced as a TypeError quoted to an API client at the second wrong key.
+    """
+    out: list[CheckMessage] = []
+    try:
+        key_failure_policy()
+    except ImproperlyConfigured as exc:
+        out.append(Error(str(exc), id="chasqui.E005"))
+    sampler = _number("CHASQUI_SAMPLER_INTERVAL", 1.0, whole=False)
+    if sampler is not None:
+        out.append(sampler)
+    login_url = getattr(settings, "LOGIN_URL", None)
+    if not isinstance(login_url, str) or not login_url.strip():
+        out.append(Error(f"settings.LOGIN_URL must be a path or a URL name (the console sends visitors who are "
+                         f"not logged in there), got {login_url!r}.", id="chasqui.E005"))
+    return out
 
 
 def runworker_command(app_configs=None, **kwargs) -> list[CheckMessage]:

@@ -30,8 +30,9 @@ from chasqui_core.engine.signing import check_keys
 
 @dataclass(frozen=True, slots=True)
 class ChasquiSettings:
-    REDIS_URL: str = ""
-    """Empty: settings.REDIS_URL, else the REDIS_URL environment variable, else 127.0.0.1:6379."""
+    REDIS_URL: str | None = None
+    """None (not given): settings.REDIS_URL, else the REDIS_URL environment variable, else 127.0.0.1:6379. Given
+    but empty is a mistake (chasqui.E003), never a silent default."""
     CONCURRENCY: int = 10
     BATCH_SIZE: int = 100
     MAX_ATTEMPTS: int = 3
@@ -60,7 +61,12 @@ class ChasquiSettings:
     METRICS_ALLOWED_IPS: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     """Client addresses or networks ("10.0.0.7", "10.0.0.0/8", "fd00::/8") that may read /metrics without an
     API key: the Prometheus servers, when giving them a key is awkward. Matched against the address Django
-    sees (REMOTE_ADDR), never a forwarded header."""
+    sees as the client's (see TRUSTED_PROXIES)."""
+    TRUSTED_PROXIES: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    """Addresses or networks of the reverse proxies in front of the site. A request from one of them is
+    taken to come from the address its X-Forwarded-For names (read from the right, past every trusted
+    proxy); from anywhere else the header is ignored, since a client can send any. Empty: REMOTE_ADDR is the
+    client. Used for the limit on wrong API keys and for METRICS_ALLOWED_IPS."""
     SIGNING_KEYS: tuple[bytes, ...] = ()
     """Keys (str or bytes) that sign jobs: producers sign with the first, workers run only jobs signed with
     one of them. Empty: jobs are neither signed nor checked. See docs/security.md."""
@@ -79,40 +85,77 @@ class ChasquiSettings:
 
     def metrics_allowed(self, address: str) -> bool:
         """Whether a request from ``address`` may read /metrics without a key."""
-        try:
-            ip = ipaddress.ip_address(address)
-        except ValueError:
-            return False
-        mapped = getattr(ip, "ipv4_mapped", None)  # "::ffff:10.0.0.7" from a dual-stack socket
-        return any(ip in network or (mapped is not None and mapped in network) for network in self.METRICS_ALLOWED_IPS)
+        return in_networks(address, self.METRICS_ALLOWED_IPS)
+
+    def client_address(self, remote_addr: str, forwarded_for: str | None) -> str:
+        """The address a request comes from: REMOTE_ADDR, or behind trusted proxies what they forwarded.
+
+        X-Forwarded-For is read from the right: each proxy appends the address
+        it heard from, so the rightmost entry not of a trusted proxy is the
+        first one a trusted proxy vouches for; what lies left of it is the
+        client's to write.
+        """
+        if not forwarded_for or not in_networks(remote_addr, self.TRUSTED_PROXIES):
+            return remote_addr
+        hops = [hop.strip() for hop in forwarded_for.split(",") if hop.strip()]
+        for hop in reversed(hops):
+            if not in_networks(hop, self.TRUSTED_PROXIES):
+                return hop
+        return hops[0] if hops else remote_addr
+
+    def _redis_url_source(self) -> tuple[Any, str]:
+        """The Redis URL as given, and the setting it came from: the first of them that is set at all."""
+        if self.REDIS_URL is not None:
+            return self.REDIS_URL, "settings.CHASQUI['REDIS_URL']"
+        if hasattr(settings, "REDIS_URL"):
+            return settings.REDIS_URL, "settings.REDIS_URL"
+        if "REDIS_URL" in os.environ:
+            return os.environ["REDIS_URL"], "the REDIS_URL environment variable"
+        return DEFAULT_URL, f"the default Redis URL ({DEFAULT_URL}; set REDIS_URL)"
 
     @property
     def redis_url(self) -> str:
-        return self.REDIS_URL or getattr(settings, "REDIS_URL", "") or os.environ.get("REDIS_URL") or DEFAULT_URL
+        url, _ = self._redis_url_source()
+        return url.strip() if isinstance(url, str) and url.strip() else DEFAULT_URL
 
     @property
     def redis_url_setting(self) -> str:
         """Where ``redis_url`` came from, for messages about it."""
-        if self.REDIS_URL:
-            return "settings.CHASQUI['REDIS_URL']"
-        if getattr(settings, "REDIS_URL", ""):
-            return "settings.REDIS_URL"
-        if os.environ.get("REDIS_URL"):
-            return "the REDIS_URL environment variable"
-        return f"the default Redis URL ({DEFAULT_URL}; set REDIS_URL)"
+        return self._redis_url_source()[1]
 
     @property
     def redis_url_problem(self) -> str | None:
-        """Why ``redis_url`` cannot name a server, in words naming its setting; None when its scheme is one we use.
+        """Why the Redis URL cannot name a server, in words naming its setting; None when it can.
 
-        Reported by the ``chasqui.E003`` system check, and raised by the first
-        connection in a process that ran no checks.
+        An empty or non-string value, a scheme no client uses, a port out of
+        range, a database that is not a number of 0 or more, TLS files that
+        are not there: all that can be told without a server. Reported by the
+        ``chasqui.E003`` system check, and raised by the first connection in a
+        process that ran no checks.
         """
-        return scheme_problem(self.redis_url, self.redis_url_setting)
+        url, setting = self._redis_url_source()
+        if not isinstance(url, str):
+            return (f"{setting} must be a string such as 'redis://127.0.0.1:6379/0', got "
+                    f"{type(url).__name__} {redact.mask_text(repr(url))}.")
+        if not url.strip():
+            return (f"{setting} is empty: give a Redis URL such as 'redis://127.0.0.1:6379/0', or leave it unset "
+                    f"(Chasqui then looks further: settings.CHASQUI['REDIS_URL'], settings.REDIS_URL, the REDIS_URL "
+                    f"environment variable, {DEFAULT_URL}).")
+        return scheme_problem(url.strip(), setting) or shape_problem(url.strip(), setting)
 
     @property
     def backoff(self) -> BackoffSpec:
         return coerce_backoff(self.BACKOFF) or DEFAULT_BACKOFF
+
+
+def in_networks(address: str, networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]) -> bool:
+    """Whether ``address`` (a string, perhaps not an address at all) is in one of ``networks``."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # "::ffff:10.0.0.7" from a dual-stack socket
+    return any(ip in network or (mapped is not None and mapped in network) for network in networks)
 
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
@@ -133,6 +176,28 @@ def scheme_problem(url: str, setting: str) -> str | None:
     found = f"its scheme is {scheme + '://'!r}" if scheme else "it has no scheme"
     return (f"{setting} is {redact.mask_text(url)!r}, and {found}: a Redis URL starts with one of {accepted} "
             "(e.g. redis://127.0.0.1:6379/0; rediss:// for TLS).")
+
+
+def shape_problem(url: str, setting: str) -> str | None:
+    """What is wrong with a Redis URL of an accepted scheme that no server could fix: port, database, TLS files."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() in ("redis", "rediss"):
+        try:
+            port = parts.port
+        except ValueError:
+            port = -1
+        if port is not None and not 1 <= port <= 65535:
+            return (f"{setting} is {redact.mask_text(url)!r}: its port must be a number from 1 to 65535 "
+                    "(e.g. redis://127.0.0.1:6379/0).")
+        database = parts.path.strip("/")
+        if database and not database.isdigit():
+            return (f"{setting} is {redact.mask_text(url)!r}: the database after the host must be a number of 0 or "
+                    f"more (e.g. redis://127.0.0.1:6379/0), got {database!r}.")
+    try:
+        check_url(url)
+    except RedisConfigError as exc:
+        return f"{setting}: {exc}"
+    return None
 
 
 _POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE", "MAX_ATTEMPTS", "VISIBILITY_TIMEOUT_MS", "PROMOTER_LOCK_TTL_MS",
@@ -174,15 +239,14 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
         raise ImproperlyConfigured(
             f"settings.CHASQUI['PRIORITY'] must be 'strict' (the highest priority first) or 'weighted' (high, default "
             f"and low priority take 6, 3 and 1 of every 10 starts), got {raw['PRIORITY']!r}")
-    if "REDIS_URL" in raw and not isinstance(raw["REDIS_URL"], str):
-        raise ImproperlyConfigured("settings.CHASQUI['REDIS_URL'] must be a string such as 'redis://127.0.0.1:6379/0'")
     if "MASKED_KEYS" in raw:
         keys = raw["MASKED_KEYS"]
         if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
             raise ImproperlyConfigured("settings.CHASQUI['MASKED_KEYS'] must be a list of key names")
         raw["MASKED_KEYS"] = tuple(k.lower() for k in keys)
-    if "METRICS_ALLOWED_IPS" in raw:
-        raw["METRICS_ALLOWED_IPS"] = _networks(raw["METRICS_ALLOWED_IPS"])
+    for key in ("METRICS_ALLOWED_IPS", "TRUSTED_PROXIES"):
+        if key in raw:
+            raw[key] = _networks(raw[key], f"settings.CHASQUI[{key!r}]")
     if "SCHEDULES" in raw:
         schedules = raw["SCHEDULES"]
         if not isinstance(schedules, Mapping) or not all(isinstance(v, Mapping) for v in schedules.values()):
@@ -210,18 +274,12 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
             coerce_backoff(raw["BACKOFF"])
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"settings.CHASQUI['BACKOFF'] is not valid: {exc}") from None
-    loaded = ChasquiSettings(**raw)
-    if loaded.redis_url_problem is not None:
-        return loaded  # the chasqui.E003 system check reports it, and the first connection refuses it
-    try:  # what can be checked without a server: the URL's shape, the TLS files it names
-        check_url(loaded.redis_url)
-    except RedisConfigError as exc:
-        raise ImproperlyConfigured(f"{loaded.redis_url_setting}: {exc}") from None
-    return loaded
+    # The Redis URL is not refused here: the chasqui.E003 system check reports what is wrong with it
+    # (redis_url_problem), and the first connection of a process that ran no checks refuses it.
+    return ChasquiSettings(**raw)
 
 
-def _networks(value: Any) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    name = "settings.CHASQUI['METRICS_ALLOWED_IPS']"
+def _networks(value: Any, name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ImproperlyConfigured(f"{name} must be a list of IP addresses or networks, e.g. ['10.0.0.7', "
                                    f"'10.1.0.0/16'], got {value!r}")
@@ -258,3 +316,27 @@ def _settings_changed(*, setting: str, **kwargs: Any) -> None:
         for backend in task_backends.all():
             if hasattr(backend, "reset_connections"):
                 backend.reset_connections()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyFailurePolicy:
+    """How many wrong API keys an address may send with one key prefix in a window before it is told 429."""
+
+    limit: int = 20
+    window: int = 300
+
+
+def key_failure_policy() -> KeyFailurePolicy:
+    """``API_KEY_FAILURE_LIMIT`` and ``API_KEY_FAILURE_WINDOW``, top-level settings, checked.
+
+    Read at each wrong key (tests change them), and by the ``chasqui.E005``
+    check, so a wrong type is a check error naming the setting rather than a
+    TypeError quoted to an API client.
+    """
+    values = {}
+    for name, default in (("API_KEY_FAILURE_LIMIT", 20), ("API_KEY_FAILURE_WINDOW", 300)):
+        value = getattr(settings, name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ImproperlyConfigured(f"settings.{name} must be a whole number of 1 or more, got {value!r}")
+        values[name] = value
+    return KeyFailurePolicy(values["API_KEY_FAILURE_LIMIT"], values["API_KEY_FAILURE_WINDOW"])

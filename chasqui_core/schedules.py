@@ -50,6 +50,10 @@ def configured() -> dict[str, Schedule]:
 def check_schedules(app_configs: object = None, **kwargs: object) -> list[Error]:
     """The system check (registered by the app): one error for the first bad schedule."""
     try:
+        chasqui_settings()
+    except ImproperlyConfigured:
+        return []  # settings.CHASQUI itself is wrong: the task backend's check says so (chasqui.E001)
+    try:
         configured()
     except ImproperlyConfigured as exc:
         return [Error(str(exc), id="chasqui.E002")]

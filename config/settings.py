@@ -36,10 +36,14 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 
-# Empty means "no external server": the run command starts an embedded Valkey
+# Unset means "no external server": the run command starts an embedded Valkey
 # and passes its URL to the processes it spawns in their REDIS_URL, so every
-# process that reads these settings sees the real URL.
-REDIS_URL = env_str("REDIS_URL")
+# process that reads these settings sees the real URL. settings.REDIS_URL is
+# defined only when the variable holds a URL: Chasqui reports an empty one
+# (chasqui.E003) rather than quietly using 127.0.0.1.
+_redis_url = env_str("REDIS_URL")
+if _redis_url:
+    REDIS_URL = _redis_url
 
 INSTALLED_APPS = [
     # First on purpose: Django gives management commands of earlier apps
@@ -55,11 +59,11 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
-    "ninja",  # serves the API docs' scripts locally, no CDN
     "axes",  # limits password guessing at the console's login
     "dashboard",
     "api",
     "emails",
+    "config",  # the demo project's own commands (make run's devstack, ensure_admin): not in the package
 ]
 
 MIDDLEWARE = [
@@ -71,7 +75,6 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
-    "api.middleware.JsonErrorsMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into its 429 page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -122,11 +125,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # for management commands that never touch websockets. The layer is
 # channels_redis's, the kind the server allows (pub/sub on a Redis Cluster):
 # see chasqui_core/channel_layer.py.
-if REDIS_URL:
+if _redis_url:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "chasqui_core.channel_layer.redis_channel_layer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {"hosts": [_redis_url]},
         },
     }
 else:
@@ -151,6 +154,9 @@ CHASQUI: dict[str, object] = {}
 # Keys that sign jobs, the signing one first (see docs/security.md).
 if env_list("CHASQUI_SIGNING_KEYS"):
     CHASQUI["SIGNING_KEYS"] = env_list("CHASQUI_SIGNING_KEYS")
+# Reverse proxies whose X-Forwarded-For names the client (docs/settings.md).
+if env_list("CHASQUI_TRUSTED_PROXIES"):
+    CHASQUI["TRUSTED_PROXIES"] = env_list("CHASQUI_TRUSTED_PROXIES")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -175,15 +181,15 @@ AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_VERBOSE = False
 
-# Guessing API keys: after API_KEY_FAILURE_LIMIT wrong bearer keys from one
-# address within API_KEY_FAILURE_WINDOW seconds, that address gets 429 with
-# Retry-After until the window passes. Counted in the cache below (Redis when
-# its URL is known, so every web process shares the count).
+# Wrong API keys: after API_KEY_FAILURE_LIMIT wrong bearer keys from one
+# address with one key prefix within API_KEY_FAILURE_WINDOW seconds, further
+# wrong ones get 429 with Retry-After until the window passes; a right key is
+# always served. Counted in Redis, shared by every web process.
 API_KEY_FAILURE_LIMIT = 20
 API_KEY_FAILURE_WINDOW = 300
 # Django's Redis cache, on a cluster or behind Sentinel too (chasqui_core/cache.py).
-if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "chasqui_core.cache.RedisCache", "LOCATION": REDIS_URL,
+if _redis_url:
+    CACHES = {"default": {"BACKEND": "chasqui_core.cache.RedisCache", "LOCATION": _redis_url,
                           "KEY_PREFIX": "chasqui-web"}}
 
 # The demo's signup form (it enqueues work): on in `make run` (devstack sets

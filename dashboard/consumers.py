@@ -5,7 +5,10 @@ sampler sends rendered fragments to the topic's group and this consumer
 passes them on. Sockets are accepted and then closed at once when refused,
 so the browser learns why from the close code and does not keep retrying:
 4401 without a logged-in user, 4403 without the view permission, 4404 for a
-path that names nothing to watch.
+path that names nothing to watch. A socket opened by a page of another site
+(``origin.same_site``) is refused at the handshake, before anything else,
+whatever the project's ``asgi.py`` wraps the routes in: that page learns
+nothing, not even whether its visitor is logged in.
 
 A socket outlives the login it was opened with unless someone checks: a user
 who logs out in another tab (or whose session an administrator ends) would
@@ -26,6 +29,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from chasqui_core import access
 
+from .origin import same_site
 from .sampler import get_sampler
 from .topics import BadTopic, Topic
 
@@ -42,6 +46,9 @@ class LiveConsumer(AsyncWebsocketConsumer):
     checked_at = 0.0
 
     async def connect(self) -> None:
+        if not same_site(self.scope):
+            await self.close()  # before accept: the handshake is denied (HTTP 403)
+            return
         await self.accept()
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:

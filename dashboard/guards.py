@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import render, resolve_url
 from django.views.decorators.http import require_POST
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -39,7 +39,7 @@ def console_page(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespons
                 # An htmx poll must not swap the login page into a fragment: send the whole tab there.
                 response = HttpResponse(status=401)
                 page = request.htmx.current_url_abs_path or "/"
-                response["HX-Redirect"] = f"{settings.LOGIN_URL}?next={quote(page)}"
+                response["HX-Redirect"] = f"{resolve_url(settings.LOGIN_URL)}?next={quote(page)}"
                 return response
             return redirect_to_login(request.get_full_path())
         if not access.has(request.user, access.VIEW):

@@ -2,7 +2,7 @@
 
 from django.urls import path, register_converter
 
-from . import actions, views
+from . import actions, login, views
 
 
 class QueueName:
@@ -47,6 +47,8 @@ app_name = "chasqui_console"
 
 urlpatterns = [
     path("", views.overview, name="overview"),
+    path("login/", login.login, name="login"),
+    path("logout/", login.logout, name="logout"),
     path("history/", views.overview_history, name="overview_history"),
     path("queues/<queue:name>/", views.queue, name="queue"),
     path("queues/<queue:name>/pause/", actions.pause, name="pause"),

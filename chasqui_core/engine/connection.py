@@ -154,7 +154,9 @@ def check_tls_files(url: str, kwargs: dict[str, Any]) -> None:
 def _db_of(url: str) -> int:
     parts = urlsplit(url)
     query = parse_qs(parts.query)
-    raw = query["db"][-1] if "db" in query else (parts.path.strip("/") or "0")
+    # a unix:// URL's path is its socket: its database is given as ?db= only
+    path_db = "0" if parts.scheme.lower() == "unix" else (parts.path.strip("/") or "0")
+    raw = query["db"][-1] if "db" in query else path_db
     try:
         return int(raw)
     except ValueError:

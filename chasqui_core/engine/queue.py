@@ -28,7 +28,7 @@ import redis.asyncio as aredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
-from . import cancel, delayed
+from . import cancel, delayed, job_ids
 from .backoff import BackoffSpec, coerce_backoff
 from .connection import aconnect, ais_cluster, connect, is_cluster_client, server_of, undetected, url_of
 from .envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
@@ -213,8 +213,8 @@ class Queue:
         if backoff is not None:
             backoff = coerce_backoff(backoff).to_dict()  # type: ignore[union-attr]
         job_id = spec.job_id
-        if job_id is not None and (type(job_id) is not str or not job_id or len(job_id) > 200):
-            raise ValueError("job_id must be a non-empty string of at most 200 characters")
+        if job_id is not None:
+            job_ids.check(job_id)
         when = "" if spec.delay is None and spec.run_at is None else _when(spec.delay, spec.run_at)
         result_ttl = spec.result_ttl
         if type(result_ttl) is not int or not 0 <= result_ttl <= MAX_RESULT_TTL:

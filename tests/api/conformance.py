@@ -17,8 +17,7 @@ from schemathesis.core.transport import Response
 SCHEMA_PATH = "/api/openapi.json"
 
 STATUSES_OUTSIDE_THE_SCHEMA = {
-    413: "a body over the size limit, refused before any endpoint runs (api.middleware)",
-    429: "too many wrong API keys from one address, refused before any endpoint runs (api.auth)",
+    413: "a body over the size limit, refused before any endpoint runs (api.json_errors)",
 }
 """Answers the schema does not list because no single operation gives them; their body is still JSON."""
 

@@ -8,7 +8,7 @@ from .helpers import ApiClient
 Q = "default"
 
 
-def test_wrong_api_keys_from_one_address_get_429_with_retry_after(db, view_api, settings):
+def test_wrong_api_keys_from_one_address_get_429_with_retry_after(db, view_api, settings, redis):
     settings.API_KEY_FAILURE_LIMIT = 20
     guesser = ApiClient("not-a-key")
     answers = [guesser.get("/api/queues").status_code for _ in range(60)]
@@ -16,9 +16,45 @@ def test_wrong_api_keys_from_one_address_get_429_with_retry_after(db, view_api, 
     blocked = guesser.get("/api/queues")
     assert blocked.status_code == 429 and blocked.json()["detail"].startswith("Too many requests with a wrong API key")
     assert 0 < int(blocked["Retry-After"]) <= settings.API_KEY_FAILURE_WINDOW
-    # the limit is per address: a right key from elsewhere is served as usual
-    elsewhere = view_api.client.get("/api/queues", REMOTE_ADDR="10.1.2.3")
-    assert elsewhere.status_code == 200
+    # counted in Redis, where every web process reads the same count
+    assert int(redis.get(b"chasqui:api:key-failures:127.0.0.1:not-a-ke")) == 61
+
+
+def test_a_right_key_is_served_from_an_address_whose_wrong_keys_are_over_the_limit(db, view_api, settings):
+    settings.API_KEY_FAILURE_LIMIT = 3
+    stale = ApiClient(view_api.key[:8] + "x" * 35)  # even a wrong key with the right key's prefix
+    assert [stale.get("/api/queues").status_code for _ in range(5)] == [401, 401, 401, 429, 429]
+    assert view_api.get("/api/queues").status_code == 200
+    other_prefix = ApiClient("y" * 43)
+    assert other_prefix.get("/api/queues").status_code == 401, "another prefix has a count of its own"
+
+
+def test_behind_a_trusted_proxy_each_client_has_its_own_count(db, settings):
+    settings.API_KEY_FAILURE_LIMIT = 2
+    settings.CHASQUI = {"TRUSTED_PROXIES": ["10.0.0.0/8"]}
+
+    def wrong(forwarded_for: str, remote: str = "10.0.0.5") -> int:
+        client = ApiClient("not-a-key")
+        return client.client.get("/api/queues", REMOTE_ADDR=remote, HTTP_X_FORWARDED_FOR=forwarded_for).status_code
+
+    assert [wrong("198.51.100.1") for _ in range(3)] == [401, 401, 429]
+    assert wrong("198.51.100.2") == 401, "another client behind the same proxy is not counted with the first"
+    # a client that writes its own X-Forwarded-For is read from the right: the proxy's entry is what counts
+    assert wrong("203.0.113.9, 198.51.100.1") == 429
+    # from an address that is no trusted proxy, the header is ignored: the count is REMOTE_ADDR's
+    assert [wrong("192.0.2.77", remote="192.0.2.200") for _ in range(3)] == [401, 401, 429]
+    assert wrong("192.0.2.78", remote="192.0.2.200") == 429
+
+
+def test_429_and_its_retry_after_are_in_the_schema(db):
+    schema = ApiClient().client.get("/api/openapi.json").json()
+    for path, methods in schema["paths"].items():
+        for method, operation in methods.items():
+            if operation.get("security") == []:
+                continue
+            too_many = operation["responses"].get("429")
+            assert too_many is not None, (method, path)
+            assert "Retry-After" in too_many["headers"], (method, path)
 
 
 def test_a_user_without_the_permission_gets_403_before_any_validation(outsider_api, redis):
@@ -59,3 +95,14 @@ def test_thirty_wrong_passwords_lock_the_login_out_with_a_clear_message(django_u
     # another address is not locked out of the account
     other = Client(REMOTE_ADDR="10.9.8.7")
     assert other.post("/login/", {"username": "olga", "password": "the-right-one"}).status_code == 302
+
+
+def test_a_trusted_proxies_setting_that_is_not_a_list_of_networks_names_itself(settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from chasqui_core.conf import load
+
+    with pytest.raises(ImproperlyConfigured, match=r"settings.CHASQUI\['TRUSTED_PROXIES'\] holds 'proxy'"):
+        load({"TRUSTED_PROXIES": ["proxy"]})
+    with pytest.raises(ImproperlyConfigured, match=r"TRUSTED_PROXIES'\] must be a list"):
+        load({"TRUSTED_PROXIES": "10.0.0.1"})

@@ -209,3 +209,27 @@ def test_a_job_found_nowhere_is_404_saying_where_it_looked(view_api):
     detail = r.json()["detail"]
     assert "not waiting, running, delayed or dead" in detail and "delayed set of default" in detail
     assert view_api.get(f"/api/jobs/{'x' * 201}").status_code == 422
+
+
+@pytest.mark.parametrize("job_id", ["a/b", "..", ".", "line\nbreak", "nul\x00", "right\u202eleft", "zero\u200bwidth",
+                                    "x" * 201])
+def test_a_job_id_the_api_could_not_address_is_refused_in_words(op_api, redis, job_id):
+    r = op_api.post("/api/queues/default/jobs", {"task": ADD, "args": [1, 2], "job_id": job_id})
+    assert r.status_code == 422, r.content
+    assert "a job id is 1 to 200 characters, without '/', control characters" in r.json()["detail"]
+    assert stream_jobs(redis, "default") == []
+
+
+def test_every_job_id_the_api_takes_can_be_found_again_by_its_url(op_api, view_api):
+    from urllib.parse import quote
+
+    for job_id in ("order 42", "...", "ünïcode-✓", "a?b#c%d", "x" * 200):
+        r = op_api.post("/api/queues/default/jobs", {"task": ADD, "args": [1, 2], "job_id": job_id})
+        assert r.status_code == 201, (job_id, r.content)
+        found = view_api.get(f"/api/jobs/{quote(job_id, safe='')}")
+        assert found.status_code == 200 and found.json()["id"] == job_id, job_id
+
+
+def test_a_job_id_path_outside_the_rule_is_422_not_a_search(view_api):
+    r = view_api.get("/api/jobs/right%E2%80%AEleft")
+    assert r.status_code == 422 and "a job id is 1 to 200 characters" in r.json()["detail"]

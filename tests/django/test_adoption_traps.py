@@ -77,6 +77,63 @@ def test_an_enqueue_in_a_process_that_skipped_the_checks_says_the_same(settings)
         sample_tasks.add.enqueue(1, 2)
 
 
+@pytest.mark.parametrize("url, words", [
+    ("redis://127.0.0.1:99999/0", "its port must be a number from 1 to 65535"),
+    ("redis://127.0.0.1:port/0", "its port must be a number from 1 to 65535"),
+    ("redis://127.0.0.1:6379/abc", "the database after the host must be a number of 0 or more"),
+    ("redis://127.0.0.1:6379/-1", "the database after the host must be a number of 0 or more"),
+    ("", "settings.REDIS_URL is empty"),
+    ("   ", "settings.REDIS_URL is empty"),
+])
+def test_a_redis_url_no_server_could_answer_is_a_check_error_naming_the_setting(settings, url, words):
+    settings.REDIS_URL = url
+    [error] = _errors("chasqui.E003")
+    assert error.msg.startswith("settings.REDIS_URL ") and words in error.msg
+
+
+def test_an_empty_or_non_string_redis_url_anywhere_is_named_never_replaced_by_the_default(settings, monkeypatch):
+    settings.CHASQUI = {"REDIS_URL": ""}
+    [error] = _errors("chasqui.E003")
+    assert error.msg.startswith("settings.CHASQUI['REDIS_URL'] is empty")
+    settings.CHASQUI = {"REDIS_URL": 6379}
+    [error] = _errors("chasqui.E003")
+    assert error.msg.startswith("settings.CHASQUI['REDIS_URL'] must be a string")
+    settings.CHASQUI = {}
+    del settings.REDIS_URL
+    monkeypatch.setenv("REDIS_URL", "")
+    [error] = _errors("chasqui.E003")
+    assert error.msg.startswith("the REDIS_URL environment variable is empty")
+    with pytest.raises(ImproperlyConfigured, match="the REDIS_URL environment variable is empty"):
+        sample_tasks.add.enqueue(1, 2)
+
+
+@pytest.mark.parametrize("name, value, words", [
+    ("API_KEY_FAILURE_LIMIT", "twenty", "settings.API_KEY_FAILURE_LIMIT must be a whole number of 1 or more"),
+    ("API_KEY_FAILURE_WINDOW", 0, "settings.API_KEY_FAILURE_WINDOW must be a whole number of 1 or more"),
+    ("CHASQUI_SAMPLER_INTERVAL", "1s", "settings.CHASQUI_SAMPLER_INTERVAL must be a number above 0"),
+    ("LOGIN_URL", None, "settings.LOGIN_URL must be a path or a URL name"),
+])
+def test_a_setting_outside_chasqui_of_the_wrong_type_is_a_check_error_naming_it(settings, name, value, words):
+    assert _errors("chasqui.E005") == []
+    setattr(settings, name, value)
+    [error] = _errors("chasqui.E005")
+    assert words in error.msg
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"REDIS_URL": "redis://127.0.0.1:99999/0"}, "(chasqui.E003) settings.REDIS_URL is 'redis://127.0.0.1:99999/0'"),
+    ({"REDIS_URL": ""}, "(chasqui.E003) the REDIS_URL environment variable is empty"),
+    ({"CHASQUI_TRUSTED_PROXIES": "proxy"}, "(chasqui.E001) settings.CHASQUI['TRUSTED_PROXIES'] holds 'proxy'"),
+])
+def test_manage_py_check_reports_bad_settings_in_words_without_a_traceback(tmp_path, env, words):
+    env = {**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", **env}
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0, done.stdout
+    assert words in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("(chasqui.E") == 1, done.stderr  # said once
+
+
 # --- Channels' runworker ----------------------------------------------------------------------------------
 
 

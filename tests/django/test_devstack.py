@@ -133,3 +133,54 @@ def test_devstack_serves_the_console_runs_a_worker_and_stops_cleanly(tmp_path, s
     assert f"{received} received, stopping..." in output and "Stopped." in output
     assert "did not stop in time" not in output, "one request to stop, however delivered, lets the worker finish"
     assert left == {}, f"processes devstack started outlived it:\n{output}"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finding leftover processes reads /proc")
+def test_an_operator_s_stop_of_the_worker_is_a_stop_and_the_console_stays_up(tmp_path):
+    from chasqui_core.engine import control
+    from chasqui_core.engine.scripts import Scripts
+
+    web_port, redis_port = _free_port(), _free_port()
+    env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"}
+    env.update(DJANGO_SETTINGS_MODULE="tests.django.devstack_settings", CHASQUI_TEST_VAR_DIR=str(tmp_path / "var"),
+               DATABASE_URL=subprocess_database_url(), PYTHONPATH=str(ROOT))
+    log = tmp_path / "devstack.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "devstack", "--port", str(web_port), "--redis-port", str(redis_port)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    client = redis_lib.Redis(port=redis_port, socket_connect_timeout=1)
+    started: dict[int, str] = {}
+    try:
+        _wait(lambda: "Chasqui's console is at" in log.read_text(), 90, "the console's address", proc, log)
+        workers_key = QueueKeys.for_queue("emails").workers
+
+        def worker_ids():
+            try:
+                return [w.decode() for w in client.hkeys(workers_key)]
+            except redis_lib.ConnectionError:
+                return []
+
+        [worker_id] = _wait(worker_ids, 90, "the worker's heartbeat", proc, log)
+        started = _descendants(proc.pid)
+        assert control.send(Scripts(client), worker_id, "stop")  # what the console's Stop button sends
+        _wait(lambda: "stopped on request" in log.read_text(), 90, "the stack to say the worker stopped", proc, log)
+        assert proc.poll() is None, "the stack goes on"
+        assert _login_page_status(web_port) == 200, "the console that sent the stop still answers"
+        assert client.ping()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(60)
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        left = {pid: start for pid, start in started.items() if (info := _process(pid)) and info[1] == start}
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+    output = log.read_text()
+    assert proc.returncode == 0, output
+    assert "an operator's stop, from the console or the API" in output and "Stopped." in output
+    assert "unexpectedly" not in output
+    assert left == {}, f"processes devstack started outlived it:\n{output}"

@@ -134,10 +134,14 @@ def test_a_tls_file_that_is_not_there_is_named_at_start(settings):
     with pytest.raises(RedisConfigError, match=r"ssl_ca_certs names '/nowhere/ca.pem', which does not exist"):
         connect(url)
     settings.CHASQUI = {"REDIS_URL": url}
-    from chasqui_core.conf import chasqui_settings
+    from chasqui_core.checks import redis_url
+    from tests.django import sample_tasks
 
+    [error] = redis_url()  # what `manage.py check` and runworker report, naming the setting
+    assert error.id == "chasqui.E003"
+    assert re.match(r"settings.CHASQUI\['REDIS_URL'\]: .*ssl_ca_certs", error.msg)
     with pytest.raises(ImproperlyConfigured, match=r"settings.CHASQUI\['REDIS_URL'\]: .*ssl_ca_certs"):
-        chasqui_settings()
+        sample_tasks.add.enqueue(1, 2)  # a process that ran no checks: its first connection says the same
 
 
 # --- ACL ---------------------------------------------------------------------------------------------------

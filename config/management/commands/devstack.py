@@ -5,6 +5,13 @@ serving ``config.asgi`` and (3) a Chasqui worker, and supervises them: Ctrl+C
 or SIGTERM stops everything in order (web and worker first so the worker can
 finish its jobs, Valkey last), and if one process dies the others are stopped
 too, so the developer never keeps half a stack running without noticing.
+
+One exit is not a death: a worker stopped by an operator (the console's or
+the API's "Stop") exits cleanly on purpose. The stack says so and keeps the
+web server and Valkey running, so the console that sent the stop stays up.
+
+This is the demo project's command (``config`` is an app of this repository
+only): it is not in the package.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from chasqui_core.engine.embedded import EmbeddedValkey
+from chasqui_core.supervisor import STOPPED_EXIT_CODE
 
 POLL_INTERVAL = 0.2
 WEB_START_TIMEOUT = 60.0
@@ -39,6 +47,10 @@ graceful wait.
 """
 
 
+OPERATOR_STOP_CODES = frozenset({0, STOPPED_EXIT_CODE})
+"""How ``runworker`` exits when an operator stops it: 0 as a single process, 76 as a supervised one."""
+
+
 @dataclass
 class Child:
     """One supervised subprocess."""
@@ -46,6 +58,8 @@ class Child:
     name: str
     args: list[str]
     process: subprocess.Popen[bytes] | None = None
+    stoppable: bool = False
+    """Whether a clean exit of its own is a stop someone asked for (a worker), not a death."""
 
     def start(self, env: dict[str, str], cwd: Path) -> None:
         # Each child gets its own process group: a Ctrl+C in the terminal then
@@ -161,7 +175,8 @@ class Command(BaseCommand):
                         "config.asgi:application",
                     ],
                 ),
-                Child(f"worker ({', '.join(queues)})", [sys.executable, manage_py, "runworker", *queues]),
+                Child(f"worker ({', '.join(queues)})", [sys.executable, manage_py, "runworker", *queues],
+                      stoppable=True),
             ]
             for child in children:
                 if self._stop_signal is None:
@@ -225,11 +240,25 @@ class Command(BaseCommand):
         return None
 
     def _supervise(self, children: list[Child]) -> Child | None:
-        """Wait for a stop signal (return None) or a child's death (return it)."""
+        """Wait for a stop signal (return None) or a child's death (return it).
+
+        A worker that exits as an operator's stop makes it exit (see the
+        module's docstring) is said so and let go; the rest keeps running.
+        """
+        watched = list(children)
         while self._stop_signal is None:
-            for child in children:
-                if not child.running:
-                    return child
+            for child in list(watched):
+                if child.running:
+                    continue
+                if child.stoppable and child.returncode in OPERATOR_STOP_CODES:
+                    watched.remove(child)
+                    self.stdout.write(self.style.WARNING(
+                        f"The {child.name} stopped on request (an operator's stop, from the console or the API). "
+                        "The console and Redis keep running; start a worker again with "
+                        f"`python manage.py {' '.join(child.args[2:])}` in another terminal, or press Ctrl+C to "
+                        "stop the rest and `make run` again."))
+                    continue
+                return child
             time.sleep(POLL_INTERVAL)
         self.stdout.write(f"\n{signal.Signals(self._stop_signal).name} received, stopping...")
         return None
