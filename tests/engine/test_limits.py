@@ -330,5 +330,6 @@ def test_a_rate_limit_holds_where_worker_processes_start_jobs_that_waited_after_
     assert len({s.job_id for s in spans}) == 30, "a job ran twice"
     assert len({s.pid for s in spans}) >= 2, "several processes started jobs"
     starts = sorted(s.start_ms for s in spans)
-    crowded = [(starts[i], starts[i + 5] - starts[i]) for i in range(len(starts) - 5) if starts[i + 5] - starts[i] < 950]
+    crowded = [(starts[i], starts[i + 5] - starts[i]) for i in range(len(starts) - 5)
+               if starts[i + 5] - starts[i] < 950]
     assert not crowded, f"6 starts within a second (first start ms, span ms): {crowded}"
