@@ -57,14 +57,14 @@ The rules, and why:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .kinds import HANG_TIMEOUT, SCHEDULE_PREFIX, Kind, kind_of_job
 from .ledger import OK, Ledger, Run
 
-SETTLE_WINDOW = 1.0
-"""Seconds after a run's end during which its process's death may have lost the outcome (a settle flush)."""
+WATCH_SLACK = 0.5
+"""Seconds the watcher may note a death late (it polls five times a second, on a busy host)."""
 
 SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
 POISON_PILL_DEATHS = 2
@@ -107,9 +107,9 @@ class Row:
     dead: Counter = field(default_factory=Counter)
     max_runs: int = 0
     lost_runs: int = 0
-    """Runs without an end in a process that is gone."""
+    """Runs without an end in a process that is gone without a clean stop."""
     unsettled: int = 0
-    """Runs that ended just before their process was killed: their outcome may have been lost."""
+    """Runs that ended but whose job ran again after their process died or lost contact: outcomes lost."""
     discrepancies: int = 0
 
 
@@ -130,6 +130,8 @@ class Evidence:
     """Queue -> {"stream": n, "delayed": n, "pending": n} after the drain."""
     schedule_fires: Mapping[str, int] = field(default_factory=dict)
     """Schedule name -> fires the scheduler recorded (its state's ``fired`` count)."""
+    cut_off: Sequence[tuple[float, float]] = ()
+    """(start, end) times, ``time.time()``, during which the network faults cut every worker off from Redis."""
 
 
 @dataclass(slots=True)
@@ -148,25 +150,14 @@ class Verdict:
 
 
 LOST, UNSETTLED = "lost", "unsettled"
+DIED, CONTACT = "died", "lost contact"
+"""Why a run's outcome may never have been settled: its process died, or lost contact with Redis."""
 
 
-def is_lost(run: Run, kind: Kind | None, dead_pids: Mapping[int, float | None], abrupt: set[int]) -> str | None:
-    """Did this run's process die under it (see the module's docstring)?
-
-    ``lost``: no end, its process gone. ``unsettled``: it ended, but its
-    process died abruptly so soon after that its outcome may not have been
-    settled. None: neither.
-    """
-    if run.pid not in dead_pids:
-        return None
-    died = dead_pids[run.pid]
-    if run.ended is None:
-        if kind is not None and kind.hang:
-            return LOST if died is not None and died < run.started + HANG_TIMEOUT else None
-        return LOST
-    if run.pid in abrupt and died is not None and run.ended <= died < run.ended + SETTLE_WINDOW:
-        return UNSETTLED
-    return None
+def abrupt_deaths(ev: Evidence) -> set[int]:
+    """The processes that are gone without a clean stop on record: killed by the soak, crashed, or exited
+    without running their exit handlers. A process that stopped cleanly settled what it ran: it is not dead."""
+    return set(ev.killed) | {pid for pid in ev.dead_pids if pid not in ev.ledger.exits}
 
 
 def death_times(ev: Evidence) -> dict[int, float | None]:
@@ -185,18 +176,36 @@ def death_times(ev: Evidence) -> dict[int, float | None]:
     return died
 
 
-def abrupt_deaths(ev: Evidence) -> set[int]:
-    """The processes that died without settling: killed by the soak, or gone under a run that never ended."""
-    out = set(ev.killed)
-    for job_id, runs in ev.ledger.runs.items():
-        kind = ev.kinds.get(kind_of_job(job_id, ev.ledger.enqueued) or "")
-        for r in runs:
-            if r.ended is None and r.pid in ev.dead_pids and not (kind is not None and kind.hang):
-                out.add(r.pid)
-    return out
+def is_lost(run: Run, kind: Kind | None, died: Mapping[int, float | None], abrupt: set[int]) -> str | None:
+    """``lost`` when this run's process died under it: no end, and its process gone without a clean stop. A
+    hanging run normally has no end (its timeout abandons it): it is lost only if its process died before the
+    timeout. None otherwise (a run with an end is never a death, however soon its process died after)."""
+    if run.ended is not None or run.pid not in abrupt:
+        return None
+    if kind is not None and kind.hang:
+        at = died.get(run.pid)
+        return LOST if at is not None and at < run.started + HANG_TIMEOUT else None
+    return LOST
 
 
-def charged_deaths(runs: list[Run], kind: Kind, dead_pids: Mapping[int, float | None], abrupt: set[int]) -> int:
+def outcome_lost(run: Run, until: float, died: Mapping[int, float | None], abrupt: set[int],
+                 cut_off: Sequence[tuple[float, float]]) -> str | None:
+    """The evidence that a run which ended had its outcome lost: its process died without a clean stop (``died``),
+    or the workers were cut off from Redis (``lost contact``), after the run ended and before ``until`` (the
+    job's next run, or its dead-letter entry: had the outcome been settled, neither would have come). None: no
+    such evidence, so whatever came next cannot be blamed on a lost outcome."""
+    if run.ended is None:
+        return None
+    if run.pid in abrupt:
+        at = died.get(run.pid)
+        if at is None or run.ended <= at <= until + WATCH_SLACK:
+            return DIED
+    if any(start <= until and end >= run.ended for start, end in cut_off):
+        return CONTACT
+    return None
+
+
+def charged_deaths(runs: list[Run], kind: Kind, died: Mapping[int, float | None], abrupt: set[int]) -> int:
     """Lost runs the engine charged: those followed by no later run with the same attempt number.
 
     A run whose start-journal mark never reached Redis (its process died
@@ -208,15 +217,80 @@ def charged_deaths(runs: list[Run], kind: Kind, dead_pids: Mapping[int, float | 
     ordered = sorted(runs, key=lambda r: r.started)
     charged = 0
     for i, run in enumerate(ordered):
-        if is_lost(run, kind, dead_pids, abrupt) == LOST and not any(
+        if is_lost(run, kind, died, abrupt) == LOST and not any(
                 later.attempt == run.attempt for later in ordered[i + 1:]):
             charged += 1
     return charged
 
 
+def run_end(run: Run, kind: Kind | None, died: Mapping[int, float | None], abrupt: set[int]) -> float | None:
+    """When a run stopped being under way: its end; a hanging run's timeout; the death of a process that died
+    under it. None when that cannot be told (its process's death was not watched, or it stopped cleanly)."""
+    if run.ended is not None:
+        return run.ended
+    if kind is not None and kind.hang:
+        return run.started + HANG_TIMEOUT
+    return died.get(run.pid) if run.pid in abrupt else None
+
+
+def at_once(runs: list[Run], kind: Kind | None, died: Mapping[int, float | None], abrupt: set[int],
+            cut_off: Sequence[tuple[float, float]]) -> list[tuple[Run, Run]]:
+    """Pairs of runs of one job under way at the same time, the first in a process that had not lost contact.
+
+    At least once never means twice at once: a job's entry goes to another
+    worker only when its holder's lease lapsed, which a live process only
+    lets happen when it is cut off from Redis.
+    """
+    out = []
+    for i, first in enumerate(runs):
+        stop = run_end(first, kind, died, abrupt)
+        if stop is None:
+            continue
+        for later in runs[i + 1:]:
+            if later.started >= stop:
+                break
+            if not any(start <= later.started and end >= first.started for start, end in cut_off):
+                out.append((first, later))
+    return out
+
+
+def missing_attempts(runs: list[Run], kind: Kind, replays: list[bool], dead: list[DeadEntry]) -> list[int]:
+    """Attempts the engine charged that no run of the ledger carries.
+
+    A job's runs carry their attempt numbers; a replay that resets the
+    budget starts them at 1 again, one that gives one more attempt goes on
+    from the last. So the numbers seen leave no gap from 1, and a job dead
+    for ``retries_exhausted`` ran every attempt of its budget.
+    """
+    seen = {r.attempt for r in runs if r.attempt > 0}
+    top = max(seen, default=0)
+    if any(d.reason == "retries_exhausted" for d in dead):
+        top = max(top, kind.budget + sum(1 for reset in replays if not reset))
+    return [n for n in range(1, top + 1) if n not in seen]
+
+
 def _allowed_runs(kind: Kind, replays: list[bool], lost: int, unsettled: int) -> int:
     budget = kind.budget + sum(kind.budget if reset else 1 for reset in replays)
     return budget + unsettled + (1 if lost else 0)
+
+
+def _entry_time(entry: DeadEntry) -> float:
+    """When a dead-letter entry was written: its stream id's milliseconds."""
+    return int(entry.entry_id.split("-")[0]) / 1000
+
+
+def _blame(flag, deaths: int, lost_outcomes: Counter, needed: int, otherwise: str, detail: str) -> None:
+    """Name what the engine charged as deaths it should not have: runs that had finished (their process died
+    before their outcome was settled), runs cut off from Redis in a live process, or nothing on record."""
+    finished, contact = lost_outcomes[DIED], lost_outcomes[CONTACT]
+    if deaths + finished >= needed:
+        flag("finished run charged", f"charged as lost with its worker, but {finished} of its runs had ended: "
+                                     "the process died after the run returned and before its outcome was settled")
+    elif deaths + finished + contact >= needed:
+        flag("lost contact charged", f"charged as lost with its worker, but {contact} of its runs ended in a process "
+                                     "that lived and was only cut off from Redis: lost contact is not a death")
+    else:
+        flag(otherwise, detail.format(deaths=deaths))
 
 
 def _schedule_of(job_id: str) -> str:
@@ -259,7 +333,7 @@ def judge(ev: Evidence) -> Verdict:
             story += [(at, f"replayed at {at:.3f} ({'whole budget again' if reset else 'one more attempt'})")
                       for reset, at in zip(ledger.replays.get(job_id, []), ledger.replayed_at.get(job_id, []),
                                            strict=False)]
-            story += [(int(d.entry_id.split("-")[0]) / 1000,
+            story += [(_entry_time(d),
                        f"dead-letter entry {d.entry_id} on {d.queue}: {d.reason}, {d.error_class}: {d.error[:120]}"
                        + (f" (entry delivered {d.deliveries} times)" if d.deliveries else "")) for d in dead]
             lines = tuple(text for _, text in sorted(story, key=lambda item: item[0]))
@@ -278,10 +352,32 @@ def judge(ev: Evidence) -> Verdict:
         row.enqueued += 1
         replays = ledger.replays.get(job_id, [])
         row.replays += len(replays)
-        fates = Counter(is_lost(r, kind, died, abrupt) for r in runs)
-        row.lost_runs += fates[LOST]
-        row.unsettled += fates[UNSETTLED]
-        lost = fates[LOST] + fates[UNSETTLED]
+        deaths = sum(1 for r in runs if is_lost(r, kind, died, abrupt) == LOST)
+        row.lost_runs += deaths
+        dead_at = min((_entry_time(d) for d in dead), default=None)
+        lost_outcomes: Counter = Counter()  # why runs that ended had their outcome lost, by reason
+        unsettled = 0  # those among them that the job ran again after
+        for i, run in enumerate(runs):
+            after = runs[i + 1] if i + 1 < len(runs) else None
+            until = after.started if after is not None else dead_at
+            if run.ended is None and run.pid in ev.ledger.exits and not kind.hang:
+                flag("no end in a clean stop", f"run {run.run_id} has no end, yet its process {run.pid} stopped "
+                                               "cleanly: a clean stop finishes or gives up what it runs")
+            if run.ended is None or until is None:
+                continue
+            why = outcome_lost(run, until, died, abrupt, ev.cut_off)
+            if why is not None:
+                lost_outcomes[why] += 1
+                unsettled += after is not None
+            elif after is not None and run.outcome == OK:
+                flag("ran after success", f"run {run.run_id} succeeded at {run.ended:.3f} and the job ran again at "
+                                          f"{after.started:.3f}, with no death or lost contact of its process "
+                                          "in between to lose that success")
+            elif after is not None and after.attempt == run.attempt:
+                flag("rerun without a lost outcome", f"run {run.run_id} ended {run.outcome} at {run.ended:.3f} and "
+                                                     f"the job ran again as the same attempt {run.attempt}, with no "
+                                                     "death or lost contact of its process in between")
+        row.unsettled += unsettled
         row.max_runs = max(row.max_runs, len(runs))
         succeeded = any(r.outcome == OK for r in runs)
 
@@ -301,10 +397,19 @@ def judge(ev: Evidence) -> Verdict:
             flag("replay not run", f"replayed {len(replays)} time(s) but ran only {len(runs)} time(s): each replay "
                                    "must give the job a new run")
 
-        allowed = _allowed_runs(kind, replays, fates[LOST], fates[UNSETTLED])
+        allowed = _allowed_runs(kind, replays, deaths, unsettled)
         if len(runs) > allowed:
-            flag("over budget", f"ran {len(runs)} times; its budget of {kind.budget}, {len(replays)} replay(s) and "
-                                f"{lost} lost or unsettled run(s) allow {allowed}")
+            flag("over budget", f"ran {len(runs)} times; its budget of {kind.budget}, {len(replays)} replay(s), "
+                                f"{deaths} run(s) lost with their process and {unsettled} lost outcome(s) allow "
+                                f"{allowed}")
+        for first, later in at_once(runs, kind, died, abrupt, ev.cut_off)[:1]:
+            flag("ran twice at once", f"run {later.run_id} (pid {later.pid}) started at {later.started:.3f} while "
+                                      f"run {first.run_id} (pid {first.pid}) was under way, and no network fault "
+                                      "had cut that process off")
+        missing = missing_attempts(runs, kind, replays, dead) if runs else []
+        if missing:
+            flag("attempt without a run", f"attempt(s) {', '.join(map(str, missing))} were charged, but no run of the "
+                                          "ledger carries them")
 
         if kind.expect == "dead" and succeeded:
             flag("unexpected success", f"a {kind.name} job must end dead ({kind.reason})")
@@ -315,13 +420,15 @@ def judge(ev: Evidence) -> Verdict:
                                                "instead of killing another worker")
         for d in dead:
             if d.reason == "panic":
-                if lost < 2:
-                    flag("false panic", f"dead-lettered as panic, but the ledger shows {lost} lost or unsettled "
-                                        "run(s): a poison pill must have been running at two process deaths")
+                if deaths < POISON_PILL_DEATHS:
+                    _blame(flag, deaths, lost_outcomes, POISON_PILL_DEATHS, "false panic",
+                           "dead-lettered as panic, but the ledger shows {deaths} run(s) lost with their process: "
+                           "a poison pill must have been running at two process deaths")
             elif d.reason == "retries_exhausted" and d.error_class.endswith(WORKER_LOST):
-                if not lost:
-                    flag("false worker lost", "its budget was spent by a run lost with its worker, but the ledger "
-                                              "shows no lost or unsettled run")
+                if not deaths:
+                    _blame(flag, deaths, lost_outcomes, 1, "false worker lost",
+                           "its budget was spent by a run lost with its worker, but the ledger shows no run lost "
+                           "with its process")
             elif kind.expect != "dead" or d.reason != kind.reason:
                 expected = f"reason {kind.reason}" if kind.expect == "dead" else "to succeed"
                 flag("wrong reason", f"dead-lettered as {d.reason} ({d.error_class}); a {kind.name} job is "
