@@ -356,7 +356,7 @@ def judge(ev: Evidence) -> Verdict:
         row.lost_runs += deaths
         dead_at = min((_entry_time(d) for d in dead), default=None)
         lost_outcomes: Counter = Counter()  # why runs that ended had their outcome lost, by reason
-        unsettled = 0  # those among them that the job ran again after
+        unsettled = 0  # runs the job ran again after, unexplained but for such a lost outcome
         for i, run in enumerate(runs):
             after = runs[i + 1] if i + 1 < len(runs) else None
             until = after.started if after is not None else dead_at
@@ -368,12 +368,17 @@ def judge(ev: Evidence) -> Verdict:
             why = outcome_lost(run, until, died, abrupt, ev.cut_off)
             if why is not None:
                 lost_outcomes[why] += 1
-                unsettled += after is not None
-            elif after is not None and run.outcome == OK:
+            # a failed run's retry (the next attempt) or a replay is explained by the outcome itself; a run after a
+            # success, or the same attempt again, only by an outcome that never reached Redis
+            if after is None or (run.outcome != OK and after.attempt != run.attempt):
+                continue
+            if why is not None:
+                unsettled += 1
+            elif run.outcome == OK:
                 flag("ran after success", f"run {run.run_id} succeeded at {run.ended:.3f} and the job ran again at "
                                           f"{after.started:.3f}, with no death or lost contact of its process "
                                           "in between to lose that success")
-            elif after is not None and after.attempt == run.attempt:
+            else:
                 flag("rerun without a lost outcome", f"run {run.run_id} ended {run.outcome} at {run.ended:.3f} and "
                                                      f"the job ran again as the same attempt {run.attempt}, with no "
                                                      "death or lost contact of its process in between")

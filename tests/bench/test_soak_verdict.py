@@ -553,3 +553,19 @@ def test_lost_contact_charged_as_a_death_is_named_and_never_a_death():
     verdict = b.judge()
     assert what(verdict) == [("lost contact charged", "ok-2"), ("succeeded and dead", "ok-2")]
     assert verdict.rows["ok"].lost_runs == 0 and verdict.rows["ok"].unsettled == 1
+
+
+def test_a_retry_after_a_failed_run_needs_no_evidence_and_earns_no_extra_run():
+    """A process that died between a failed run and its retry lost nothing: the retry was due anyway."""
+    b = a_clean_book()
+    b.enqueue("fail-2", "always_fail")
+    b.run("fail-2", "always_fail", at=1, outcome="error", error_class="SoakFailure", pid=KILLED_PID)
+    b.process_died(KILLED_PID, 1.2, killed=True)
+    b.run("fail-2", "always_fail", at=2, outcome="error", error_class="SoakFailure")
+    b.run("fail-2", "always_fail", at=3, outcome="error", error_class="SoakFailure")
+    b.dies("fail-2", "retries_exhausted")
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert verdict.rows["always_fail"].unsettled == 0
+    b.run("fail-2", "always_fail", at=4, outcome="error", error_class="SoakFailure")
+    assert what(b.judge()) == [("over budget", "fail-2")]
