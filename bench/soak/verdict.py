@@ -5,30 +5,42 @@ entries, the stored results, what is left in Redis, which worker processes
 died and when), so that tests can feed it made-up evidence and check that it
 flags each kind of discrepancy (tests/bench/test_soak_verdict.py).
 
-The rules, and why:
+The rules, and why. Nothing is excused without evidence: the ledger, the
+watcher's deaths, the clean stops the ledger records, and the windows in
+which the network faults cut the workers off from Redis.
 
 - **Every job is accounted for.** After the drain, an enqueued job (or a
   fire of a schedule) has either succeeded (an ``ok`` end in the ledger) or
   is in the dead-letter queue, not both, and at most once there. Nothing is
   left in a stream, a delayed set or a pending list.
+- **A dead process** is one gone without a clean stop on record: killed by
+  the soak, crashed, or gone without the exit line its exit handlers write.
+  A process that stopped cleanly (a reload, its supervisor gone, the end)
+  settled what it ran: a run without an end in it is a discrepancy, not a
+  lost run. A process died when the watcher saw it gone, or sooner, when a
+  crash job started in it.
+- **A lost run** is one whose dead process died under it: a start without
+  an end. A hanging job's run normally has no end (its timeout abandons
+  it): it is lost only if its process died before the timeout. A run that
+  ended is never lost, however soon its process died after.
+- **A lost outcome** is that of a run that ended, when its process died or
+  the workers were cut off from Redis after the end and before the job's
+  next run (or its dead-letter entry): had the outcome been settled, neither
+  would have come. A job runs again after a success, or as the same attempt,
+  only after a lost outcome (*ran after success*, *rerun without a lost
+  outcome*); a failed run's retry and a replay need no excuse.
 - **No job runs more often than its budget.** The engine counts every
   delivery as a run, lost ones included, so the budget holds across
   crashes. A replay adds the budget again (reset) or one run. The one
-  documented excess (retries.md, "Execution idempotency"): a run that ended
-  but whose process died before its outcome was settled is run again,
-  uncharged, so each such *unsettled* run allows one run more (a job can
-  meet it twice: its rerun's outcome lost with a second abrupt death); a job
-  with a *lost* run may run once more (a run killed before its start was
+  documented excess (retries.md, "Execution idempotency"): a run whose
+  outcome was lost is run again, so each such rerun allows one run more; a
+  job with a lost run may run once more (a run killed before its start was
   journaled is not charged).
-- **A lost run** is one whose process died under it: a start without an
-  end in a process that is gone, or an end followed within
-  ``SETTLE_WINDOW`` by its process's *abrupt* death (killed with SIGKILL,
-  or gone with a run that never ended, as a crash leaves it): its outcome
-  may never have reached Redis. A process that stopped gracefully (a
-  reload, its supervisor gone) settles what it ran before it exits. A
-  hanging job's run normally has no end (its timeout abandons it): it is
-  lost only if its process died before the timeout. A process died when
-  the watcher saw it gone, or sooner, when a crash job started in it.
+- **Never twice at once.** Two runs of one job under way at the same time
+  are flagged unless the first one's process was cut off from Redis then.
+- **Every attempt charged matches a run**: the attempt numbers of a job's
+  runs leave no gap, and a job dead for ``retries_exhausted`` ran its whole
+  budget.
 - **A replay gives the job a new run.**
 - **Every dead-letter reason is the one its kind gets**, and a hanging
   job's last error is a ``...JobTimeout``. ``panic`` is right for any kind
@@ -38,9 +50,13 @@ The rules, and why:
   a job charged more than two lost runs went *past the poison-pill limit*
   (it killed a third worker). A lost run the engine did not charge (its
   start-journal mark never reached Redis: the job runs again with the same
-  attempt number) does not count there: the recovery count catches those. A job whose budget a lost
-  run spent is dead-lettered as ``retries_exhausted`` with a ``WorkerLost``
-  error: right for any kind, if the ledger shows a lost run.
+  attempt number) does not count there: the recovery count catches those.
+  A job whose budget a lost run spent is dead-lettered as
+  ``retries_exhausted`` with a ``WorkerLost`` error: right for any kind, if
+  the ledger shows a lost run. Where the deaths the engine charged were
+  runs that had returned before their process died, the discrepancy is
+  named *finished run charged*; where they were runs of a live process cut
+  off from Redis, *lost contact charged*: lost contact is not a death.
 - *The ledger's start is the task function's first line*; the engine
   counts a run from a moment earlier (its own bookkeeping and Django's
   wrapper run first). A process killed inside that moment, microseconds
