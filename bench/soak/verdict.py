@@ -178,17 +178,24 @@ def abrupt_deaths(ev: Evidence) -> set[int]:
 
 def death_times(ev: Evidence) -> dict[int, float | None]:
     """When each dead process died: the watcher's time (up to a poll late), or sooner, the start of a run of a
-    kind that ends its process at once (a crash job), which is when it died. A hanging run's fate turns on
-    which of its timeout and its process's death came first, sometimes by less than a poll."""
+    kind that ends its process at once (a crash job), which is about when it died. A hanging run's fate turns
+    on which of its timeout and its process's death came first, sometimes by less than a poll. Never before the
+    last line the process wrote: a crash job's ``os._exit`` runs in its own thread, and the other threads of the
+    process may write for some milliseconds more before it takes the interpreter (tens of them on a busy host)."""
     died = dict(ev.dead_pids)
+    last: dict[int, float] = {}
     for job_id, runs in ev.ledger.runs.items():
         kind = ev.kinds.get(kind_of_job(job_id, ev.ledger.enqueued) or "")
-        if kind is None or not kind.kills:
-            continue
         for r in runs:
+            last[r.pid] = max(last.get(r.pid, r.started), r.started, r.ended or r.started)
+            if kind is None or not kind.kills:
+                continue
             if r.ended is None and r.pid in died:
                 at = died[r.pid]
                 died[r.pid] = r.started if at is None else min(at, r.started)
+    for pid, at in died.items():
+        if at is not None and pid in last:
+            died[pid] = max(at, last[pid])
     return died
 
 
@@ -288,6 +295,18 @@ def missing_attempts(runs: list[Run], kind: Kind, replays: list[bool], dead: lis
 def _allowed_runs(kind: Kind, replays: list[bool], lost: int, unsettled: int) -> int:
     budget = kind.budget + sum(kind.budget if reset else 1 for reset in replays)
     return budget + unsettled + (1 if lost else 0)
+
+
+def _attempt_window(runs: list[Run], attempt: int, enqueued: float, dead_at: float | None) -> tuple[float, float]:
+    """When a missing attempt was due: from the end of the last run before it (or the enqueue) to the start of the
+    first run after it (or the job's dead-letter entry)."""
+    before = [r.ended or r.started for r in runs if 0 < r.attempt < attempt]
+    after = [r.started for r in runs if r.attempt > attempt]
+    return max(before, default=enqueued), min(after, default=float("inf") if dead_at is None else dead_at)
+
+
+def _died_between(died: Mapping[int, float | None], abrupt: set[int], start: float, end: float) -> bool:
+    return any(pid in abrupt and at is not None and start <= at <= end for pid, at in died.items())
 
 
 def _entry_time(entry: DeadEntry) -> float:
@@ -428,9 +447,18 @@ def judge(ev: Evidence) -> Verdict:
                                       f"run {first.run_id} (pid {first.pid}) was under way, and no network fault "
                                       "had cut that process off")
         missing = missing_attempts(runs, kind, replays, dead) if runs else []
-        if missing:
-            flag("attempt without a run", f"attempt(s) {', '.join(map(str, missing))} were charged, but no run of the "
-                                          "ledger carries them")
+        at_death = [n for n in missing
+                    if _died_between(died, abrupt,
+                                     *_attempt_window(runs, n, ledger.enqueued_at.get(job_id, 0.0), dead_at))]
+        if at_death:
+            flag("charged before its first line", f"attempt(s) {', '.join(map(str, at_death))} were charged, and no "
+                                                  "run of the ledger carries them, but a worker process died while "
+                                                  "they were due: one died after the engine marked the run started "
+                                                  "and before the task's first line")
+        if len(at_death) < len(missing):
+            flag("attempt without a run", f"attempt(s) {', '.join(str(n) for n in missing if n not in at_death)} were "
+                                          "charged, but no run of the ledger carries them, and no worker process "
+                                          "died while they were due")
 
         if kind.expect == "dead" and succeeded:
             flag("unexpected success", f"a {kind.name} job must end dead ({kind.reason})")

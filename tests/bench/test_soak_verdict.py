@@ -474,11 +474,11 @@ def test_a_run_ended_by_its_process_s_death_does_not_overlap_the_run_after_it():
 
 
 def test_an_attempt_charged_without_a_run_is_flagged():
-    b = a_clean_book()
+    b = Book()  # no process dies in this book: nothing could have charged an attempt without its run
     b.enqueue("fail-2", "always_fail")
     b.run("fail-2", "always_fail", at=1, outcome="error", error_class="SoakFailure")
     b.run("fail-2", "always_fail", at=2, outcome="error", error_class="SoakFailure")
-    b.dies("fail-2", "retries_exhausted")
+    b.dies("fail-2", "retries_exhausted", at=5)
     verdict = b.judge()
     assert what(verdict) == [("attempt without a run", "fail-2")], "dead after 2 of its 3 runs"
     assert "attempt(s) 3 were charged" in verdict.discrepancies[0].detail
@@ -486,6 +486,19 @@ def test_an_attempt_charged_without_a_run_is_flagged():
     b.run("once-2", "fail_once", at=1, outcome="error", error_class="SoakFailure", attempt=1)
     b.run("once-2", "fail_once", at=2, attempt=3)
     assert ("attempt without a run", "once-2") in what(b.judge()), "a gap in the attempts is a charge without a run"
+
+
+def test_an_attempt_charged_without_a_run_while_a_process_died_is_named_for_it():
+    """The engine marks a run started a moment before the task's first line: a death in between charges it."""
+    b = Book()
+    b.enqueue("once-2", "fail_once")
+    b.run("once-2", "fail_once", at=5, attempt=2)
+    b.process_died(KILLED_PID, 8, killed=True)  # after the run it could have been: no excuse
+    assert what(b.judge()) == [("attempt without a run", "once-2")]
+    b.process_died(KILLED_PID, 3, killed=True)
+    verdict = b.judge()
+    assert what(verdict) == [("charged before its first line", "once-2")]
+    assert "attempt(s) 1 were charged" in verdict.discrepancies[0].detail
 
 
 def test_a_process_that_stopped_cleanly_is_not_dead():
@@ -569,3 +582,20 @@ def test_a_retry_after_a_failed_run_needs_no_evidence_and_earns_no_extra_run():
     assert verdict.rows["always_fail"].unsettled == 0
     b.run("fail-2", "always_fail", at=4, outcome="error", error_class="SoakFailure")
     assert what(b.judge()) == [("over budget", "fail-2")]
+
+
+def test_a_process_a_crash_job_ended_died_no_sooner_than_the_last_line_it_wrote():
+    """os._exit runs in the crash job's thread: the event loop may finish and write other runs first."""
+    b = a_clean_book()
+    b.enqueue("crash-2", "crash")
+    b.run("crash-2", "crash", at=10, outcome=None, pid=KILLED_PID)
+    b.run("crash-2", "crash", at=20, outcome=None, pid=KILLED_PID + 1)
+    b.process_died(KILLED_PID, 10.2)
+    b.process_died(KILLED_PID + 1, 20.2)
+    b.dies("crash-2", "panic", "WorkerLost", "soak-c", at=30)
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=9.99, took=0.02, pid=KILLED_PID)  # ended 10 ms after the crash job started
+    b.run("ok-2", "ok", at=16, attempt=2)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert verdict.rows["ok"].unsettled == 1
