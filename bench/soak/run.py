@@ -69,6 +69,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="leave a job kind out ('hang' for both hanging kinds, which need @task(timeout=...)); "
                              "repeatable")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (ledger, logs, AOF)")
+    parser.add_argument("--judge", metavar="DIR", default=None,
+                        help="run nothing: judge again the evidence a kept run left in DIR, with this verdict")
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error(f"--minutes must be above 0, got {args.minutes}")
@@ -92,6 +94,8 @@ def say(text: str) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    if args.judge is not None:
+        return judge_again(args.judge)
     say(announce(args))
     kinds = without(set(args.without))
     workdir = tempfile.mkdtemp(prefix="chasqui-soak-")
@@ -114,8 +118,29 @@ def main(argv: list[str]) -> int:
     if (code == 0 or nothing_ran) and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
-        say(f"The run's ledger, worker log and Redis data are in {workdir}")
+        say(f"The run's ledger, evidence, worker log and Redis data are in {workdir} "
+            f"(judge it again: python -m bench soak --judge {workdir})")
     return code
+
+
+def judge_again(directory: str) -> int:
+    """The table and the discrepancies of a kept run, judged again from its ``evidence.json`` and ledgers."""
+    from .record import load
+    from .verdict import judge, report_discrepancies, table
+
+    try:
+        verdict = judge(load(directory))
+    except FileNotFoundError as exc:
+        print(f"soak: {exc.filename}: no evidence there (a run keeps it with --keep, or when it fails)",
+              file=sys.stderr)
+        return 2
+    say(table(verdict, [k.name for k in KINDS]))
+    if not verdict.ok:
+        say("\n" + report_discrepancies(verdict))
+    counts = ", ".join(f"{what} {n}" for what, n in sorted(verdict.counts().items()))
+    say(f"\nsoak --judge: {'PASS' if verdict.ok else 'FAIL'}: {len(verdict.discrepancies) + len(verdict.problems)} "
+        f"discrepancies" + (f" ({counts})" if counts else ""))
+    return 0 if verdict.ok else 1
 
 
 class _CannotRun(Exception):
@@ -189,6 +214,7 @@ class Soak:
         from .workers import WorkerSupervisor
 
         self.args, self.kinds, self.server, self.tasks = args, kinds, server, tasks
+        self.workdir = workdir
         self.env = _environment(server, workdir)
         self.proxy = proxy
         if proxy is not None:
@@ -279,6 +305,7 @@ class Soak:
         """Read the dead-letter queues, the results and the ledger, and judge every job."""
         from .ledger import read as read_ledger
         from .producer import read_dlq
+        from .record import save
         from .verdict import Evidence, judge
 
         dead = [entry for queue in self.queues for entry in read_dlq(self.client, queue)]
@@ -286,8 +313,10 @@ class Soak:
         results = _results(set(ledger.enqueued) | set(ledger.runs) | {d.job_id for d in dead})
         ledger_pids = {r.pid for runs in ledger.runs.values() for r in runs}
         self.clean_exits = len(ledger.exits)
-        verdict = judge(Evidence(ledger, {k.name: k for k in self.kinds}, dead, self.watcher.dead_pids(ledger_pids),
-                                 self.injector.killed, results, self.leftovers, self.fired, self.injector.cut_off))
+        evidence = Evidence(ledger, {k.name: k for k in self.kinds}, dead, self.watcher.dead_pids(ledger_pids),
+                            self.injector.killed, results, self.leftovers, self.fired, self.injector.cut_off)
+        save(self.workdir, evidence)
+        verdict = judge(evidence)
         verdict.problems[:0] = self.problems
         return verdict
 

@@ -599,3 +599,28 @@ def test_a_process_a_crash_job_ended_died_no_sooner_than_the_last_line_it_wrote(
     verdict = b.judge()
     assert verdict.ok, report_discrepancies(verdict)
     assert verdict.rows["ok"].unsettled == 1
+
+
+def test_the_evidence_kept_with_a_run_is_judged_again_the_same(tmp_path):
+    from bench.soak.record import load, save
+    from bench.soak.run import main
+
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    for at in (1, 2):
+        b.run("ok-2", "ok", at=at)
+    b.cut(1.5, 1.8)  # a lost contact: it excuses the second run
+    b.killed.add(CRASHED_PID)
+    (tmp_path / "ledger.jsonl").write_text("\n".join(b.lines) + "\n")
+    save(str(tmp_path), Evidence(parse(b.lines), {k.name: k for k in KINDS}, b.dead, b.dead_pids, b.killed,
+                                 None, b.leftovers, b.fires, b.cut_off))
+    kept = load(str(tmp_path))
+    assert (kept.cut_off, kept.killed, kept.dead, kept.results) == (b.cut_off, b.killed, b.dead, None)
+    assert kept.dead_pids == b.dead_pids
+    assert judge(kept).ok and main(["--judge", str(tmp_path)]) == 0
+    b.cut_off.clear()
+    (tmp_path / "ledger.jsonl").write_text("\n".join(b.lines) + "\n")
+    save(str(tmp_path), Evidence(parse(b.lines), {k.name: k for k in KINDS}, b.dead, b.dead_pids, b.killed))
+    assert what(judge(load(str(tmp_path)))) == [("ran after success", "ok-2")]
+    assert main(["--judge", str(tmp_path)]) == 1
+    assert main(["--judge", str(tmp_path / "nothing-here")]) == 2
