@@ -86,8 +86,15 @@ class ProxyState:
 class FaultProxy:
     """One listening port on 127.0.0.1 forwarding to one server on loopback."""
 
-    def __init__(self, upstream_port: int, *, upstream_host: str = "127.0.0.1", host: str = "127.0.0.1",
-                 port: int = 0, max_connections: int = 512) -> None:
+    def __init__(
+        self,
+        upstream_port: int,
+        *,
+        upstream_host: str = "127.0.0.1",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_connections: int = 512,
+    ) -> None:
         self.upstream = (_loopback(upstream_host), upstream_port)
         self.host = _loopback(host)
         self.port = port
@@ -183,8 +190,9 @@ class FaultProxy:
 
     def state(self) -> ProxyState:
         assert self._flowing is not None
-        return ProxyState(self._latency, not self._flowing.is_set(), self._server is None, len(self._links),
-                          self._accepted)
+        return ProxyState(
+            self._latency, not self._flowing.is_set(), self._server is None, len(self._links), self._accepted
+        )
 
     # --- on the loop ------------------------------------------------------------------------------------
 
@@ -258,8 +266,10 @@ class FaultProxy:
             return
         link = _Link(writer, up_writer)
         self._links.add(link)
-        link.tasks = [asyncio.ensure_future(self._pump(reader, up_writer, link, to_server=True)),
-                      asyncio.ensure_future(self._pump(up_reader, writer, link, to_server=False))]
+        link.tasks = [
+            asyncio.ensure_future(self._pump(reader, up_writer, link, to_server=True)),
+            asyncio.ensure_future(self._pump(up_reader, writer, link, to_server=False)),
+        ]
         try:
             await asyncio.wait(link.tasks, return_when=asyncio.FIRST_EXCEPTION)
         finally:
@@ -270,8 +280,9 @@ class FaultProxy:
             for w in (writer, up_writer):
                 w.transport.abort()
 
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Link, *,
-                    to_server: bool) -> None:
+    async def _pump(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, link: _Link, *, to_server: bool
+    ) -> None:
         """Forward one direction of a link: read and stamp each chunk; a sender writes it when it is due."""
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(QUEUED_CHUNKS)
         sender = asyncio.ensure_future(self._send(queue, dst, link))
@@ -299,8 +310,9 @@ class FaultProxy:
             if to_server and link.half_open:
                 link.client.transport.abort()
 
-    async def _send(self, queue: asyncio.Queue[tuple[float, bytes] | None], dst: asyncio.StreamWriter,
-                    link: _Link) -> None:
+    async def _send(
+        self, queue: asyncio.Queue[tuple[float, bytes] | None], dst: asyncio.StreamWriter, link: _Link
+    ) -> None:
         assert self._flowing is not None
         while (item := await queue.get()) is not None:
             due, data = item

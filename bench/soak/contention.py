@@ -39,8 +39,13 @@ class Contention:
 
     def start(self) -> list[int]:
         for _ in range(self.processes):
-            self.procs.append(subprocess.Popen([sys.executable, "-c", BUSY, str(self.lifetime)],
-                                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", BUSY, str(self.lifetime)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                )
+            )
         return [p.pid for p in self.procs]
 
     def stop(self) -> None:

@@ -28,14 +28,22 @@ def proxy(redis, redis_url):
 
 def injector(plan, proxy=None) -> tuple[Injector, list[str]]:
     said: list[str] = []
-    inj = Injector(plan, None, None, lambda: None, [], random.Random(1), said.append,  # type: ignore[arg-type]
-                   proxy=proxy, visibility_timeout=1.0)
+    inj = Injector(
+        plan,
+        None,
+        None,
+        lambda: None,
+        [],
+        random.Random(1),
+        said.append,  # type: ignore[arg-type]
+        proxy=proxy,
+        visibility_timeout=1.0,
+    )
     return inj, said
 
 
 def test_each_network_fault_is_healed_before_the_next_and_cut_offs_are_recorded(proxy):
-    inj, said = injector([(10, "blackhole"), (20, "latency"), (30, "refuse"), (40, "half_open"), (50, "reset")],
-                         proxy)
+    inj, said = injector([(10, "blackhole"), (20, "latency"), (30, "refuse"), (40, "half_open"), (50, "reset")], proxy)
     inj.due(10)
     assert proxy.state().blackhole and inj.cut_off == []
     inj.due(13.9)
