@@ -81,6 +81,8 @@ class ProxyState:
     links: int
     accepted: int
     """Connections accepted since the start (reset ones included)."""
+    half_open: int = 0
+    """Links left half-open whose clients have not yet noticed (and closed them)."""
 
 
 class FaultProxy:
@@ -191,7 +193,12 @@ class FaultProxy:
     def state(self) -> ProxyState:
         assert self._flowing is not None
         return ProxyState(
-            self._latency, not self._flowing.is_set(), self._server is None, len(self._links), self._accepted
+            self._latency,
+            not self._flowing.is_set(),
+            self._server is None,
+            len(self._links),
+            self._accepted,
+            sum(1 for link in list(self._links) if link.half_open),
         )
 
     # --- on the loop ------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ goes through the network faults the same way: latency, a blackhole and
 refused connections past the visibility timeout, resets, half-open links.
 One network fault is in effect at a time; the windows during which the
 workers were cut off from Redis are what the verdict accepts as lost
-contact (``cut_off``).
+contact (``cut_off``): a blackhole or a refusal while it lasts, half-open
+links until the workers closed the last of them.
 
 The watcher polls the process table five times a second and remembers the
 pid of every worker process it saw, and when it stopped existing. That is
@@ -45,8 +46,9 @@ LATENCY_SECONDS = 10.0
 PAST_VISIBILITY = 3.0
 """A blackhole or a refusal lasts the visibility timeout and this many seconds more: the workers' leases lapse."""
 HALF_OPEN_WINDOW = 30.0
-"""Seconds after links went half-open that the workers may still be cut off on them (until their client notices):
-counted as lost contact. A worker that never notices shows as a queue not drained."""
+"""Most seconds after links went half-open that the workers count as cut off: until the last of those links is
+closed by its client (the proxy sees it), and no longer than this. A worker that never notices shows as a queue not
+drained."""
 PAUSE_SECONDS = 3.0
 REDIS_DOWN_SECONDS = 2.0
 """How long Redis stays shut down: long enough for every worker and the producer to notice, short enough for an
@@ -144,6 +146,8 @@ class Injector:
         """(start, end), ``time.time()``: when the network faults cut the workers off from Redis."""
         self._heal: tuple[float, float | None] | None = None
         """(offset to heal at, wall time the cut began, None when the fault cut nothing off)."""
+        self._half_open: tuple[float, float] | None = None
+        """(offset, wall time) when links were last made half-open, while some of them are left."""
         self.supervisor = supervisor
         self.server = server
         self.client_factory = client_factory
@@ -160,6 +164,8 @@ class Injector:
             self._do_resume(elapsed)
         if self._heal is not None and elapsed >= self._heal[0]:
             self._do_heal(elapsed)
+        if self._half_open is not None:
+            self._half_open_over(elapsed)
         while self.plan and self.plan[0][0] <= elapsed:
             _, fault = self.plan.pop(0)
             try:
@@ -176,6 +182,8 @@ class Injector:
             self._do_resume(elapsed)
         if self._heal is not None:
             self._do_heal(elapsed)
+        if self._half_open is not None:
+            self._half_open_over(elapsed, finished=True)
 
     def kill_child(self, elapsed: float) -> str:
         kids = self.supervisor.children()
@@ -237,10 +245,25 @@ class Injector:
 
     def half_open(self, elapsed: float) -> str:
         proxy = self._network(elapsed, 0.0, cuts_off=False)
+        if self._half_open is not None:
+            self._half_open_over(elapsed, finished=True)
         began = time.time()
         n = proxy.half_open()
-        self.cut_off.append((began, began + HALF_OPEN_WINDOW))
+        self._half_open = (elapsed, began)
         return f"{n} link(s) half-open (the server's side gone, the workers' silent)"
+
+    def _half_open_over(self, elapsed: float, *, finished: bool = False) -> None:
+        """Close the half-open window once the workers closed every such link, or at its longest."""
+        assert self._half_open is not None and self.proxy is not None
+        since, began = self._half_open
+        left = self.proxy.state().half_open
+        if left and not finished and elapsed < since + HALF_OPEN_WINDOW:
+            return
+        self._half_open = None
+        ended = min(time.time(), began + HALF_OPEN_WINDOW)
+        self.cut_off.append((began, ended))
+        what = f"{left} link(s) still half-open, cut off for" if left else "every half-open link closed after"
+        self.say(f"  [{elapsed:6.1f} s] {what} {ended - began:.1f} s")
 
     def _do_heal(self, elapsed: float) -> None:
         assert self._heal is not None and self.proxy is not None

@@ -8,6 +8,8 @@ step and the cut-off windows handed to the verdict.
 from __future__ import annotations
 
 import random
+import socket
+import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -59,10 +61,11 @@ def test_each_network_fault_is_healed_before_the_next_and_cut_offs_are_recorded(
     assert state.refusing and state.latency == 0
     inj.due(40)  # the half-open links begin: the refusal heals first
     assert not proxy.state().refusing
-    assert len(inj.cut_off) == 3, "the refusal, then the half-open window"
-    start, end = inj.cut_off[-1]
-    assert end - start == pytest.approx(HALF_OPEN_WINDOW)
+    assert len(inj.cut_off) == 2, "the blackhole and the refusal"
     inj.due(50)
+    assert len(inj.cut_off) == 3, "no link was left half-open: its window closed at the next look"
+    start, end = inj.cut_off[-1]
+    assert 0 <= end - start < HALF_OPEN_WINDOW
     inj.finish(60)
     assert [f.fault for f in inj.done] == ["blackhole", "latency", "refuse", "half_open", "reset"]
     assert all("could not" not in f.detail for f in inj.done), said
@@ -75,3 +78,32 @@ def test_a_network_fault_without_a_proxy_is_reported_not_fatal():
     inj.due(10)
     assert "could not be injected" in inj.done[0].detail and "--network-faults" in inj.done[0].detail
     assert inj.cut_off == []
+
+
+def test_a_half_open_window_lasts_until_the_workers_close_those_links_and_no_longer_than_its_bound(proxy):
+    inj, said = injector([(10, "half_open")], proxy)
+    client = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    client.sendall(b"PING\r\n")
+    assert client.recv(64) == b"+PONG\r\n"
+    inj.due(10)
+    assert proxy.state().half_open == 1
+    inj.due(20)
+    assert inj.cut_off == [], "the link is still half-open: the window is open"
+    client.close()  # the worker noticed, and dropped the connection
+    deadline = time.monotonic() + 10
+    while proxy.state().half_open and time.monotonic() < deadline:
+        time.sleep(0.05)
+    inj.due(21)
+    [(start, end)] = inj.cut_off
+    assert 0 < end - start < HALF_OPEN_WINDOW
+    assert any("every half-open link closed after" in line for line in said)
+
+    again, _ = injector([(10, "half_open")], proxy)
+    stuck = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    stuck.sendall(b"PING\r\n")
+    assert stuck.recv(64) == b"+PONG\r\n"
+    again.due(10)
+    again.due(10 + HALF_OPEN_WINDOW + 1)  # never noticed: counted cut off for the whole bound, and no longer
+    [(start, end)] = again.cut_off
+    assert end - start <= HALF_OPEN_WINDOW
+    stuck.close()
