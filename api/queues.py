@@ -8,7 +8,7 @@ from ninja import Query, Router
 from .auth import needs
 from .errors import CHANGE, READ
 from .schemas import (HistoryOut, LimitBucketOut, LimitListOut, LimitOut, MetricsOut, PurgeOut, QueueListOut,
-                      QueueStatsOut, SwitchOut, TaskFiguresOut, _dt)
+                      QueueStatsOut, SwitchOut, TaskFiguresOut, TotalsOut, _dt)
 from chasqui_core.engine.metrics import FIELDS
 from chasqui_core.services import queues as queues_service
 
@@ -68,6 +68,15 @@ def queue_metrics(
     series = queues_service.queue_metrics(request.auth, queue, resolution=resolution, window=window)
     return MetricsOut(queue=series.queue, resolution=series.resolution, start_ms=series.start_ms,
                       step_ms=series.step_ms, fields=list(FIELDS), points=series.points)
+
+
+@router.get("/{queue}/totals", response={200: TotalsOut, **READ}, summary="All-time counters",
+            auth=needs("view_queues"))
+def queue_totals(request: HttpRequest, queue: str):
+    """Every all-time counter of the queue, and its dead-lettered jobs per reason: what an operator needs to see
+    that runs were lost or jobs taken back from a worker that stopped answering. Needs view_queues."""
+    counted = queues_service.queue_totals(request.auth, queue)
+    return TotalsOut(queue=counted.queue, counters=counted.counters, dead_lettered=counted.dead_lettered)
 
 
 @router.get("/{queue}/limits", response={200: LimitListOut, **READ}, summary="Rate and concurrency limits",

@@ -101,6 +101,19 @@ class LimitOut(Schema):
     buckets: list[LimitBucketOut] = Field(description="The busiest buckets, at most 20.")
 
 
+class TotalsOut(Schema):
+    queue: str
+    counters: dict[str, int] = Field(
+        description="All-time counters, every one listed (0 when never counted): enqueued, fetched (entries read by "
+                    "workers), completed, failed (runs that raised), retried, dlq (dead-lettered, any reason), "
+                    "replayed, promoted, skipped, bad_signature, deferred, purged, lost (runs under way in a worker "
+                    "that stopped answering, charged to their jobs), recovered (jobs taken back from such a worker "
+                    "before they started, uncharged).")
+    dead_lettered: dict[str, int] = Field(
+        description="Jobs dead-lettered per reason (panic, retries_exhausted, unrecoverable, ...), for the reasons "
+                    "met at least once; they add up to counters.dlq.")
+
+
 class LimitListOut(Schema):
     queue: str
     items: list[LimitOut]

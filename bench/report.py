@@ -473,6 +473,13 @@ _SCENARIOS = """\
 | `dlq-page` | `DeadLetters.page(limit=50)`, the console's DLQ page, on 200,000 and 1,000,000 dead jobs (written by plain XADDs, then indexed as after an upgrade) |
 | `console-scale` | the console's DLQ reads on a DLQ built by a worker (a real one for the first 2,000 dead jobs, then `settle.lua` as the settler calls it), `--console-size N` entries (default 1,000,000): the grouped view, a first page of rare filters (task, error class, group, reason, task and reason), filtered counts, and finding a job by id when dead, delayed, waiting and finished (beside 1,000,000 delayed and 100,000 waiting jobs); each row beside issue 29's goal |
 | `peers` | RQ and arq, `worker-concurrent`-like and `queue-add-bulk`-like, on the same server |
+
+`python -m bench soak` is not a benchmark but the accounting soak ([reliability.md](reliability.md#all-of-it-at-once-the-accounting-soak)):
+a mixed workload under injected faults, every job accounted for at the end. It prints its seed first (drawn
+for each run unless `--seed` is given). `--contention N` runs it beside N busy processes, as on a loaded host;
+`--network-faults` puts its workers behind the project's TCP fault proxy (`bench/faultproxy.py`: latency,
+blackholes and refused connections past the visibility timeout, resets, half-open links). Timing goals are
+not its business: it exits 1 on any job it cannot account for.
 """
 
 

@@ -28,6 +28,8 @@ PREFIX = "chasqui_"
 
 _COUNTERS = (
     ("enqueued", "jobs_enqueued", "Jobs added to the queue, ready or delayed (duplicates refused by job id excluded)."),
+    ("fetched", "jobs_fetched", "Entries workers read from the queue's streams (a job read again after a worker's "
+     "death or a shutdown counts again)."),
     ("completed", "jobs_completed", "Handler runs that succeeded."),
     ("failed", "jobs_failed", "Handler runs that raised, whether the job was retried or dead-lettered."),
     ("retried", "jobs_retried", "Failed runs scheduled for another attempt."),
@@ -39,6 +41,10 @@ _COUNTERS = (
      "Jobs refused because their signature was missing or wrong (also counted as dead-lettered)."),
     ("deferred", "jobs_deferred", "Jobs that waited in the delayed set for room in a rate or concurrency limit "
      "(each wait counted; no attempt charged)."),
+    ("lost", "runs_lost", "Runs under way in a worker that stopped answering, taken back after the visibility timeout "
+     "(each charged to its job: two make a panic)."),
+    ("recovered", "jobs_recovered", "Jobs taken back from a worker that stopped answering before they started "
+     "(no attempt charged)."),
 )
 
 _BUCKET_BOUNDS = [floatToGoString(ms / 1000) for ms in totals.DURATION_BOUNDS_MS] + ["+Inf"]
@@ -82,6 +88,9 @@ class QueueCollector(Collector):
         lag = gauge("promoter_lag_seconds",
                     "Age of the oldest due job still in the delayed set (0 when none is due): how late promotion is.")
         counters = {field: CounterMetricFamily(PREFIX + name, doc, labels=["queue"]) for field, name, doc in _COUNTERS}
+        by_reason = CounterMetricFamily(PREFIX + "jobs_dead_lettered_by_reason", "Jobs moved to the dead-letter "
+                                        "queue, per reason (panic, retries_exhausted, unrecoverable, ...).",
+                                        labels=["queue", "reason"])
         durations = HistogramMetricFamily(
             PREFIX + "job_duration_seconds",
             "Run time of handler runs, successful or failed, per task (counted as whole milliseconds).",
@@ -105,13 +114,16 @@ class QueueCollector(Collector):
                 band_waiting.add_metric([keys.queue, band], waiting)
             for field, family in counters.items():
                 family.add_metric(label, counted.counters[field])
+            for reason, n in counted.dead_lettered.items():
+                by_reason.add_metric([keys.queue, reason], n)
             for task, histogram in counted.durations.items():
                 cumulative, running = [], 0
                 for bound, count in zip(_BUCKET_BOUNDS, histogram.counts, strict=False):
                     running += count
                     cumulative.append((bound, running))
                 durations.add_metric([keys.queue, task], cumulative, histogram.sum_ms / 1000)
-        yield from (depth, band_waiting, pending, delayed, dlq, paused, workers, lag, *counters.values(), durations)
+        yield from (depth, band_waiting, pending, delayed, dlq, paused, workers, lag, *counters.values(), by_reason,
+                    durations)
         limited = [keys for i, keys in enumerate(all_keys) if replies[1 + per_queue * i + per_queue - 1]]
         yield from self.limit_figures(limited)
 

@@ -6,6 +6,11 @@ change, and only the newest couple of buckets are fetched again on each read.
 A reading therefore costs a handful of pipelined round trips whatever the
 window, through the engine's ``stats`` and ``metrics`` functions.
 
+The all-time counters (``engine/totals.py``: fetched, lost, recovered,
+dead-lettered per reason...) are read whole on each reading, one HGETALL per
+queue in one round trip: they are what tells an operator that workers died
+under their runs, which the live rates cannot.
+
 Delayed-set depth has no counter in Redis (it is a sorted set's size), so its
 history is sampled: each reading adds the depth it saw to a small sorted set
 next to the queue's keys (``QueueKeys.console_depth``, member
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 
 from chasqui_core.engine import stats as stats_mod
 from chasqui_core.engine import metrics as metrics_mod
+from chasqui_core.engine import totals as totals_mod
 from chasqui_core.engine.stats import QueueStats, WorkerInfo
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.metrics import FIELDS, Series
@@ -76,6 +82,8 @@ class QueueLive:
     paused: bool = False
     now_ms: int = 0
     """The server's clock at the reading: how much of the newest (filling) second has passed."""
+    totals: totals_mod.QueueTotals | None = None
+    """The all-time counters and dead letters per reason (summed over the queues for the total)."""
 
     def rate(self, counter: str) -> float:
         """Events per second over the last RATE_SECONDS complete seconds and the part of this one already past.
@@ -179,6 +187,7 @@ class Reader:
             newest = now_ms // 1000
             first = newest - SECOND_WINDOW + 1
             depths = self._sample_depth(queues, stats, first, newest)
+            counted = totals_mod.read_totals(self.client, queues) if queues else {}
             live: dict[str, QueueLive] = {}
             for name in queues:
                 st = stats[name]
@@ -188,7 +197,7 @@ class Reader:
                     [samples.get(s) for s in range(first, newest + 1)],
                     stream_length=st.stream_length, pending=st.pending, delayed=st.delayed,
                     oldest_overdue_age_ms=st.oldest_overdue_age_ms, dlq=st.dlq, workers=st.workers,
-                    paused=st.paused, now_ms=now_ms,
+                    paused=st.paused, now_ms=now_ms, totals=counted[name],
                 )
         return Reading(now_ms, live, _total(live, now_ms, workers), workers)
 
@@ -237,4 +246,17 @@ def _total(live: dict[str, QueueLive], now_ms: int, workers: list[WorkerInfo]) -
         delayed=sum(q.delayed for q in items),
         oldest_overdue_age_ms=max((q.oldest_overdue_age_ms for q in items), default=0),
         dlq=sum(q.dlq for q in items), workers=live_workers, paused=False, now_ms=now_ms,
+        totals=summed_totals([q.totals for q in items if q.totals is not None]),
     )
+
+
+def summed_totals(many: list[totals_mod.QueueTotals]) -> totals_mod.QueueTotals:
+    """The all-time counters and dead letters per reason of several queues, added up (durations left out)."""
+    counters = dict.fromkeys(totals_mod.FIELDS, 0)
+    reasons: dict[str, int] = {}
+    for t in many:
+        for name, n in t.counters.items():
+            counters[name] = counters.get(name, 0) + n
+        for reason, n in t.dead_lettered.items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    return totals_mod.QueueTotals("all", counters, {}, dict(sorted(reasons.items())))

@@ -20,7 +20,10 @@ One module per concept, in the order they build on each other:
 - ``settings``, ``tasks``: the soak's own Django project (settings and tasks app)
 - ``server``: its own redis-server with the append-only file on
 - ``workers``: the ``runworker`` supervisor it starts, kills and signals
-- ``faults``: the fault timeline and the watcher of worker processes
+- ``faults``: the fault timelines (with ``--network-faults``, through
+  bench/faultproxy.py) and the watcher of worker processes
+- ``contention``: the busy processes of ``--contention``
 - ``producer``: the workload, DLQ replays, and the drain
+- ``record``: the evidence kept with a run, judged again by ``--judge``
 - ``run``: the command line and the whole run, start to verdict
 """

@@ -5,6 +5,15 @@ can be repeated: one fault every ``every`` seconds from ``first`` until the
 last sixth of the workload, each round going through every fault once in
 a shuffled order (a short run still sees each of them).
 
+With ``--network-faults`` the workers reach Redis through the soak's fault
+proxy (bench/faultproxy.py) and a second timeline, offset by half a period,
+goes through the network faults the same way: latency, a blackhole and
+refused connections past the visibility timeout, resets, half-open links.
+One network fault is in effect at a time; the windows during which the
+workers were cut off from Redis are what the verdict accepts as lost
+contact (``cut_off``): a blackhole or a refusal while it lasts, half-open
+links until the workers closed the last of them.
+
 The watcher polls the process table five times a second and remembers the
 pid of every worker process it saw, and when it stopped existing. That is
 what tells a run lost with its process from one that is still going (the
@@ -24,14 +33,36 @@ from dataclasses import dataclass
 
 from chasqui_core.engine import stats
 
+from ..faultproxy import FaultProxy
 from .server import SoakServer
 from .workers import WorkerSupervisor, alive, process_table
 
 FAULTS = ("kill_child", "kill_supervisor", "sighup", "redis_restart", "pause_resume")
+NETWORK_FAULTS = ("latency", "blackhole", "reset", "refuse", "half_open")
+"""Through the fault proxy, with ``--network-faults``."""
+LATENCY = 0.2
+"""Seconds added each way (a 400 ms round trip) during a ``latency`` fault."""
+LATENCY_SECONDS = 10.0
+PAST_VISIBILITY = 3.0
+"""A blackhole or a refusal lasts the visibility timeout and this many seconds more: the workers' leases lapse."""
+HALF_OPEN_WINDOW = 30.0
+"""Most seconds after links went half-open that the workers count as cut off: until the last of those links is
+closed by its client (the proxy sees it), and no longer than this. A worker that never notices shows as a queue not
+drained."""
 PAUSE_SECONDS = 3.0
 REDIS_DOWN_SECONDS = 2.0
 """How long Redis stays shut down: long enough for every worker and the producer to notice, short enough for an
 enqueue to ride it out within the engine's retry window (5 s)."""
+
+
+def plan(seconds: float, rng: random.Random, *, every: float = 12.0, network: bool = False
+         ) -> list[tuple[float, str]]:
+    """The whole fault timeline: the process and server faults, and with ``network`` the network faults between
+    them (their own rounds, half a period later), in time order."""
+    out = timeline(seconds, rng, every=every)
+    if network:
+        out += timeline(seconds, rng, first=10.0 + every / 2, every=every, kinds=NETWORK_FAULTS)
+    return sorted(out)
 
 
 def timeline(seconds: float, rng: random.Random, *, first: float = 10.0, every: float = 12.0,
@@ -106,8 +137,17 @@ class Injector:
 
     def __init__(self, plan: list[tuple[float, str]], supervisor: WorkerSupervisor, server: SoakServer,
                  client_factory: Callable[[], object], queues: list[str], rng: random.Random,
-                 say: Callable[[str], None]) -> None:
+                 say: Callable[[str], None], *, proxy: FaultProxy | None = None,
+                 visibility_timeout: float = 5.0) -> None:
         self.plan = list(plan)
+        self.proxy = proxy
+        self.visibility_timeout = visibility_timeout
+        self.cut_off: list[tuple[float, float]] = []
+        """(start, end), ``time.time()``: when the network faults cut the workers off from Redis."""
+        self._heal: tuple[float, float | None] | None = None
+        """(offset to heal at, wall time the cut began, None when the fault cut nothing off)."""
+        self._half_open: tuple[float, float] | None = None
+        """(offset, wall time) when links were last made half-open, while some of them are left."""
         self.supervisor = supervisor
         self.server = server
         self.client_factory = client_factory
@@ -122,6 +162,10 @@ class Injector:
     def due(self, elapsed: float) -> None:
         if self._resume is not None and elapsed >= self._resume[0]:
             self._do_resume(elapsed)
+        if self._heal is not None and elapsed >= self._heal[0]:
+            self._do_heal(elapsed)
+        if self._half_open is not None:
+            self._half_open_over(elapsed)
         while self.plan and self.plan[0][0] <= elapsed:
             _, fault = self.plan.pop(0)
             try:
@@ -136,6 +180,10 @@ class Injector:
         self.plan.clear()
         if self._resume is not None:
             self._do_resume(elapsed)
+        if self._heal is not None:
+            self._do_heal(elapsed)
+        if self._half_open is not None:
+            self._half_open_over(elapsed, finished=True)
 
     def kill_child(self, elapsed: float) -> str:
         kids = self.supervisor.children()
@@ -166,6 +214,65 @@ class Injector:
         stats.pause(self.client_factory(), queue)
         self._resume = (elapsed + PAUSE_SECONDS, queue)
         return f"paused {queue} for {PAUSE_SECONDS:.0f} s"
+
+    # --- network faults, through the proxy --------------------------------------------------------------
+
+    def _network(self, elapsed: float, lasts: float, cuts_off: bool) -> FaultProxy:
+        if self.proxy is None:
+            raise RuntimeError("no fault proxy: run with --network-faults")
+        if self._heal is not None:
+            self._do_heal(elapsed)
+        self._heal = (elapsed + lasts, time.time() if cuts_off else None)
+        return self.proxy
+
+    def latency(self, elapsed: float) -> str:
+        self._network(elapsed, LATENCY_SECONDS, cuts_off=False).set_latency(LATENCY)
+        return f"{LATENCY * 1000:.0f} ms each way for {LATENCY_SECONDS:.0f} s"
+
+    def blackhole(self, elapsed: float) -> str:
+        lasts = self.visibility_timeout + PAST_VISIBILITY
+        self._network(elapsed, lasts, cuts_off=True).blackhole()
+        return f"nothing forwarded either way for {lasts:.0f} s (past the visibility timeout)"
+
+    def refuse(self, elapsed: float) -> str:
+        lasts = self.visibility_timeout + PAST_VISIBILITY
+        self._network(elapsed, lasts, cuts_off=True).refuse()
+        return f"links reset and connections refused for {lasts:.0f} s (past the visibility timeout)"
+
+    def reset(self, elapsed: float) -> str:
+        n = self._network(elapsed, 0.0, cuts_off=False).reset()
+        return f"{n} link(s) reset"
+
+    def half_open(self, elapsed: float) -> str:
+        proxy = self._network(elapsed, 0.0, cuts_off=False)
+        if self._half_open is not None:
+            self._half_open_over(elapsed, finished=True)
+        began = time.time()
+        n = proxy.half_open()
+        self._half_open = (elapsed, began)
+        return f"{n} link(s) half-open (the server's side gone, the workers' silent)"
+
+    def _half_open_over(self, elapsed: float, *, finished: bool = False) -> None:
+        """Close the half-open window once the workers closed every such link, or at its longest."""
+        assert self._half_open is not None and self.proxy is not None
+        since, began = self._half_open
+        left = self.proxy.state().half_open
+        if left and not finished and elapsed < since + HALF_OPEN_WINDOW:
+            return
+        self._half_open = None
+        ended = min(time.time(), began + HALF_OPEN_WINDOW)
+        self.cut_off.append((began, ended))
+        what = f"{left} link(s) still half-open, cut off for" if left else "every half-open link closed after"
+        self.say(f"  [{elapsed:6.1f} s] {what} {ended - began:.1f} s")
+
+    def _do_heal(self, elapsed: float) -> None:
+        assert self._heal is not None and self.proxy is not None
+        began = self._heal[1]
+        self.proxy.heal()
+        self._heal = None
+        if began is not None:
+            self.cut_off.append((began, time.time()))
+            self.say(f"  [{elapsed:6.1f} s] network healed")
 
     def _do_resume(self, elapsed: float) -> None:
         assert self._resume is not None

@@ -13,7 +13,8 @@ and a process killed with SIGKILL leaves at most its last line unwritten,
 never half of one (a torn line would be skipped and reported anyway).
 
 Fields (short, since there is a line per run): ``j`` job id, ``k`` kind,
-``e`` event (``start``, ``end``, ``enqueue``, ``replay``), ``r`` the run's id
+``e`` event (``start``, ``end``, ``enqueue``, ``replay``, ``exit``: a worker
+process stopping cleanly, written as its interpreter exits), ``r`` the run's id
 (pairs a start with its end), ``a`` attempt (``context.attempt``), ``p`` pid,
 ``t`` time (``time.time()``), ``o`` outcome of an end (``ok``, ``error``,
 ``cancelled``), ``x`` the error class of a failed run, ``reset`` whether a
@@ -28,7 +29,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-START, END, ENQUEUE, REPLAY = "start", "end", "enqueue", "replay"
+START, END, ENQUEUE, REPLAY, EXIT = "start", "end", "enqueue", "replay", "exit"
 OK, ERROR, CANCELLED = "ok", "error", "cancelled"
 
 
@@ -86,6 +87,8 @@ class Ledger:
     """Lines that are not a whole record (should never happen: reported as a discrepancy)."""
     orphan_ends: list[dict] = field(default_factory=list)
     """End lines without a start line (should never happen either)."""
+    exits: dict[int, float] = field(default_factory=dict)
+    """Pid -> when that worker process stopped cleanly (its interpreter ran its exit handlers)."""
 
 
 def parse(lines: Iterable[str]) -> Ledger:
@@ -99,11 +102,13 @@ def parse(lines: Iterable[str]) -> Ledger:
         try:
             rec = json.loads(text)
             event = rec["e"]
-            job_id = rec["j"]
+            job_id = rec["j"] if event != EXIT else ""
         except (ValueError, KeyError, TypeError):
             ledger.torn.append(text[:200])
             continue
-        if event == ENQUEUE:
+        if event == EXIT:
+            ledger.exits[int(rec.get("p", 0))] = float(rec.get("t", 0.0))
+        elif event == ENQUEUE:
             ledger.enqueued[job_id] = rec["k"]
             ledger.enqueued_at[job_id] = rec.get("t", 0.0)
         elif event == REPLAY:

@@ -1,16 +1,22 @@
-"""``python -m bench soak [--minutes N] [--seed S] [--without KIND ...]``: the whole soak, start to verdict.
+"""``python -m bench soak [--minutes N] [--seed S] [--contention N] [--network-faults] [--without KIND ...]``.
+
+The whole soak, start to verdict. The seed (drawn for the run when none is
+given) is printed first: the same seed gives the same workload and fault
+timeline.
 
 1. Start a private redis-server (AOF on) and set up Django on the soak's
    settings (its own SQLite file, its own tasks app).
-2. Start ``runworker soak-a soak-b soak-c --processes 2`` and wait for its
-   two worker processes.
+2. Start ``--contention`` busy processes, and with ``--network-faults`` the
+   fault proxy the workers reach Redis through; start ``runworker soak-a
+   soak-b soak-c --processes 2`` and wait for its two worker processes.
 3. For ``--minutes``: the producer thread enqueues the workload and replays
    dead jobs, while this thread injects the faults of the timeline.
 4. Drain: stop producing, pause the schedules, replay what still waits for
    a replay, and wait (up to ``--drain-timeout``) until no stream, delayed
    set or pending list holds anything.
 5. Stop the supervisor with SIGTERM (it must exit 0), read the dead-letter
-   queues, the stored results and the ledger, and judge (verdict.py).
+   queues, the stored results and the ledger, and judge (verdict.py). The
+   busy processes and the proxy stop whatever happened.
 
 Exit status: 0 when every job is accounted for, 1 on any discrepancy, 2
 when the soak itself could not run (no redis-server, a kind this Chasqui
@@ -32,6 +38,8 @@ from .kinds import KINDS, QUEUES, SCHEDULES, without
 SETTINGS = "bench.soak.settings"
 START_TIMEOUT = 120.0
 """Seconds the first worker processes may take to start (Django on a busy machine)."""
+MAX_CONTENTION = 64
+"""Most busy processes ``--contention`` starts."""
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -49,6 +57,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="runworker --visibility-timeout in ms (default 5000: crashes recover within the run)")
     parser.add_argument("--fault-every", type=float, default=12.0, help="seconds between two faults (default 12)")
     parser.add_argument("--no-faults", action="store_true", help="run the workload without injecting faults")
+    parser.add_argument("--contention", type=int, default=0, metavar="N",
+                        help="start N busy processes beside the soak, as on a loaded host (default 0)")
+    parser.add_argument("--network-faults", action="store_true",
+                        help="workers reach Redis through a fault proxy; add latency, blackholes and refusals past "
+                             "the visibility timeout, resets and half-open links to the faults")
     parser.add_argument("--drain-timeout", type=float, default=120.0,
                         help="seconds the drain may take before leftovers count as discrepancies (default 120)")
     parser.add_argument("--without", action="append", default=[], metavar="KIND",
@@ -56,12 +69,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="leave a job kind out ('hang' for both hanging kinds, which need @task(timeout=...)); "
                              "repeatable")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (ledger, logs, AOF)")
+    parser.add_argument("--judge", metavar="DIR", default=None,
+                        help="run nothing: judge again the evidence a kept run left in DIR, with this verdict")
     args = parser.parse_args(argv)
     if args.minutes <= 0:
         parser.error(f"--minutes must be above 0, got {args.minutes}")
+    if not 0 <= args.contention <= MAX_CONTENTION:
+        parser.error(f"--contention must be between 0 and {MAX_CONTENTION}, got {args.contention}")
+    args.drawn = args.seed is None
     if args.seed is None:
-        args.seed = random.randrange(1_000_000)
+        args.seed = random.SystemRandom().randrange(1_000_000)  # not the global generator: a new seed every run
     return args
+
+
+def announce(args: argparse.Namespace) -> str:
+    """The soak's first line: its seed, and how to run it again."""
+    how = "drawn for this run" if args.drawn else "given"
+    return f"soak: seed {args.seed} ({how}; run it again with --seed {args.seed})"
 
 
 def say(text: str) -> None:
@@ -70,6 +94,9 @@ def say(text: str) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    if args.judge is not None:
+        return judge_again(args.judge)
+    say(announce(args))
     kinds = without(set(args.without))
     workdir = tempfile.mkdtemp(prefix="chasqui-soak-")
     from .server import SoakServer
@@ -91,8 +118,29 @@ def main(argv: list[str]) -> int:
     if (code == 0 or nothing_ran) and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
-        say(f"The run's ledger, worker log and Redis data are in {workdir}")
+        say(f"The run's ledger, evidence, worker log and Redis data are in {workdir} "
+            f"(judge it again: python -m bench soak --judge {workdir})")
     return code
+
+
+def judge_again(directory: str) -> int:
+    """The table and the discrepancies of a kept run, judged again from its ``evidence.json`` and ledgers."""
+    from .record import load
+    from .verdict import judge, report_discrepancies, table
+
+    try:
+        verdict = judge(load(directory))
+    except FileNotFoundError as exc:
+        print(f"soak: {exc.filename}: no evidence there (a run keeps it with --keep, or when it fails)",
+              file=sys.stderr)
+        return 2
+    say(table(verdict, [k.name for k in KINDS]))
+    if not verdict.ok:
+        say("\n" + report_discrepancies(verdict))
+    counts = ", ".join(f"{what} {n}" for what, n in sorted(verdict.counts().items()))
+    say(f"\nsoak --judge: {'PASS' if verdict.ok else 'FAIL'}: {len(verdict.discrepancies) + len(verdict.problems)} "
+        f"discrepancies" + (f" ({counts})" if counts else ""))
+    return 0 if verdict.ok else 1
 
 
 class _CannotRun(Exception):
@@ -128,31 +176,49 @@ def _soak(args, kinds, server, workdir: str) -> int:
     if any(k.hang for k in kinds) and not tasks.SUPPORTS_TIMEOUT:
         raise _CannotRun("the hang kinds need @task(timeout=...), which this Chasqui does not have yet; "
                          "run with --without hang")
-    soak = Soak(args, kinds, server, workdir, tasks)
-    soak.supervisor.start()
-    try:  # whatever happens, no worker process outlives the soak
-        soak.workload()
-        soak.drain()
-        verdict = soak.account()
-        soak.report(verdict)
-        return 0 if verdict.ok else 1
+    from ..faultproxy import FaultProxy
+    from .contention import Contention
+
+    # bounded by the whole run, so no busy process outlives a soak that was itself killed
+    busy = Contention(args.contention, lifetime=START_TIMEOUT + args.minutes * 60 + args.drain_timeout + 300)
+    proxy = FaultProxy(server.port) if args.network_faults else None
+    try:  # whatever happens, no worker process, busy process or proxy outlives the soak
+        if proxy is not None:
+            proxy.start()
+        busy.start()
+        soak = Soak(args, kinds, server, workdir, tasks, proxy)
+        soak.supervisor.start()
+        try:
+            soak.workload()
+            soak.drain()
+            verdict = soak.account()
+            soak.report(verdict)
+            return 0 if verdict.ok else 1
+        finally:
+            soak.supervisor.stop()
     finally:
-        soak.supervisor.stop()
+        busy.stop()
+        if proxy is not None:
+            proxy.stop()
 
 
 class Soak:
     """One run, phase by phase: ``workload``, ``drain``, ``account``, ``report``."""
 
-    def __init__(self, args, kinds, server, workdir: str, tasks) -> None:
+    def __init__(self, args, kinds, server, workdir: str, tasks, proxy=None) -> None:
         from chasqui_core.engine.connection import connect
 
-        from .faults import Injector, Watcher, timeline
+        from .faults import Injector, Watcher, plan
         from .ledger import LedgerWriter
         from .producer import Producer
         from .workers import WorkerSupervisor
 
         self.args, self.kinds, self.server, self.tasks = args, kinds, server, tasks
+        self.workdir = workdir
         self.env = _environment(server, workdir)
+        self.proxy = proxy
+        if proxy is not None:
+            self.env["REDIS_URL"] = proxy.url  # the workers only; the producer and the accounting go direct
         os.makedirs(self.env[tasks.FIXED_ENV], exist_ok=True)
         self.producer_ledger = os.path.join(workdir, "producer.jsonl")
         self.seconds = args.minutes * 60
@@ -163,8 +229,10 @@ class Soak:
                                            processes=args.processes, concurrency=args.concurrency,
                                            visibility_timeout_ms=args.visibility_timeout)
         self.watcher = Watcher(self.supervisor)
-        plan = [] if args.no_faults else timeline(self.seconds, rng, every=args.fault_every)
-        self.injector = Injector(plan, self.supervisor, server, self._client, self.queues, rng, say)
+        faults = [] if args.no_faults else plan(self.seconds, rng, every=args.fault_every,
+                                                 network=args.network_faults)
+        self.injector = Injector(faults, self.supervisor, server, self._client, self.queues, rng, say, proxy=proxy,
+                                 visibility_timeout=args.visibility_timeout / 1000)
         self.ledger = LedgerWriter(self.producer_ledger)
         self.producer = Producer(kinds, tasks, self.ledger, self._client, self.queues, random.Random(rng.random()),
                                  args.rate, self.env[tasks.FIXED_ENV], say)
@@ -173,6 +241,7 @@ class Soak:
         self.leftovers: dict[str, dict[str, int]] = {}
         self.fired: dict[str, int] = {}
         self.drain_wall = 0.0
+        self.clean_exits = 0
 
     def _client(self):
         return self.client
@@ -182,7 +251,9 @@ class Soak:
         args = self.args
         say(f"Soak: {args.minutes:g} min, seed {args.seed}, {args.rate:g} jobs/s, kinds "
             f"{', '.join(k.name for k in self.kinds)}; {self.server.version()} on port {self.server.port} "
-            "(AOF, fsync always)")
+            "(AOF, fsync always)"
+            + (f"; workers through the fault proxy on port {self.proxy.port}" if self.proxy is not None else "")
+            + (f"; {args.contention} busy process(es) beside it" if args.contention else ""))
         if len(self.supervisor.wait_for_children(args.processes, START_TIMEOUT)) < args.processes:
             raise _CannotRun(f"runworker did not start {args.processes} worker processes within "
                              f"{START_TIMEOUT:.0f} s; see {self.supervisor.log_path}")
@@ -234,14 +305,18 @@ class Soak:
         """Read the dead-letter queues, the results and the ledger, and judge every job."""
         from .ledger import read as read_ledger
         from .producer import read_dlq
+        from .record import save
         from .verdict import Evidence, judge
 
         dead = [entry for queue in self.queues for entry in read_dlq(self.client, queue)]
         ledger = read_ledger([self.env[self.tasks.LEDGER_ENV], self.producer_ledger])
         results = _results(set(ledger.enqueued) | set(ledger.runs) | {d.job_id for d in dead})
         ledger_pids = {r.pid for runs in ledger.runs.values() for r in runs}
-        verdict = judge(Evidence(ledger, {k.name: k for k in self.kinds}, dead, self.watcher.dead_pids(ledger_pids),
-                                 self.injector.killed, results, self.leftovers, self.fired))
+        self.clean_exits = len(ledger.exits)
+        evidence = Evidence(ledger, {k.name: k for k in self.kinds}, dead, self.watcher.dead_pids(ledger_pids),
+                            self.injector.killed, results, self.leftovers, self.fired, self.injector.cut_off)
+        save(self.workdir, evidence)
+        verdict = judge(evidence)
         verdict.problems[:0] = self.problems
         return verdict
 
@@ -256,8 +331,15 @@ class Soak:
             say("  none")
         died = sum(1 for t in self.watcher.died.values() if t < self.drain_wall)
         say(f"  worker processes seen: {len(self.watcher.seen)}, of which died before the drain: {died}, "
-            f"killed by the soak: {len(self.injector.killed)}")
+            f"killed by the soak: {len(self.injector.killed)}, stopped cleanly (exit line in the ledger): "
+            f"{self.clean_exits}")
+        if self.args.network_faults:
+            cut = sum(end - start for start, end in self.injector.cut_off)
+            say(f"  workers cut off from Redis {len(self.injector.cut_off)} time(s), {cut:.0f} s in all")
         say("\n" + table(verdict, [k.name for k in KINDS]))
+        counts = verdict.counts()
+        if counts:
+            say("\nDiscrepancies by kind:\n" + "\n".join(f"  {what:<32} {n}" for what, n in sorted(counts.items())))
         if not verdict.ok:
             say("\n" + report_discrepancies(verdict))
         jobs = sum(r.enqueued for r in verdict.rows.values())
@@ -265,7 +347,10 @@ class Soak:
         kinds = [f"{what} {n}" for what, n in sorted(verdict.counts().items())]
         if verdict.problems:
             kinds.append(f"other {len(verdict.problems)}")
-        say(f"\nsoak: {'PASS' if verdict.ok else 'FAIL'}: {self.args.minutes:g} min, seed {self.args.seed}, "
+        conditions = (f", contention {self.args.contention}" if self.args.contention else "") + (
+            ", network faults" if self.args.network_faults else "")
+        say(f"\nsoak: {'PASS' if verdict.ok else 'FAIL'}: {self.args.minutes:g} min, seed {self.args.seed}"
+            f"{conditions}, "
             f"{jobs:,} jobs, {self.producer.replays} replays, {len(self.injector.done)} faults, "
             f"{found} discrepancies" + (f" ({', '.join(kinds)})" if kinds else ""))
 

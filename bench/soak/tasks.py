@@ -15,6 +15,7 @@ it ``--without hang``).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import dataclasses
 import os
@@ -28,7 +29,7 @@ from chasqui_core.backend import ChasquiTask
 from chasqui_core.engine.errors import UnrecoverableError
 
 from .kinds import BY_NAME, HANG_TIMEOUT, SLEEP_FOREVER
-from .ledger import CANCELLED, END, ERROR, OK, START, LedgerWriter
+from .ledger import CANCELLED, END, ERROR, EXIT, OK, START, LedgerWriter
 
 LEDGER_ENV = "SOAK_LEDGER"
 """Path of the ledger file every run appends to."""
@@ -39,6 +40,10 @@ SUPPORTS_TIMEOUT = "timeout" in {f.name for f in dataclasses.fields(ChasquiTask)
 """Whether this Chasqui's tasks take ``timeout=`` (the hanging kinds need it)."""
 
 _ledger = LedgerWriter(os.environ[LEDGER_ENV]) if os.environ.get(LEDGER_ENV) else None
+if _ledger is not None:
+    # A clean stop runs the exit handlers; SIGKILL, a crash (os._exit) and the worker's own os._exit with sync
+    # runs it could not finish do not: the verdict tells a process that stopped cleanly from one that died by this.
+    atexit.register(_ledger.write, e=EXIT)
 
 
 class SoakFailure(Exception):

@@ -5,30 +5,42 @@ entries, the stored results, what is left in Redis, which worker processes
 died and when), so that tests can feed it made-up evidence and check that it
 flags each kind of discrepancy (tests/bench/test_soak_verdict.py).
 
-The rules, and why:
+The rules, and why. Nothing is excused without evidence: the ledger, the
+watcher's deaths, the clean stops the ledger records, and the windows in
+which the network faults cut the workers off from Redis.
 
 - **Every job is accounted for.** After the drain, an enqueued job (or a
   fire of a schedule) has either succeeded (an ``ok`` end in the ledger) or
   is in the dead-letter queue, not both, and at most once there. Nothing is
   left in a stream, a delayed set or a pending list.
+- **A dead process** is one gone without a clean stop on record: killed by
+  the soak, crashed, or gone without the exit line its exit handlers write.
+  A process that stopped cleanly (a reload, its supervisor gone, the end)
+  settled what it ran: a run without an end in it is a discrepancy, not a
+  lost run. A process died when the watcher saw it gone, or sooner, when a
+  crash job started in it.
+- **A lost run** is one whose dead process died under it: a start without
+  an end. A hanging job's run normally has no end (its timeout abandons
+  it): it is lost only if its process died before the timeout. A run that
+  ended is never lost, however soon its process died after.
+- **A lost outcome** is that of a run that ended, when its process died or
+  the workers were cut off from Redis after the end and before the job's
+  next run (or its dead-letter entry): had the outcome been settled, neither
+  would have come. A job runs again after a success, or as the same attempt,
+  only after a lost outcome (*ran after success*, *rerun without a lost
+  outcome*); a failed run's retry and a replay need no excuse.
 - **No job runs more often than its budget.** The engine counts every
   delivery as a run, lost ones included, so the budget holds across
   crashes. A replay adds the budget again (reset) or one run. The one
-  documented excess (retries.md, "Execution idempotency"): a run that ended
-  but whose process died before its outcome was settled is run again,
-  uncharged, so each such *unsettled* run allows one run more (a job can
-  meet it twice: its rerun's outcome lost with a second abrupt death); a job
-  with a *lost* run may run once more (a run killed before its start was
+  documented excess (retries.md, "Execution idempotency"): a run whose
+  outcome was lost is run again, so each such rerun allows one run more; a
+  job with a lost run may run once more (a run killed before its start was
   journaled is not charged).
-- **A lost run** is one whose process died under it: a start without an
-  end in a process that is gone, or an end followed within
-  ``SETTLE_WINDOW`` by its process's *abrupt* death (killed with SIGKILL,
-  or gone with a run that never ended, as a crash leaves it): its outcome
-  may never have reached Redis. A process that stopped gracefully (a
-  reload, its supervisor gone) settles what it ran before it exits. A
-  hanging job's run normally has no end (its timeout abandons it): it is
-  lost only if its process died before the timeout. A process died when
-  the watcher saw it gone, or sooner, when a crash job started in it.
+- **Never twice at once.** Two runs of one job under way at the same time
+  are flagged unless the first one's process was cut off from Redis then.
+- **Every attempt charged matches a run**: the attempt numbers of a job's
+  runs leave no gap, and a job dead for ``retries_exhausted`` ran its whole
+  budget.
 - **A replay gives the job a new run.**
 - **Every dead-letter reason is the one its kind gets**, and a hanging
   job's last error is a ``...JobTimeout``. ``panic`` is right for any kind
@@ -38,9 +50,13 @@ The rules, and why:
   a job charged more than two lost runs went *past the poison-pill limit*
   (it killed a third worker). A lost run the engine did not charge (its
   start-journal mark never reached Redis: the job runs again with the same
-  attempt number) does not count there: the recovery count catches those. A job whose budget a lost
-  run spent is dead-lettered as ``retries_exhausted`` with a ``WorkerLost``
-  error: right for any kind, if the ledger shows a lost run.
+  attempt number) does not count there: the recovery count catches those.
+  A job whose budget a lost run spent is dead-lettered as
+  ``retries_exhausted`` with a ``WorkerLost`` error: right for any kind, if
+  the ledger shows a lost run. Where the deaths the engine charged were
+  runs that had returned before their process died, the discrepancy is
+  named *finished run charged*; where they were runs of a live process cut
+  off from Redis, *lost contact charged*: lost contact is not a death.
 - *The ledger's start is the task function's first line*; the engine
   counts a run from a moment earlier (its own bookkeeping and Django's
   wrapper run first). A process killed inside that moment, microseconds
@@ -57,14 +73,14 @@ The rules, and why:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .kinds import HANG_TIMEOUT, SCHEDULE_PREFIX, Kind, kind_of_job
 from .ledger import OK, Ledger, Run
 
-SETTLE_WINDOW = 1.0
-"""Seconds after a run's end during which its process's death may have lost the outcome (a settle flush)."""
+WATCH_SLACK = 0.5
+"""Seconds the watcher may note a death late (it polls five times a second, on a busy host)."""
 
 SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
 POISON_PILL_DEATHS = 2
@@ -107,9 +123,9 @@ class Row:
     dead: Counter = field(default_factory=Counter)
     max_runs: int = 0
     lost_runs: int = 0
-    """Runs without an end in a process that is gone."""
+    """Runs without an end in a process that is gone without a clean stop."""
     unsettled: int = 0
-    """Runs that ended just before their process was killed: their outcome may have been lost."""
+    """Runs that ended but whose job ran again after their process died or lost contact: outcomes lost."""
     discrepancies: int = 0
 
 
@@ -130,6 +146,8 @@ class Evidence:
     """Queue -> {"stream": n, "delayed": n, "pending": n} after the drain."""
     schedule_fires: Mapping[str, int] = field(default_factory=dict)
     """Schedule name -> fires the scheduler recorded (its state's ``fired`` count)."""
+    cut_off: Sequence[tuple[float, float]] = ()
+    """(start, end) times, ``time.time()``, during which the network faults cut every worker off from Redis."""
 
 
 @dataclass(slots=True)
@@ -148,55 +166,69 @@ class Verdict:
 
 
 LOST, UNSETTLED = "lost", "unsettled"
+DIED, CONTACT = "died", "lost contact"
+"""Why a run's outcome may never have been settled: its process died, or lost contact with Redis."""
 
 
-def is_lost(run: Run, kind: Kind | None, dead_pids: Mapping[int, float | None], abrupt: set[int]) -> str | None:
-    """Did this run's process die under it (see the module's docstring)?
-
-    ``lost``: no end, its process gone. ``unsettled``: it ended, but its
-    process died abruptly so soon after that its outcome may not have been
-    settled. None: neither.
-    """
-    if run.pid not in dead_pids:
-        return None
-    died = dead_pids[run.pid]
-    if run.ended is None:
-        if kind is not None and kind.hang:
-            return LOST if died is not None and died < run.started + HANG_TIMEOUT else None
-        return LOST
-    if run.pid in abrupt and died is not None and run.ended <= died < run.ended + SETTLE_WINDOW:
-        return UNSETTLED
-    return None
+def abrupt_deaths(ev: Evidence) -> set[int]:
+    """The processes that are gone without a clean stop on record: killed by the soak, crashed, or exited
+    without running their exit handlers. A process that stopped cleanly settled what it ran: it is not dead."""
+    return set(ev.killed) | {pid for pid in ev.dead_pids if pid not in ev.ledger.exits}
 
 
 def death_times(ev: Evidence) -> dict[int, float | None]:
     """When each dead process died: the watcher's time (up to a poll late), or sooner, the start of a run of a
-    kind that ends its process at once (a crash job), which is when it died. A hanging run's fate turns on
-    which of its timeout and its process's death came first, sometimes by less than a poll."""
+    kind that ends its process at once (a crash job), which is about when it died. A hanging run's fate turns
+    on which of its timeout and its process's death came first, sometimes by less than a poll. Never before the
+    last line the process wrote: a crash job's ``os._exit`` runs in its own thread, and the other threads of the
+    process may write for some milliseconds more before it takes the interpreter (tens of them on a busy host)."""
     died = dict(ev.dead_pids)
+    last: dict[int, float] = {}
     for job_id, runs in ev.ledger.runs.items():
         kind = ev.kinds.get(kind_of_job(job_id, ev.ledger.enqueued) or "")
-        if kind is None or not kind.kills:
-            continue
         for r in runs:
+            last[r.pid] = max(last.get(r.pid, r.started), r.started, r.ended or r.started)
+            if kind is None or not kind.kills:
+                continue
             if r.ended is None and r.pid in died:
                 at = died[r.pid]
                 died[r.pid] = r.started if at is None else min(at, r.started)
+    for pid, at in died.items():
+        if at is not None and pid in last:
+            died[pid] = max(at, last[pid])
     return died
 
 
-def abrupt_deaths(ev: Evidence) -> set[int]:
-    """The processes that died without settling: killed by the soak, or gone under a run that never ended."""
-    out = set(ev.killed)
-    for job_id, runs in ev.ledger.runs.items():
-        kind = ev.kinds.get(kind_of_job(job_id, ev.ledger.enqueued) or "")
-        for r in runs:
-            if r.ended is None and r.pid in ev.dead_pids and not (kind is not None and kind.hang):
-                out.add(r.pid)
-    return out
+def is_lost(run: Run, kind: Kind | None, died: Mapping[int, float | None], abrupt: set[int]) -> str | None:
+    """``lost`` when this run's process died under it: no end, and its process gone without a clean stop. A
+    hanging run normally has no end (its timeout abandons it): it is lost only if its process died before the
+    timeout. None otherwise (a run with an end is never a death, however soon its process died after)."""
+    if run.ended is not None or run.pid not in abrupt:
+        return None
+    if kind is not None and kind.hang:
+        at = died.get(run.pid)
+        return LOST if at is not None and at < run.started + HANG_TIMEOUT else None
+    return LOST
 
 
-def charged_deaths(runs: list[Run], kind: Kind, dead_pids: Mapping[int, float | None], abrupt: set[int]) -> int:
+def outcome_lost(run: Run, until: float, died: Mapping[int, float | None], abrupt: set[int],
+                 cut_off: Sequence[tuple[float, float]]) -> str | None:
+    """The evidence that a run which ended had its outcome lost: its process died without a clean stop (``died``),
+    or the workers were cut off from Redis (``lost contact``), after the run ended and before ``until`` (the
+    job's next run, or its dead-letter entry: had the outcome been settled, neither would have come). None: no
+    such evidence, so whatever came next cannot be blamed on a lost outcome."""
+    if run.ended is None:
+        return None
+    if run.pid in abrupt:
+        at = died.get(run.pid)
+        if at is None or run.ended <= at <= until + WATCH_SLACK:
+            return DIED
+    if any(start <= until and end >= run.ended for start, end in cut_off):
+        return CONTACT
+    return None
+
+
+def charged_deaths(runs: list[Run], kind: Kind, died: Mapping[int, float | None], abrupt: set[int]) -> int:
     """Lost runs the engine charged: those followed by no later run with the same attempt number.
 
     A run whose start-journal mark never reached Redis (its process died
@@ -208,15 +240,92 @@ def charged_deaths(runs: list[Run], kind: Kind, dead_pids: Mapping[int, float | 
     ordered = sorted(runs, key=lambda r: r.started)
     charged = 0
     for i, run in enumerate(ordered):
-        if is_lost(run, kind, dead_pids, abrupt) == LOST and not any(
+        if is_lost(run, kind, died, abrupt) == LOST and not any(
                 later.attempt == run.attempt for later in ordered[i + 1:]):
             charged += 1
     return charged
 
 
+def run_end(run: Run, kind: Kind | None, died: Mapping[int, float | None], abrupt: set[int]) -> float | None:
+    """When a run stopped being under way: its end; a hanging run's timeout; the death of a process that died
+    under it. None when that cannot be told (its process's death was not watched, or it stopped cleanly)."""
+    if run.ended is not None:
+        return run.ended
+    if kind is not None and kind.hang:
+        return run.started + HANG_TIMEOUT
+    return died.get(run.pid) if run.pid in abrupt else None
+
+
+def at_once(runs: list[Run], kind: Kind | None, died: Mapping[int, float | None], abrupt: set[int],
+            cut_off: Sequence[tuple[float, float]]) -> list[tuple[Run, Run]]:
+    """Pairs of runs of one job under way at the same time, the first in a process that had not lost contact.
+
+    At least once never means twice at once: a job's entry goes to another
+    worker only when its holder's lease lapsed, which a live process only
+    lets happen when it is cut off from Redis.
+    """
+    out = []
+    for i, first in enumerate(runs):
+        stop = run_end(first, kind, died, abrupt)
+        if stop is None:
+            continue
+        for later in runs[i + 1:]:
+            if later.started >= stop:
+                break
+            if not any(start <= later.started and end >= first.started for start, end in cut_off):
+                out.append((first, later))
+    return out
+
+
+def missing_attempts(runs: list[Run], kind: Kind, replays: list[bool], dead: list[DeadEntry]) -> list[int]:
+    """Attempts the engine charged that no run of the ledger carries.
+
+    A job's runs carry their attempt numbers; a replay that resets the
+    budget starts them at 1 again, one that gives one more attempt goes on
+    from the last. So the numbers seen leave no gap from 1, and a job dead
+    for ``retries_exhausted`` ran every attempt of its budget.
+    """
+    seen = {r.attempt for r in runs if r.attempt > 0}
+    top = max(seen, default=0)
+    if any(d.reason == "retries_exhausted" for d in dead):
+        top = max(top, kind.budget + sum(1 for reset in replays if not reset))
+    return [n for n in range(1, top + 1) if n not in seen]
+
+
 def _allowed_runs(kind: Kind, replays: list[bool], lost: int, unsettled: int) -> int:
     budget = kind.budget + sum(kind.budget if reset else 1 for reset in replays)
     return budget + unsettled + (1 if lost else 0)
+
+
+def _attempt_window(runs: list[Run], attempt: int, enqueued: float, dead_at: float | None) -> tuple[float, float]:
+    """When a missing attempt was due: from the end of the last run before it (or the enqueue) to the start of the
+    first run after it (or the job's dead-letter entry)."""
+    before = [r.ended or r.started for r in runs if 0 < r.attempt < attempt]
+    after = [r.started for r in runs if r.attempt > attempt]
+    return max(before, default=enqueued), min(after, default=float("inf") if dead_at is None else dead_at)
+
+
+def _died_between(died: Mapping[int, float | None], abrupt: set[int], start: float, end: float) -> bool:
+    return any(pid in abrupt and at is not None and start <= at <= end for pid, at in died.items())
+
+
+def _entry_time(entry: DeadEntry) -> float:
+    """When a dead-letter entry was written: its stream id's milliseconds."""
+    return int(entry.entry_id.split("-")[0]) / 1000
+
+
+def _blame(flag, deaths: int, lost_outcomes: Counter, needed: int, otherwise: str, detail: str) -> None:
+    """Name what the engine charged as deaths it should not have: runs that had finished (their process died
+    before their outcome was settled), runs cut off from Redis in a live process, or nothing on record."""
+    finished, contact = lost_outcomes[DIED], lost_outcomes[CONTACT]
+    if deaths + finished >= needed:
+        flag("finished run charged", f"charged as lost with its worker, but {finished} of its runs had ended: "
+                                     "the process died after the run returned and before its outcome was settled")
+    elif deaths + finished + contact >= needed:
+        flag("lost contact charged", f"charged as lost with its worker, but {contact} of its runs ended in a process "
+                                     "that lived and was only cut off from Redis: lost contact is not a death")
+    else:
+        flag(otherwise, detail.format(deaths=deaths))
 
 
 def _schedule_of(job_id: str) -> str:
@@ -259,7 +368,7 @@ def judge(ev: Evidence) -> Verdict:
             story += [(at, f"replayed at {at:.3f} ({'whole budget again' if reset else 'one more attempt'})")
                       for reset, at in zip(ledger.replays.get(job_id, []), ledger.replayed_at.get(job_id, []),
                                            strict=False)]
-            story += [(int(d.entry_id.split("-")[0]) / 1000,
+            story += [(_entry_time(d),
                        f"dead-letter entry {d.entry_id} on {d.queue}: {d.reason}, {d.error_class}: {d.error[:120]}"
                        + (f" (entry delivered {d.deliveries} times)" if d.deliveries else "")) for d in dead]
             lines = tuple(text for _, text in sorted(story, key=lambda item: item[0]))
@@ -278,10 +387,37 @@ def judge(ev: Evidence) -> Verdict:
         row.enqueued += 1
         replays = ledger.replays.get(job_id, [])
         row.replays += len(replays)
-        fates = Counter(is_lost(r, kind, died, abrupt) for r in runs)
-        row.lost_runs += fates[LOST]
-        row.unsettled += fates[UNSETTLED]
-        lost = fates[LOST] + fates[UNSETTLED]
+        deaths = sum(1 for r in runs if is_lost(r, kind, died, abrupt) == LOST)
+        row.lost_runs += deaths
+        dead_at = min((_entry_time(d) for d in dead), default=None)
+        lost_outcomes: Counter = Counter()  # why runs that ended had their outcome lost, by reason
+        unsettled = 0  # runs the job ran again after, unexplained but for such a lost outcome
+        for i, run in enumerate(runs):
+            after = runs[i + 1] if i + 1 < len(runs) else None
+            until = after.started if after is not None else dead_at
+            if run.ended is None and run.pid in ev.ledger.exits and not kind.hang:
+                flag("no end in a clean stop", f"run {run.run_id} has no end, yet its process {run.pid} stopped "
+                                               "cleanly: a clean stop finishes or gives up what it runs")
+            if run.ended is None or until is None:
+                continue
+            why = outcome_lost(run, until, died, abrupt, ev.cut_off)
+            if why is not None:
+                lost_outcomes[why] += 1
+            # a failed run's retry (the next attempt) or a replay is explained by the outcome itself; a run after a
+            # success, or the same attempt again, only by an outcome that never reached Redis
+            if after is None or (run.outcome != OK and after.attempt != run.attempt):
+                continue
+            if why is not None:
+                unsettled += 1
+            elif run.outcome == OK:
+                flag("ran after success", f"run {run.run_id} succeeded at {run.ended:.3f} and the job ran again at "
+                                          f"{after.started:.3f}, with no death or lost contact of its process "
+                                          "in between to lose that success")
+            else:
+                flag("rerun without a lost outcome", f"run {run.run_id} ended {run.outcome} at {run.ended:.3f} and "
+                                                     f"the job ran again as the same attempt {run.attempt}, with no "
+                                                     "death or lost contact of its process in between")
+        row.unsettled += unsettled
         row.max_runs = max(row.max_runs, len(runs))
         succeeded = any(r.outcome == OK for r in runs)
 
@@ -301,10 +437,28 @@ def judge(ev: Evidence) -> Verdict:
             flag("replay not run", f"replayed {len(replays)} time(s) but ran only {len(runs)} time(s): each replay "
                                    "must give the job a new run")
 
-        allowed = _allowed_runs(kind, replays, fates[LOST], fates[UNSETTLED])
+        allowed = _allowed_runs(kind, replays, deaths, unsettled)
         if len(runs) > allowed:
-            flag("over budget", f"ran {len(runs)} times; its budget of {kind.budget}, {len(replays)} replay(s) and "
-                                f"{lost} lost or unsettled run(s) allow {allowed}")
+            flag("over budget", f"ran {len(runs)} times; its budget of {kind.budget}, {len(replays)} replay(s), "
+                                f"{deaths} run(s) lost with their process and {unsettled} lost outcome(s) allow "
+                                f"{allowed}")
+        for first, later in at_once(runs, kind, died, abrupt, ev.cut_off)[:1]:
+            flag("ran twice at once", f"run {later.run_id} (pid {later.pid}) started at {later.started:.3f} while "
+                                      f"run {first.run_id} (pid {first.pid}) was under way, and no network fault "
+                                      "had cut that process off")
+        missing = missing_attempts(runs, kind, replays, dead) if runs else []
+        at_death = [n for n in missing
+                    if _died_between(died, abrupt,
+                                     *_attempt_window(runs, n, ledger.enqueued_at.get(job_id, 0.0), dead_at))]
+        if at_death:
+            flag("charged before its first line", f"attempt(s) {', '.join(map(str, at_death))} were charged, and no "
+                                                  "run of the ledger carries them, but a worker process died while "
+                                                  "they were due: one died after the engine marked the run started "
+                                                  "and before the task's first line")
+        if len(at_death) < len(missing):
+            flag("attempt without a run", f"attempt(s) {', '.join(str(n) for n in missing if n not in at_death)} were "
+                                          "charged, but no run of the ledger carries them, and no worker process "
+                                          "died while they were due")
 
         if kind.expect == "dead" and succeeded:
             flag("unexpected success", f"a {kind.name} job must end dead ({kind.reason})")
@@ -315,13 +469,15 @@ def judge(ev: Evidence) -> Verdict:
                                                "instead of killing another worker")
         for d in dead:
             if d.reason == "panic":
-                if lost < 2:
-                    flag("false panic", f"dead-lettered as panic, but the ledger shows {lost} lost or unsettled "
-                                        "run(s): a poison pill must have been running at two process deaths")
+                if deaths < POISON_PILL_DEATHS:
+                    _blame(flag, deaths, lost_outcomes, POISON_PILL_DEATHS, "false panic",
+                           "dead-lettered as panic, but the ledger shows {deaths} run(s) lost with their process: "
+                           "a poison pill must have been running at two process deaths")
             elif d.reason == "retries_exhausted" and d.error_class.endswith(WORKER_LOST):
-                if not lost:
-                    flag("false worker lost", "its budget was spent by a run lost with its worker, but the ledger "
-                                              "shows no lost or unsettled run")
+                if not deaths:
+                    _blame(flag, deaths, lost_outcomes, 1, "false worker lost",
+                           "its budget was spent by a run lost with its worker, but the ledger shows no run lost "
+                           "with its process")
             elif kind.expect != "dead" or d.reason != kind.reason:
                 expected = f"reason {kind.reason}" if kind.expect == "dead" else "to succeed"
                 flag("wrong reason", f"dead-lettered as {d.reason} ({d.error_class}); a {kind.name} job is "

@@ -22,17 +22,21 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .connection import Client
 from .keys import QueueKeys
 
-FIELDS = ("enqueued", "completed", "failed", "retried", "dlq", "replayed", "promoted", "skipped", "bad_signature",
-          "deferred", "purged")
-"""The counters of ``<metrics>total``; ``failed`` counts handler runs that raised (retried or dead), ``skipped``
-jobs acknowledged without running because their idempotency key had completed, ``bad_signature`` jobs refused
-for a missing or wrong signature (also counted in ``dlq``), ``deferred`` jobs put back in the delayed set to wait for
-room in a rate or concurrency limit (each wait counted), ``purged`` waiting jobs an operator deleted (purge.py)."""
+FIELDS = ("enqueued", "fetched", "completed", "failed", "retried", "dlq", "replayed", "promoted", "skipped",
+          "bad_signature", "deferred", "purged", "lost", "recovered")
+"""The counters of ``<metrics>total``; ``fetched`` counts entries workers read from the streams, ``failed`` handler
+runs that raised (retried or dead), ``skipped`` jobs acknowledged without running because their idempotency key had
+completed, ``bad_signature`` jobs refused for a missing or wrong signature (also counted in ``dlq``), ``deferred``
+jobs put back in the delayed set to wait for room in a rate or concurrency limit (each wait counted), ``purged``
+waiting jobs an operator deleted (purge.py), ``lost`` runs under way in a worker that died (reclaim.lua: each is
+charged to its job), ``recovered`` entries taken back from a dead worker before they started (uncharged)."""
+DLQ_REASON_PREFIX = "dlq:"
+"""``dlq:<reason>`` counts the jobs dead-lettered for that reason (``dlq`` counts them all)."""
 
 DURATION_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000)
 """Upper bounds of the histogram's buckets: a run of d ms falls in the first bucket with d <= bound."""
@@ -67,6 +71,8 @@ class QueueTotals:
     """Every field of FIELDS, 0 when never counted."""
     durations: dict[str, DurationHistogram]
     """By task name, for the tasks that ran at least once."""
+    dead_lettered: dict[str, int] = field(default_factory=dict)
+    """Jobs dead-lettered per reason (``panic``, ``retries_exhausted``...), for the reasons met at least once."""
 
 
 def duration_increments(
@@ -119,11 +125,14 @@ def parse(queue: str, counters_reply: dict[bytes, bytes], durations_reply: dict[
         if isinstance(reply, Exception):  # a pipeline read with raise_on_error=False
             raise reply
     counters = dict.fromkeys(FIELDS, 0)
+    dead_lettered: dict[str, int] = {}
     for name, value in counters_reply.items():
-        field = _text(name)
-        if field in counters:
-            counters[field] = int(value)
-    return QueueTotals(queue, counters, histograms(durations_reply))
+        counter = _text(name)
+        if counter in counters:
+            counters[counter] = int(value)
+        elif counter.startswith(DLQ_REASON_PREFIX) and len(counter) > len(DLQ_REASON_PREFIX):
+            dead_lettered[counter[len(DLQ_REASON_PREFIX):]] = int(value)
+    return QueueTotals(queue, counters, histograms(durations_reply), dict(sorted(dead_lettered.items())))
 
 
 def histograms(fields: dict[bytes, bytes] | dict[str, int]) -> dict[str, DurationHistogram]:

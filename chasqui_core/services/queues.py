@@ -11,6 +11,7 @@ from chasqui_core.engine import stats
 from chasqui_core.engine import metrics as metrics_mod
 from chasqui_core.engine import history
 from chasqui_core.engine import purge as purge_mod
+from chasqui_core.engine import totals as totals_mod
 from chasqui_core.engine import waiting
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.limits import BucketState, read_buckets
@@ -47,6 +48,14 @@ def queue_metrics(
     queue = require_queue(queue)
     with engine_errors:
         return metrics_mod.series(redis_client(), queue, resolution=resolution, window=window)
+
+
+def queue_totals(actor, queue: str, *, source: Source = "api") -> totals_mod.QueueTotals:
+    """A queue's all-time counters (fetched, completed, lost, recovered...) and its dead-lettered jobs per reason."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    with engine_errors:
+        return totals_mod.read_totals(redis_client(), [queue])[queue]
 
 
 def pause(actor, queue: str, *, source: Source) -> bool:

@@ -21,6 +21,7 @@ READS = [
     ("get", "/api/queues", None),
     ("get", "/api/queues/default", None),
     ("get", "/api/queues/default/metrics", None),
+    ("get", "/api/queues/default/totals", None),
     ("get", "/api/tasks", None),
     ("get", "/api/jobs/01ABC", None),
     ("get", "/api/queues/default/delayed", None),

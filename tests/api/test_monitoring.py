@@ -101,6 +101,11 @@ def test_metrics_after_a_known_workload(redis, redis_url, view_api):
     assert value("chasqui_jobs_dead_lettered_total") == 2
     assert value("chasqui_jobs_promoted_total") == 5
     assert value("chasqui_jobs_replayed_total") == 0
+    assert value("chasqui_jobs_fetched_total") == 10 + 5, "the ten ready jobs, then the five retries"
+    assert (value("chasqui_runs_lost_total"), value("chasqui_jobs_recovered_total")) == (0, 0)
+    assert value("chasqui_jobs_dead_lettered_by_reason_total", reason="retries_exhausted") == 2
+    assert [labels for name, labels in samples if name == "chasqui_jobs_dead_lettered_by_reason_total"] == [
+        (("queue", "mq"), ("reason", "retries_exhausted"))], "a reason never met is not listed"
     assert value("chasqui_queue_stream_length") == 0
     assert value("chasqui_queue_pending_jobs") == 0
     assert value("chasqui_queue_delayed_jobs") == 2
@@ -176,6 +181,24 @@ def test_metrics_of_schedules_after_their_fires(redis, redis_url, view_api, sett
     assert samples[("chasqui_schedule_paused", nightly)] == 1
     assert ("chasqui_schedule_next_fire_timestamp_seconds", nightly) not in samples
     assert samples[("chasqui_schedule_last_fire_timestamp_seconds", hourly)] >= this_hour / 1000
+
+
+def test_metrics_carry_lost_runs_recovered_jobs_and_dead_letters_per_reason(redis, view_api):
+    keys = QueueKeys.for_queue("fleet")
+    redis.sadd(QUEUES_REGISTRY, "fleet")
+    # what reclaim.lua and settle.lua leave after two deaths of a poison pill among its neighbours
+    redis.hset(keys.totals, mapping={"lost": 2, "recovered": 7, "fetched": 40, "dlq": 3, "dlq:panic": 1,
+                                     "dlq:retries_exhausted": 2})
+    samples = scrape(view_api.get("/metrics"))
+
+    def value(name, **labels):
+        return samples[(name, tuple(sorted({"queue": "fleet", **labels}.items())))]
+
+    assert (value("chasqui_runs_lost_total"), value("chasqui_jobs_recovered_total")) == (2, 7)
+    assert value("chasqui_jobs_fetched_total") == 40
+    assert value("chasqui_jobs_dead_lettered_total") == 3
+    assert value("chasqui_jobs_dead_lettered_by_reason_total", reason="panic") == 1
+    assert value("chasqui_jobs_dead_lettered_by_reason_total", reason="retries_exhausted") == 2
 
 
 def test_metrics_with_no_queue_is_empty_but_valid(view_api):

@@ -162,3 +162,21 @@ def test_purge_empties_every_priority_band(op_api, redis):
     assert r.json() == {"queue": "default", "purged": 4}
     keys = QueueKeys.for_queue("default")
     assert [redis.xlen(keys.in_band(b).stream) for b in ("high", "", "low")] == [0, 0, 0]
+
+
+def test_totals_give_every_counter_and_the_dead_letters_per_reason(view_api, redis):
+    q = Queue("default", redis_client=redis)
+    for i in range(3):
+        q.add(TASK, [i, 0])
+    # what reclaim.lua and settle.lua leave after a worker died under a run
+    redis.hset(QueueKeys.for_queue("default").totals, mapping={"lost": 1, "recovered": 4, "fetched": 9, "dlq": 2,
+                                                                "dlq:panic": 1, "dlq:retries_exhausted": 1})
+    r = view_api.get("/api/queues/default/totals")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["queue"] == "default"
+    assert body["counters"]["enqueued"] == 3, "counted by the enqueue itself"
+    assert {k: body["counters"][k] for k in ("fetched", "lost", "recovered", "dlq", "completed")} == {
+        "fetched": 9, "lost": 1, "recovered": 4, "dlq": 2, "completed": 0}
+    assert body["dead_lettered"] == {"panic": 1, "retries_exhausted": 1}
+    assert view_api.get("/api/queues/nope/totals").status_code == 404

@@ -1,10 +1,14 @@
-"""The soak's plan: its fault timeline and its choice of kinds (bench/soak/faults.py, kinds.py). No server needed."""
+"""The soak's plan: its fault timeline, its choice of kinds, its seed and its busy processes. No server needed."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
-from bench.soak.faults import FAULTS, timeline
+from bench.soak.contention import Contention
+from bench.soak.faults import FAULTS, NETWORK_FAULTS, PAST_VISIBILITY, plan, timeline
+from bench.soak.run import announce, parse
+from bench.soak.workers import alive
 from bench.soak.kinds import KINDS, kind_of_job, without
 
 
@@ -36,3 +40,41 @@ def test_a_fire_of_a_schedule_is_a_scheduled_job_and_anything_else_unknown_has_n
     assert kind_of_job("schedule:soak-tick:1795000000000", {}) == "scheduled"
     assert kind_of_job("soak-ok-1", {"soak-ok-1": "ok"}) == "ok"
     assert kind_of_job("soak-ok-2", {}) is None
+
+
+def test_with_network_faults_a_two_minute_plan_still_injects_every_fault_one_network_fault_at_a_time():
+    every = 12.0
+    full = plan(120, random.Random(7), every=every, network=True)
+    assert {fault for _, fault in full} == set(FAULTS) | set(NETWORK_FAULTS)
+    assert [at for at, _ in full] == sorted(at for at, _ in full)
+    network = [at for at, fault in full if fault in NETWORK_FAULTS]
+    longest = 5.0 + PAST_VISIBILITY  # the soak's default visibility timeout, and past it
+    assert all(b - a >= longest for a, b in itertools.pairwise(network)), "each heals before the next begins"
+    assert plan(120, random.Random(7), every=every) == timeline(120, random.Random(7), every=every)
+
+
+def test_the_seed_is_drawn_per_run_whatever_the_global_generator_and_printed_first():
+    drawn = []
+    for _ in range(3):
+        random.seed(1)
+        args = parse([])
+        assert args.drawn
+        drawn.append(args.seed)
+    assert len(set(drawn)) > 1, "a new seed for each run, not one the global generator's state fixes"
+    assert announce(args) == f"soak: seed {args.seed} (drawn for this run; run it again with --seed {args.seed})"
+    given = parse(["--seed", "42", "--contention", "2", "--network-faults"])
+    assert (given.seed, given.drawn, given.contention, given.network_faults) == (42, False, 2, True)
+    assert announce(given).startswith("soak: seed 42 (given;")
+
+
+def test_busy_processes_run_until_stopped_and_stop_by_themselves_at_their_lifetime():
+    with Contention(2, lifetime=120) as busy:
+        pids = [p.pid for p in busy.procs]
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids) and busy.procs == []
+    short = Contention(1, lifetime=0.2)
+    (pid,) = short.start()
+    proc = short.procs[0]
+    assert proc.wait(timeout=30) == 0, "it stopped by itself"
+    short.stop()
+    assert not alive(pid)

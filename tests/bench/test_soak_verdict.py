@@ -30,7 +30,9 @@ class Book:
         self.results: dict[str, str | None] | None = None
         self.leftovers: dict[str, dict[str, int]] = {}
         self.fires: dict[str, int] = {}
+        self.cut_off: list[tuple[float, float]] = []
         self._runs = 0
+        self._attempts: dict[str, int] = {}
 
     def _line(self, **rec) -> None:
         self.lines.append(json.dumps(rec))
@@ -43,15 +45,18 @@ class Book:
             error_class: str = "", took: float = 0.1, attempt: int | None = None) -> None:
         self._runs += 1
         run_id = f"r{self._runs}"
-        self._line(j=job_id, k=kind, e="start", r=run_id, a=attempt or self._runs, p=pid, t=T0 + at)
+        self._attempts[job_id] = attempt = attempt or self._attempts.get(job_id, 0) + 1
+        self._line(j=job_id, k=kind, e="start", r=run_id, a=attempt, p=pid, t=T0 + at)
         if outcome is not None:
             self._line(j=job_id, k=kind, e="end", r=run_id, o=outcome, x=error_class, p=pid, t=T0 + at + took)
 
     def replay(self, job_id: str, kind: str, *, reset: bool) -> None:
         self._line(j=job_id, k=kind, e="replay", reset=reset, t=T0, p=1)
 
-    def dies(self, job_id: str, reason: str, error_class: str = "SoakFailure", queue: str = "soak-b") -> None:
-        self.dead.append(DeadEntry(job_id, queue, reason, error_class, f"{len(self.dead) + 1}-0", "boom"))
+    def dies(self, job_id: str, reason: str, error_class: str = "SoakFailure", queue: str = "soak-b", *,
+             at: float = 100.0) -> None:
+        entry_id = f"{int((T0 + at) * 1000)}-{len(self.dead)}"
+        self.dead.append(DeadEntry(job_id, queue, reason, error_class, entry_id, "boom"))
 
     def process_died(self, pid: int, at: float | None, *, killed: bool = False) -> None:
         self.dead_pids[pid] = None if at is None else T0 + at
@@ -60,9 +65,18 @@ class Book:
         else:
             self.killed.discard(pid)
 
+    def exited(self, pid: int, at: float) -> None:
+        """The process stopped cleanly: its exit line, and the watcher saw it gone."""
+        self._line(e="exit", p=pid, t=T0 + at)
+        self.dead_pids[pid] = T0 + at
+
+    def cut(self, start: float, end: float) -> None:
+        """The network faults cut every worker off from Redis from ``start`` to ``end``."""
+        self.cut_off.append((T0 + start, T0 + end))
+
     def judge(self):
         ev = Evidence(parse(self.lines), {k.name: k for k in KINDS}, self.dead, self.dead_pids, self.killed,
-                      self.results, self.leftovers, self.fires)
+                      self.results, self.leftovers, self.fires, self.cut_off)
         return judge(ev)
 
 
@@ -145,14 +159,15 @@ def test_one_more_run_is_allowed_when_a_run_s_outcome_was_lost_with_its_killed_p
     b.run("fail-2", "always_fail", at=1, outcome="error", error_class="SoakFailure")
     b.run("fail-2", "always_fail", at=2, outcome="error", error_class="SoakFailure")
     b.run("fail-2", "always_fail", at=3, outcome="error", error_class="SoakFailure", pid=KILLED_PID)
-    b.run("fail-2", "always_fail", at=9, outcome="error", error_class="SoakFailure")
+    b.run("fail-2", "always_fail", at=9, outcome="error", error_class="SoakFailure", attempt=3)
     b.dies("fail-2", "retries_exhausted")
     b.process_died(KILLED_PID, 3.3, killed=True)
     verdict = b.judge()
     assert verdict.ok, report_discrepancies(verdict)
     assert (verdict.rows["always_fail"].lost_runs, verdict.rows["always_fail"].unsettled) == (0, 1)
-    b.process_died(KILLED_PID, 3.3, killed=False)  # the same death, but graceful: it settled what it ran
-    assert what(b.judge()) == [("over budget", "fail-2")]
+    b.killed.discard(KILLED_PID)
+    b.exited(KILLED_PID, 3.3)  # the same end, but a clean stop: it settled what it ran
+    assert what(b.judge()) == [("over budget", "fail-2"), ("rerun without a lost outcome", "fail-2")]
 
 
 def test_each_outcome_lost_with_an_abrupt_death_allows_one_more_run():
@@ -160,9 +175,9 @@ def test_each_outcome_lost_with_an_abrupt_death_allows_one_more_run():
     b = Book()
     b.enqueue("fail-3", "always_fail")
     b.run("fail-3", "always_fail", at=1, outcome="error", error_class="SoakFailure", pid=KILLED_PID)
-    b.run("fail-3", "always_fail", at=4, outcome="error", error_class="SoakFailure", pid=CRASHED_PID)
-    for at in (7, 8, 9):
-        b.run("fail-3", "always_fail", at=at, outcome="error", error_class="SoakFailure")
+    b.run("fail-3", "always_fail", at=4, outcome="error", error_class="SoakFailure", pid=CRASHED_PID, attempt=1)
+    for at, attempt in ((7, 1), (8, 2), (9, 3)):
+        b.run("fail-3", "always_fail", at=at, outcome="error", error_class="SoakFailure", attempt=attempt)
     b.dies("fail-3", "retries_exhausted")
     b.process_died(KILLED_PID, 1.12, killed=True)
     b.process_died(CRASHED_PID, 4.12, killed=True)
@@ -187,7 +202,7 @@ def test_replays_add_to_the_budget_a_whole_budget_or_one_run():
     assert verdict.ok, report_discrepancies(verdict)
     assert verdict.rows["always_fail"].replays == 1
     b.run("fix-1", "fixed_by_replay", at=13)
-    assert what(b.judge()) == [("over budget", "fix-1")]
+    assert what(b.judge()) == [("over budget", "fix-1"), ("ran after success", "fix-1")]
 
 
 def test_a_replay_must_give_the_job_a_new_run():
@@ -195,11 +210,13 @@ def test_a_replay_must_give_the_job_a_new_run():
     b.replay("fail-1", "always_fail", reset=False)
     b.replay("fail-1", "always_fail", reset=False)
     b.run("fail-1", "always_fail", at=20, outcome="error", error_class="SoakFailure")
+    b.run("fail-1", "always_fail", at=21, outcome="error", error_class="SoakFailure")
     verdict = b.judge()
     assert verdict.ok, report_discrepancies(verdict)
     b.replay("fail-1", "always_fail", reset=False)
     b.replay("fail-1", "always_fail", reset=False)
-    assert what(b.judge()) == [("replay not run", "fail-1")]
+    b.replay("fail-1", "always_fail", reset=False)
+    assert ("replay not run", "fail-1") in what(b.judge())
 
 
 def test_a_panic_without_two_lost_runs_is_a_false_panic():
@@ -253,7 +270,8 @@ def test_a_budget_spent_by_a_lost_run_is_retries_exhausted_with_worker_lost_only
     b.process_died(KILLED_PID, 4.5, killed=True)
     b.dies("hang-2", "retries_exhausted", "WorkerLost", "soak-c")
     b.enqueue("ok-2", "ok")
-    b.run("ok-2", "ok", at=1, outcome="error", error_class="SoakFailure")
+    for at in (1, 2, 3):
+        b.run("ok-2", "ok", at=at, outcome="error", error_class="SoakFailure")
     b.dies("ok-2", "retries_exhausted", "WorkerLost", "soak-a")
     assert what(b.judge()) == [("false worker lost", "ok-2")]
 
@@ -262,7 +280,7 @@ def test_a_wrong_dead_letter_reason_is_flagged():
     b = a_clean_book()
     b.enqueue("unrec-1", "unrecoverable")
     b.run("unrec-1", "unrecoverable", at=1, outcome="error", error_class="UnrecoverableError")
-    b.dies("unrec-1", "retries_exhausted", "UnrecoverableError", "soak-c")
+    b.dies("unrec-1", "bad_signature", "UnrecoverableError", "soak-c")
     b.enqueue("ok-2", "ok")
     b.run("ok-2", "ok", at=1, outcome="error", error_class="SoakFailure")
     b.dies("ok-2", "internal", "TypeError", "soak-a")
@@ -383,3 +401,226 @@ def test_runs_of_a_limited_kind_past_its_concurrency_are_a_problem_and_at_the_li
     book.run(book.enqueue("soak-limited-extra", "limited"), "limited", at=1.2, took=0.1)
     assert book.judge().problems == [f"limited: {limit + 1} runs were under way at once; its concurrency limit "
                                      f"is {limit}"]
+
+
+# --- the rules that excuse nothing without evidence -------------------------------------------------------------
+
+
+def test_a_job_that_succeeded_again_with_no_fault_in_between_is_flagged_though_within_its_budget():
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    for at in (1, 2, 3):
+        b.run("ok-2", "ok", at=at)
+    verdict = b.judge()
+    assert what(verdict) == [("ran after success", "ok-2"), ("ran after success", "ok-2")]
+    assert verdict.rows["ok"].max_runs == 3, "three runs are within its budget: the budget alone cannot see it"
+
+
+def test_a_success_may_run_again_only_after_its_process_died_or_lost_contact_before_the_next_run():
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=1, pid=KILLED_PID)
+    b.process_died(KILLED_PID, 1.2, killed=True)  # after the run ended, before the outcome was settled
+    b.run("ok-2", "ok", at=8, attempt=1)
+    b.run("ok-2", "ok", at=20, attempt=1)
+    assert what(b.judge()) == [("ran after success", "ok-2")], "the first rerun has its evidence, the second none"
+    b.cut(8.5, 19)  # the workers were cut off from Redis after the second run ended: its outcome was lost too
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert verdict.rows["ok"].unsettled == 2
+
+
+def test_a_death_long_after_the_rerun_is_no_evidence_for_it():
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=1, pid=KILLED_PID)
+    b.run("ok-2", "ok", at=3, attempt=1)
+    b.process_died(KILLED_PID, 30, killed=True)
+    assert what(b.judge()) == [("ran after success", "ok-2")]
+
+
+def test_a_failed_run_repeated_as_the_same_attempt_needs_a_lost_outcome():
+    b = a_clean_book()
+    b.enqueue("once-2", "fail_once")
+    b.run("once-2", "fail_once", at=1, outcome="error", error_class="SoakFailure", attempt=1)
+    b.run("once-2", "fail_once", at=2, outcome="error", error_class="SoakFailure", attempt=1)
+    b.run("once-2", "fail_once", at=3, attempt=2)
+    assert what(b.judge()) == [("rerun without a lost outcome", "once-2")], "within its budget of 3 runs"
+
+
+def test_two_runs_of_one_job_at_the_same_time_in_live_processes_are_flagged():
+    b = a_clean_book()
+    b.enqueue("slow-1", "slow_sync")
+    b.run("slow-1", "slow_sync", at=1, took=3, outcome="error", error_class="SoakFailure", pid=ALIVE_PID)
+    b.run("slow-1", "slow_sync", at=2, took=3, outcome="error", error_class="SoakFailure", pid=ALIVE_PID + 1)
+    b.run("slow-1", "slow_sync", at=3, took=3, pid=ALIVE_PID)
+    verdict = b.judge()
+    assert what(verdict) == [("ran twice at once", "slow-1")], "one line per job, however many overlaps"
+    assert "while run r" in verdict.discrepancies[0].detail
+    b.cut(0.5, 2.5)  # its process was cut off from Redis while it ran: its entry went to another worker
+    assert b.judge().ok, report_discrepancies(b.judge())
+
+
+def test_a_run_ended_by_its_process_s_death_does_not_overlap_the_run_after_it():
+    b = a_clean_book()
+    b.enqueue("crash-2", "crash")
+    b.run("crash-2", "crash", at=1, outcome=None, pid=CRASHED_PID + 5)
+    b.process_died(CRASHED_PID + 5, 1.5)
+    b.run("crash-2", "crash", at=1.4, outcome=None, pid=CRASHED_PID + 6)
+    b.process_died(CRASHED_PID + 6, 1.6)
+    b.dies("crash-2", "panic", "WorkerLost", "soak-c")
+    verdict = b.judge()
+    assert verdict.ok, "the crash job's start is when its process died, though the watcher saw it later"
+
+
+def test_an_attempt_charged_without_a_run_is_flagged():
+    b = Book()  # no process dies in this book: nothing could have charged an attempt without its run
+    b.enqueue("fail-2", "always_fail")
+    b.run("fail-2", "always_fail", at=1, outcome="error", error_class="SoakFailure")
+    b.run("fail-2", "always_fail", at=2, outcome="error", error_class="SoakFailure")
+    b.dies("fail-2", "retries_exhausted", at=5)
+    verdict = b.judge()
+    assert what(verdict) == [("attempt without a run", "fail-2")], "dead after 2 of its 3 runs"
+    assert "attempt(s) 3 were charged" in verdict.discrepancies[0].detail
+    b.enqueue("once-2", "fail_once")
+    b.run("once-2", "fail_once", at=1, outcome="error", error_class="SoakFailure", attempt=1)
+    b.run("once-2", "fail_once", at=2, attempt=3)
+    assert ("attempt without a run", "once-2") in what(b.judge()), "a gap in the attempts is a charge without a run"
+
+
+def test_an_attempt_charged_without_a_run_while_a_process_died_is_named_for_it():
+    """The engine marks a run started a moment before the task's first line: a death in between charges it."""
+    b = Book()
+    b.enqueue("once-2", "fail_once")
+    b.run("once-2", "fail_once", at=5, attempt=2)
+    b.process_died(KILLED_PID, 8, killed=True)  # after the run it could have been: no excuse
+    assert what(b.judge()) == [("attempt without a run", "once-2")]
+    b.process_died(KILLED_PID, 3, killed=True)
+    verdict = b.judge()
+    assert what(verdict) == [("charged before its first line", "once-2")]
+    assert "attempt(s) 1 were charged" in verdict.discrepancies[0].detail
+
+
+def test_a_process_that_stopped_cleanly_is_not_dead():
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=1, outcome=None, pid=GRACEFUL_PID)
+    b.run("ok-2", "ok", at=8)
+    b.exited(GRACEFUL_PID, 2)
+    verdict = b.judge()
+    assert what(verdict) == [("no end in a clean stop", "ok-2")]
+    assert verdict.rows["ok"].lost_runs == 0, "not a run lost with its process"
+    b.lines = [line for line in b.lines if '"exit"' not in line]  # no clean stop on record: it died under the run
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert verdict.rows["ok"].lost_runs == 1
+
+
+def test_a_panic_from_runs_in_processes_that_stopped_cleanly_is_false():
+    b = a_clean_book()
+    b.enqueue("crash-2", "crash")
+    b.run("crash-2", "crash", at=1, outcome=None, pid=GRACEFUL_PID)
+    b.run("crash-2", "crash", at=8, outcome=None, pid=GRACEFUL_PID + 1)
+    b.exited(GRACEFUL_PID, 1.5)
+    b.exited(GRACEFUL_PID + 1, 8.5)
+    b.dies("crash-2", "panic", "WorkerLost", "soak-c")
+    assert ("false panic", "crash-2") in what(b.judge())
+
+
+def test_runs_that_returned_before_their_process_died_are_never_deaths_and_a_panic_from_them_is_named():
+    """The engine today charges a run that returned just before its process was killed: named for what it is."""
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=1, pid=KILLED_PID)
+    b.process_died(KILLED_PID, 1.15, killed=True)
+    b.run("ok-2", "ok", at=8, pid=KILLED_PID + 1, attempt=2)
+    b.process_died(KILLED_PID + 1, 8.15, killed=True)
+    b.dies("ok-2", "panic", "WorkerLost", "soak-a", at=15)
+    verdict = b.judge()
+    assert ("finished run charged", "ok-2") in what(verdict)
+    assert "false panic" not in verdict.counts()
+    assert verdict.rows["ok"].lost_runs == 0, "a run that returned is not lost, however soon its process died"
+
+
+def test_a_worker_lost_charge_for_a_run_that_returned_is_named_and_one_with_no_evidence_is_false():
+    b = a_clean_book()
+    b.enqueue("fail-2", "always_fail")
+    b.run("fail-2", "always_fail", at=1, outcome="error", error_class="SoakFailure")
+    b.run("fail-2", "always_fail", at=2, outcome="error", error_class="SoakFailure")
+    b.run("fail-2", "always_fail", at=3, outcome="error", error_class="SoakFailure", pid=KILLED_PID)
+    b.process_died(KILLED_PID, 3.2, killed=True)
+    b.dies("fail-2", "retries_exhausted", "WorkerLost", at=10)
+    assert what(b.judge()) == [("finished run charged", "fail-2")]
+    b.process_died(KILLED_PID, 12, killed=True)  # it died after the job was dead-lettered: no evidence at all
+    assert what(b.judge()) == [("false worker lost", "fail-2")]
+
+
+def test_lost_contact_charged_as_a_death_is_named_and_never_a_death():
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=1, pid=ALIVE_PID)
+    b.run("ok-2", "ok", at=8, pid=ALIVE_PID + 1, attempt=2)
+    b.cut(0.5, 7)
+    b.cut(8.5, 14)
+    b.dies("ok-2", "panic", "WorkerLost", "soak-a", at=15)
+    verdict = b.judge()
+    assert what(verdict) == [("lost contact charged", "ok-2"), ("succeeded and dead", "ok-2")]
+    assert verdict.rows["ok"].lost_runs == 0 and verdict.rows["ok"].unsettled == 1
+
+
+def test_a_retry_after_a_failed_run_needs_no_evidence_and_earns_no_extra_run():
+    """A process that died between a failed run and its retry lost nothing: the retry was due anyway."""
+    b = a_clean_book()
+    b.enqueue("fail-2", "always_fail")
+    b.run("fail-2", "always_fail", at=1, outcome="error", error_class="SoakFailure", pid=KILLED_PID)
+    b.process_died(KILLED_PID, 1.2, killed=True)
+    b.run("fail-2", "always_fail", at=2, outcome="error", error_class="SoakFailure")
+    b.run("fail-2", "always_fail", at=3, outcome="error", error_class="SoakFailure")
+    b.dies("fail-2", "retries_exhausted")
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert verdict.rows["always_fail"].unsettled == 0
+    b.run("fail-2", "always_fail", at=4, outcome="error", error_class="SoakFailure")
+    assert what(b.judge()) == [("over budget", "fail-2")]
+
+
+def test_a_process_a_crash_job_ended_died_no_sooner_than_the_last_line_it_wrote():
+    """os._exit runs in the crash job's thread: the event loop may finish and write other runs first."""
+    b = a_clean_book()
+    b.enqueue("crash-2", "crash")
+    b.run("crash-2", "crash", at=10, outcome=None, pid=KILLED_PID)
+    b.run("crash-2", "crash", at=20, outcome=None, pid=KILLED_PID + 1)
+    b.process_died(KILLED_PID, 10.2)
+    b.process_died(KILLED_PID + 1, 20.2)
+    b.dies("crash-2", "panic", "WorkerLost", "soak-c", at=30)
+    b.enqueue("ok-2", "ok")
+    b.run("ok-2", "ok", at=9.99, took=0.02, pid=KILLED_PID)  # ended 10 ms after the crash job started
+    b.run("ok-2", "ok", at=16, attempt=2)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert verdict.rows["ok"].unsettled == 1
+
+
+def test_the_evidence_kept_with_a_run_is_judged_again_the_same(tmp_path):
+    from bench.soak.record import load, save
+    from bench.soak.run import main
+
+    b = a_clean_book()
+    b.enqueue("ok-2", "ok")
+    for at in (1, 2):
+        b.run("ok-2", "ok", at=at)
+    b.cut(1.5, 1.8)  # a lost contact: it excuses the second run
+    b.killed.add(CRASHED_PID)
+    (tmp_path / "ledger.jsonl").write_text("\n".join(b.lines) + "\n")
+    save(str(tmp_path), Evidence(parse(b.lines), {k.name: k for k in KINDS}, b.dead, b.dead_pids, b.killed,
+                                 None, b.leftovers, b.fires, b.cut_off))
+    kept = load(str(tmp_path))
+    assert (kept.cut_off, kept.killed, kept.dead, kept.results) == (b.cut_off, b.killed, b.dead, None)
+    assert kept.dead_pids == b.dead_pids
+    assert judge(kept).ok and main(["--judge", str(tmp_path)]) == 0
+    b.cut_off.clear()
+    (tmp_path / "ledger.jsonl").write_text("\n".join(b.lines) + "\n")
+    save(str(tmp_path), Evidence(parse(b.lines), {k.name: k for k in KINDS}, b.dead, b.dead_pids, b.killed))
+    assert what(judge(load(str(tmp_path)))) == [("ran after success", "ok-2")]
+    assert main(["--judge", str(tmp_path)]) == 1
+    assert main(["--judge", str(tmp_path / "nothing-here")]) == 2

@@ -597,3 +597,22 @@ def test_the_purge_confirmation_counts_every_band(operator, redis):
     assert [redis.xlen(KEYS.in_band(b).stream) for b in ("high", "", "low")] == [0, 0, 0]
     [entry] = AuditEntry.objects.filter(action="purge")
     assert entry.count == 4
+
+
+def test_the_figures_show_runs_lost_jobs_recovered_and_dead_letters_per_reason(viewer, redis):
+    Queue("billing", redis_client=redis).add("billing.tasks.charge", [1])
+    # what reclaim.lua and settle.lua leave after workers died under their runs
+    redis.hset(QueueKeys.for_queue("billing").totals, mapping={"lost": 3, "recovered": 12, "fetched": 1500,
+                                                               "dlq": 4, "dlq:panic": 1, "dlq:retries_exhausted": 3})
+    redis.hset(QueueKeys.for_queue(Q).totals, mapping={"lost": 2, "dlq": 2, "dlq:panic": 2})
+    html = _client(viewer).get("/queues/billing/").content.decode()
+    cards = re.search(r'<section class="cards" id="q-cards".*?</section>', html, re.S)[0]
+    assert re.search(r'data-metric="lost">3<', cards)
+    assert re.search(r'data-metric="recovered">12<', cards) and re.search(r'data-metric="fetched">1,500<', cards)
+    assert re.search(r'data-metric="dlq-total">4<', cards)
+    assert re.search(r'<span data-reason="panic">panic 1</span>, <span data-reason="retries_exhausted">'
+                     r'retries_exhausted 3</span>', cards)
+    overview = _client(viewer).get("/").content.decode()
+    total = re.search(r'<section class="cards" id="ov-cards".*?</section>', overview, re.S)[0]
+    assert re.search(r'data-metric="lost">5<', total), "every queue's, added up"
+    assert re.search(r'<span data-reason="panic">panic 3</span>', total)

@@ -33,12 +33,15 @@ def test_duration_increments_count_each_bucket_once_per_task():
 def test_parse_reads_buckets_sums_and_ignores_unknown_fields():
     parsed = totals.parse(
         "q",
-        {b"completed": b"4", b"enqueued": b"9", b"from_the_future": b"1"},
+        {b"completed": b"4", b"enqueued": b"9", b"from_the_future": b"1", b"lost": b"2", b"dlq:panic": b"2",
+         b"dlq:retries_exhausted": b"5", b"dlq:": b"7"},
         {b"5:t.a": b"3", b"inf:t.a": b"1", b"sum:t.a": b"9000", b"7:t.a": b"99", b"sum:odd:name": b"5",
          b"10:odd:name": b"2"},
     )
-    assert parsed.counters == {"enqueued": 9, "completed": 4, "failed": 0, "retried": 0, "dlq": 0, "replayed": 0,
-                               "promoted": 0, "skipped": 0, "bad_signature": 0, "deferred": 0, "purged": 0}
+    assert parsed.counters == {"enqueued": 9, "fetched": 0, "completed": 4, "failed": 0, "retried": 0, "dlq": 0,
+                               "replayed": 0, "promoted": 0, "skipped": 0, "bad_signature": 0, "deferred": 0,
+                               "purged": 0, "lost": 2, "recovered": 0}
+    assert parsed.dead_lettered == {"panic": 2, "retries_exhausted": 5}, "per reason; a field with no reason is not one"
     a = parsed.durations["t.a"]
     assert a.counts[0] == 3 and a.counts[-1] == 1 and a.count == 4 and a.sum_ms == 9000
     odd = parsed.durations["odd:name"]
@@ -93,8 +96,10 @@ async def test_a_worker_counts_every_outcome_and_each_run_duration(redis, redis_
     assert dead.replay([first.entry_id]) == 0, "an entry replayed already is not counted again"
 
     got = totals.read_totals(redis, ["tot"])["tot"]
-    assert got.counters == {"enqueued": 17, "completed": 13, "failed": 4 + 6, "retried": 4 + 3, "dlq": 3,
-                            "replayed": 1, "promoted": 7, "skipped": 0, "bad_signature": 0, "deferred": 0, "purged": 0}
+    assert got.counters == {"enqueued": 17, "fetched": 16 + 7, "completed": 13, "failed": 4 + 6, "retried": 4 + 3,
+                            "dlq": 3, "replayed": 1, "promoted": 7, "skipped": 0, "bad_signature": 0, "deferred": 0,
+                            "purged": 0, "lost": 0, "recovered": 0}
+    assert got.dead_lettered == {"retries_exhausted": 3}
     assert set(got.durations) == {"ok", "slow", "flaky", "broken"}
     assert {t: h.count for t, h in got.durations.items()} == {"ok": 7, "slow": 2, "flaky": 8, "broken": 6}
     slow_runs = got.durations["slow"]
@@ -126,3 +131,27 @@ async def test_a_repeated_settle_call_counts_nothing_twice(redis, redis_url):
     histogram = first.durations["t"]
     assert histogram.counts == (1, 1, 0, 1) + (0,) * (len(totals.DURATION_BOUNDS_MS) - 3)
     assert histogram.sum_ms == 40
+
+
+def test_runs_lost_and_jobs_recovered_from_a_dead_worker_are_in_the_totals(redis, redis_url):
+    """A worker that died holding six entries, running one: what reclaim did is in the totals, not in the raw hash
+    only."""
+    from tests.engine.test_accounting import ghost_reads, recorder, running
+    from tests.engine.worker_app import wait_for
+
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("reclaimed")
+    q = Queue(keys.queue, redis_client=redis)
+    for _ in range(6):
+        q.add("t")
+    ghost_reads(redis, keys, "ghost", running=1)  # it had started the first of the six it fetched
+    time.sleep(0.3)
+    with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
+        wait_for(lambda: len(runs) == 6, 10, "all six jobs to run")
+        wait_for(lambda: totals.read_totals(redis, [keys.queue])[keys.queue].counters["completed"] == 6, 5,
+                 "their outcomes")
+    got = totals.read_totals(redis, [keys.queue])[keys.queue]
+    assert (got.counters["lost"], got.counters["recovered"]) == (1, 5)
+    assert got.counters["fetched"] >= 6, "the live worker read all six again"
+    assert got.dead_lettered == {}
