@@ -45,9 +45,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..connection import Client, connect
 from ..keys import QueueKeys
 from ..scripts import Scripts
-from .entries import DeadJob, Row, decode_entry, format_id, id_after, id_of, parse_id
+from .entries import DeadJob, format_id, parse_id
 from .filter import DLQFilter
 from .replay import DeadLetters
+from .selection import chunks, matching_total
 
 if TYPE_CHECKING:
     from ..worker import Worker
@@ -224,7 +225,7 @@ class Operations:
         self.client.hset(key, "cancel", "1")
         owner = f"canceller:{op_id}"
         if self._claim(op_id, owner, stale_ms=STALE_AFTER_MS) == 1:  # nobody was running it
-            self._update(op_id, owner, "cancelled", total_exact="1")
+            self._update(op_id, owner, "cancelled")
         return self.get(op_id)
 
     # --- what runners call ---------------------------------------------------------------------
@@ -250,7 +251,7 @@ class Operations:
             return None
         try:
             if record.cancel:
-                self._update(op_id, owner, "cancelled", total_exact="1", total=record.done)
+                self._update(op_id, owner, "cancelled", total=max(record.total, record.done))
             else:
                 self._sweep(record, owner, should_stop or (lambda: False), chunk)
         except _LostClaim:
@@ -282,50 +283,59 @@ class Operations:
         if bounds is None or (edges is None and not hi_text):
             self._update(op_id, owner, "done", total=done, total_exact="1")
             return
+        fields: dict[str, Any] = {}
         if hi_text:
             hi = parse_id(hi_text)
         else:
             # Only the entries present now: jobs that die during a long sweep are left for an operator to look at.
             assert edges is not None
             hi = min(bounds[1], edges[1])
-            self._update(op_id, owner, "running", hi=format_id(hi))
+            fields["hi"] = format_id(hi)
         lo = parse_id(record.cursor) if record.cursor else bounds[0]
+        left = matching_total(dl, sel, lo, hi)
+        total = max(record.total, done)
+        if left is not None:  # known without reading entries: the figures are exact from the start
+            total = done + left
+            fields.update(total=total, total_exact="1")
+        if fields:
+            self._update(op_id, owner, "running", **fields)
+        stopped = _Stop(self, op_id, owner, total)
         pace = _Pace(record.rate)
         burst = max(1, int(record.rate * PACE_SLICE_S)) if record.rate else chunk
-        for rows in dl._scan_oldest(lo, hi, chunk):
+        for step in chunks(dl, sel, lo, hi, chunk, decode=record.kind == "replay"):
             if should_stop():
                 self._update(op_id, owner, "pending", done=done, count=count)
                 return
-            matched = dl._select(sel, rows)
-            nxt = id_after(id_of(rows[-1][0]))
-            for start in range(0, len(matched), burst):
-                part = matched[start : start + burst]
-                count += self._act(dl, record, part)
-                done += len(part)
-                pace.moved(len(part))
-                last = start + burst >= len(matched)
-                cursor = format_id(nxt) if last and nxt is not None else format_id(id_of(rows[0][0]))
+            for start in range(0, len(step.ids), burst):
+                ids = step.ids[start : start + burst]
+                dead = step.dead[start : start + burst] if step.dead is not None else None
+                count += self._act(dl, record, ids, dead)
+                done += len(ids)
+                pace.moved(len(ids))
+                last = start + burst >= len(step.ids)
+                cursor = (step.cursor or step.start) if last else step.start
                 if self._update(op_id, owner, "running", done=done, count=count, cursor=cursor):
-                    self._update(op_id, owner, "cancelled", total=done, total_exact="1")
+                    stopped.cancelled(done)
                     return
                 if not pace.wait(lambda: self._update(op_id, owner, "running") or should_stop()):
                     if should_stop():
                         self._update(op_id, owner, "pending")
                     else:
-                        self._update(op_id, owner, "cancelled", total=done, total_exact="1")
+                        stopped.cancelled(done)
                     return
-            if not matched and nxt is not None and self._update(op_id, owner, "running", cursor=format_id(nxt)):
-                self._update(op_id, owner, "cancelled", total=done, total_exact="1")
+            if not step.ids and step.cursor is not None and self._update(op_id, owner, "running",
+                                                                         cursor=step.cursor):
+                stopped.cancelled(done)
                 return
         self._update(op_id, owner, "done", done=done, count=count, total=done, total_exact="1")
 
-    def _act(self, dl: DeadLetters, record: OperationRecord, matched: list[tuple[Row, DeadJob | None]]) -> int:
-        if not matched:
+    def _act(self, dl: DeadLetters, record: OperationRecord, ids: list[str], dead: list[DeadJob] | None) -> int:
+        if not ids:
             return 0
         if record.kind == "replay":
-            dead = [d if d is not None else decode_entry(self.queue, *row) for row, d in matched]
+            assert dead is not None
             return dl._move(dead, record.reset_attempts, record.run_at_ms)
-        return dl.discard([row[0].decode() for row, _ in matched])
+        return dl._discard(ids)
 
     # --- the scripts ---------------------------------------------------------------------------
 
@@ -345,6 +355,21 @@ class Operations:
         if reply < 0:
             raise _LostClaim(op_id)
         return reply == 1
+
+
+class _Stop:
+    """Ends a sweep that was asked to stop, saying how many of how many it handled.
+
+    The total stays what it was (exact when the sweep could count its
+    matches, else the estimate): "30,800 of 100,000", never "30,800 of
+    30,800". It grows only if more were handled than estimated.
+    """
+
+    def __init__(self, ops: Operations, op_id: str, owner: str, total: int) -> None:
+        self.ops, self.op_id, self.owner, self.total = ops, op_id, owner, total
+
+    def cancelled(self, done: int) -> None:
+        self.ops._update(self.op_id, self.owner, "cancelled", total=max(self.total, done))
 
 
 class _Pace:
