@@ -456,9 +456,10 @@ class DLQIndex:
                 chunk: int) -> Iterator[list[Position]]:
         """The ids of a union of sorted sets in stream order (oldest first), from ``start`` or score ``lo``.
 
-        Members sharing a score (more than SEQ_SLOTS entries in one
-        millisecond) are in byte order in Redis, not in the stream's; so a
-        step keeps only the scores it read whole, and orders them by id.
+        Members sharing a score (the SEQ_SLOTS-th entry of a millisecond
+        and those after it) are in byte order in Redis, not in the stream's;
+        so a step that stops on such a score leaves it to the next step, which
+        reads it whole, and each step orders its ids by id.
         """
         cursor = start
         while True:
@@ -481,8 +482,10 @@ class DLQIndex:
                 above = replies[k * step + step - 1]
                 for member, score in above:
                     found[member] = int(score)
-                if len(above) == chunk:  # cut short: its last score may have more members, in byte order
-                    bound = int(above[-1][1]) if bound is None else min(bound, int(above[-1][1]))
+                last = int(above[-1][1]) if above else 0
+                if len(above) == chunk and last % SEQ_SLOTS == SEQ_SLOTS - 1:
+                    # cut short on a shared score: it may have more members, and in byte order
+                    bound = last if bound is None else min(bound, last)
             keep = [(score, member) for member, score in found.items() if bound is None or score < bound]
             if not keep and bound is not None:  # a whole step of one score: read that score whole
                 pipe = self.client.pipeline(transaction=False)
@@ -497,7 +500,7 @@ class DLQIndex:
             batch = keep[:chunk]
             if batch:
                 yield batch
-            if bound is None and len(keep) <= chunk:
+            if bound is None and len(keep) <= chunk and all(len(r) < chunk for r in replies[step - 1::step]):
                 return
             nxt = id_after(id_of(batch[-1][1]))
             if nxt is None:

@@ -77,8 +77,9 @@ def _outside(reader: DLQReader, lo: StreamId, hi: StreamId, f: DLQFilter | None 
     return len(reader._select(f, rows)) if rows else 0
 
 
-def chunks(reader: DLQReader, f: DLQFilter | None, lo: StreamId, hi: StreamId, size: int, *,
-           decode: bool) -> Iterator[Chunk]:
+def chunks(
+    reader: DLQReader, f: DLQFilter | None, lo: StreamId, hi: StreamId, size: int, *, decode: bool
+) -> Iterator[Chunk]:
     """The entries in [lo, hi] that ``f`` matches, oldest first, ``size`` ids (or entries read) per step.
 
     ``decode``: hand back each matching entry decoded (a replay needs it).
@@ -96,15 +97,21 @@ def chunks(reader: DLQReader, f: DLQFilter | None, lo: StreamId, hi: StreamId, s
         dead = None
         if decode:
             dead = [d if d is not None else decode_entry(reader.queue, *row) for row, d in selected]
-        yield Chunk([row[0].decode() for row, _ in selected], dead, format_id(at),
-                    format_id(nxt) if nxt is not None and nxt <= hi else None, len(rows))
+        yield Chunk(
+            [row[0].decode() for row, _ in selected],
+            dead,
+            format_id(at),
+            format_id(nxt) if nxt is not None and nxt <= hi else None,
+            len(rows),
+        )
         if nxt is None:
             return
         at = nxt
 
 
-def _from_index(reader: DLQReader, f: DLQFilter, lo: StreamId, hi: StreamId, size: int,
-                decode: bool) -> Iterator[Chunk]:
+def _from_index(
+    reader: DLQReader, f: DLQFilter, lo: StreamId, hi: StreamId, size: int, decode: bool
+) -> Iterator[Chunk]:
     at = lo
     text = f.error_text is not None
     for ids, last in reader.index.oldest_first(f, lo, hi, size):
