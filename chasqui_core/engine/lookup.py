@@ -26,10 +26,10 @@ first, and stops where it finds the job:
    verbatim, so ``ZSCAN MATCH *<id>*`` filters on the server (about 0.7 µs a
    member).
 5. The dead-letter stream. Its index (``dlq/index.py``) maps job ids to
-   entries; it is read in the first round trip, and a job it names is
-   returned as dead after the stream's near search, without reading the
-   delayed set. When the index is ready and does not name the job, the DLQ
-   is not scanned. Otherwise (an index being rebuilt): its entries carry a
+   entries; it is read in the first round trip, and a job it names (and no
+   worker runs, and no mark shows in the delayed set) is returned as dead
+   before any stream or set is scanned: one more round trip. When the index is ready and does not name
+   the job, the DLQ is not scanned. Otherwise (an index being rebuilt): its entries carry a
    ``job_id`` field. A job dies
    after it is made, so for a ULID nothing older than its creation (less
    ``CLOCK_SKEW_MS``) is read; the rest is read from both ends at once, from
@@ -252,15 +252,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
         else:
             search.note(f"the delayed set of {k.queue} at the job's mark: not there (it left the set)")
 
-    # 3. the stream near the job's creation
-    if search.created_ms is not None:
-        for k in all_keys:
-            for band in streams[k.queue]:
-                hit = _stream_near(search, band, search.created_ms)
-                if hit is not None:
-                    return _done(search, results.get(k.queue), _in_stream(search, band, *hit, running.get(k.queue)))
-
-    # the DLQ's index names the job's entry: no scan of the delayed set or the DLQ
+    # the DLQ's index names the job's entry (read in the first round trip): no stream, delayed set or DLQ is scanned
     if not running:
         for k in all_keys:
             if k.queue in indexed:
@@ -271,6 +263,14 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
                     search.note(f"the dead-letter index of {k.queue}: found")
                     return _done(search, results.get(k.queue), JobLookup(job_id, "dead", queue=k.queue,
                                                                          job=entry.job, dead=entry))
+
+    # 3. the stream near the job's creation
+    if search.created_ms is not None:
+        for k in all_keys:
+            for band in streams[k.queue]:
+                hit = _stream_near(search, band, search.created_ms)
+                if hit is not None:
+                    return _done(search, results.get(k.queue), _in_stream(search, band, *hit, running.get(k.queue)))
 
     # 4. the delayed sets holding no mark of the job
     for k in unmarked:
