@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..connection import Client
+from ..keys import REPLAY_MARK_TTL_MS
 from ..scripts import Scripts
 from .browse import DLQReader, check_positive
 from .entries import DeadJob, decode_entry, format_id, parse_id
@@ -128,12 +129,12 @@ class DeadLetters(DLQReader):
         return self._sweep(filter, act, chunk, progress, should_stop, decode=False)
 
     def _move(self, dead: list[DeadJob], reset_attempts: bool, run_at_ms: int | None) -> int:
-        argv: list[Any] = []
+        argv: list[Any] = [self.keys.replay_marks, REPLAY_MARK_TTL_MS]
         when = "" if run_at_ms is None else str(run_at_ms)
         for d in dead:
             if d.job is not None:
-                argv += (d.entry_id, _replayed(d, reset_attempts), when)
-        if not argv:
+                argv += (d.entry_id, _replayed(d, reset_attempts), when, d.job.id)
+        if len(argv) == 2:
             return 0
         return int(self._scripts.dlq_move(keys=[self.keys.dlq, self.keys.stream, self.keys.delayed, self.keys.totals],
                                           args=argv))
