@@ -120,10 +120,7 @@ def _from_index(
         dead: list[DeadJob] | None = None
         read = 0
         if ids and (decode or text):
-            pipe = reader.client.pipeline(transaction=False)
-            for eid in ids:
-                pipe.xrange(reader.keys.dlq, eid, eid, count=1)
-            rows = [found[0] for found in pipe.execute() if found]
+            rows = _fetch(reader, ids)
             read = len(rows)
             dead = [decode_entry(reader.queue, *row) for row in rows]
             if text:
@@ -135,3 +132,13 @@ def _from_index(
         if cursor is None:
             return
         at = nxt  # type: ignore[assignment]
+
+
+def _fetch(reader: DLQReader, ids: list[bytes]) -> list[Row]:
+    """The entries still there of ``ids``, in one ``dlq_fetch.lua`` call."""
+    out: list[Row] = []
+    for found in reader.index.scripts.dlq_fetch(keys=[reader.keys.dlq], args=ids):
+        if found:
+            eid, flat = found
+            out.append((eid, dict(zip(flat[::2], flat[1::2], strict=True))))
+    return out
