@@ -47,6 +47,7 @@ from ..keys import QueueKeys
 from ..scripts import Scripts
 from .entries import DeadJob, format_id, parse_id
 from .filter import DLQFilter
+from . import retention
 from .replay import DeadLetters
 from .selection import chunks, matching_total
 
@@ -419,7 +420,8 @@ def run_pending(
 
 
 class OperationsLoop:
-    """The worker's part that runs its queues' operations, in a thread of its own with a sync client.
+    """The worker's part that runs its queues' operations, in a thread of its own with a sync client; it also
+    trims its queues' DLQs to their retention rules every ``retention.TRIM_EVERY_S``.
 
     Sweeps are blocking work (scripts of a few milliseconds, decoding and
     encoding envelopes), so they stay off the worker's event loop and never
@@ -447,7 +449,11 @@ class OperationsLoop:
             def stopping() -> bool:
                 return stop.is_set() or self.stopping.is_set()
 
+            trimmed_at = 0.0
             while not stopping():
+                if time.monotonic() - trimmed_at >= retention.TRIM_EVERY_S:
+                    trimmed_at = time.monotonic()
+                    self._trim(client)
                 ran = False
                 for o in ops:
                     op_id = o.claim_next(self.owner)
@@ -467,3 +473,14 @@ class OperationsLoop:
                     stop.wait(POLL_S)
         finally:
             client.close()
+
+    def _trim(self, client: Client) -> None:
+        """Trim each queue's DLQ to its retention rule (``retention.py``); a failure waits for the next pass."""
+        for queue in self.queues:
+            try:
+                removed = retention.trim(client, queue, retention.read(client, queue))
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                logger.warning("trimming the DLQ of %s: Redis unavailable (%s)", queue, exc)
+                return
+            if removed:
+                logger.info("trimmed %d dead job(s) from the DLQ of %s (its retention rule)", removed, queue)
