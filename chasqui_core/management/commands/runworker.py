@@ -73,6 +73,22 @@ def _outbox_relay() -> OutboxRelay | None:
     return None
 
 
+def _publish_retention(conf, queues: list[str], stderr) -> None:
+    """Write the queues' DLQ retention rules where their workers trim by them (engine/dlq/retention.py)."""
+    from chasqui_core.engine.connection import connect
+    from chasqui_core.engine.dlq import retention
+
+    try:
+        client = connect(conf.redis_url)
+        try:
+            retention.publish(client, {queue: conf.dlq_retention(queue) for queue in queues})
+        finally:
+            client.close()
+    except Exception as exc:  # Redis is not up yet: the worker waits for it; the rules stay as last published
+        stderr.write(f"warning: could not publish the DLQ retention rules ({type(exc).__name__}: {exc}); "
+                     "the rules last published stay in force")
+
+
 class Command(BaseCommand):
     help = "Run a Chasqui worker for the given queues (Django Tasks of this project only)."
 
@@ -185,6 +201,7 @@ class Command(BaseCommand):
                           + "".join(f", limit on {limit.scope}: {limit.describe()}" for limit in worker.limits.limits
                                     if limit.scope in options["queues"] or limit.scope in registry))
         self.stdout.flush()
+        _publish_retention(conf, options["queues"], self.stderr)
         relay = _outbox_relay()
         audits = background.OperationAudits(options["queues"])  # DLQ operations' audit entries, when they end
         if child is not None:
