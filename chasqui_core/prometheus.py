@@ -39,6 +39,7 @@ _COUNTERS = (
      "Jobs refused because their signature was missing or wrong (also counted as dead-lettered)."),
     ("deferred", "jobs_deferred", "Jobs that waited in the delayed set for room in a rate or concurrency limit "
      "(each wait counted; no attempt charged)."),
+    ("dlq_trimmed", "jobs_dlq_trimmed", "Dead-letter entries removed by the queue's retention rule, oldest first."),
 )
 
 _BUCKET_BOUNDS = [floatToGoString(ms / 1000) for ms in totals.DURATION_BOUNDS_MS] + ["+Inf"]

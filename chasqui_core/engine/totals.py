@@ -28,11 +28,12 @@ from .connection import Client
 from .keys import QueueKeys
 
 FIELDS = ("enqueued", "completed", "failed", "retried", "dlq", "replayed", "promoted", "skipped", "bad_signature",
-          "deferred", "purged")
+          "deferred", "purged", "dlq_trimmed")
 """The counters of ``<metrics>total``; ``failed`` counts handler runs that raised (retried or dead), ``skipped``
 jobs acknowledged without running because their idempotency key had completed, ``bad_signature`` jobs refused
 for a missing or wrong signature (also counted in ``dlq``), ``deferred`` jobs put back in the delayed set to wait for
-room in a rate or concurrency limit (each wait counted), ``purged`` waiting jobs an operator deleted (purge.py)."""
+room in a rate or concurrency limit (each wait counted), ``purged`` waiting jobs an operator deleted (purge.py),
+``dlq_trimmed`` dead jobs a DLQ's retention rule removed (dlq/retention.py)."""
 
 DURATION_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000, 60_000, 300_000)
 """Upper bounds of the histogram's buckets: a run of d ms falls in the first bucket with d <= bound."""
