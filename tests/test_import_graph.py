@@ -4,8 +4,12 @@ Two modules that import each other work only while they happen to be
 imported in one order; the day a new caller imports the other one first, a
 name is missing from a half-initialised module. A cycle hidden inside a
 function ("lazy" import) is still a cycle: the two modules still need each
-other, so the graph counts imports inside functions too. Only imports under
-``if TYPE_CHECKING:`` are left out, because they never run.
+other, so the graph counts imports inside functions too. Imports under
+``if TYPE_CHECKING:`` never run, so the whole project's graph leaves them out;
+the engine's graph counts them as well: a type-only import is still a module
+that must know another, and the engine's floors (delivery below the parts
+that hold deliveries, the worker above every part it composes) hold for types
+too.
 
 The graph part finds the cycles by reading the source; the import part
 proves it in fresh interpreters, importing every module first to last and
@@ -45,8 +49,9 @@ def _is_type_checking(test: ast.expr) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run: module level, in functions and classes, not under TYPE_CHECKING."""
+def _import_nodes(tree: ast.AST, type_only: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run: module level, in functions and classes; under TYPE_CHECKING too
+    with ``type_only``."""
     found: list[ast.Import | ast.ImportFrom] = []
     pending: list[ast.AST] = [tree]
     while pending:
@@ -54,18 +59,18 @@ def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             found.append(node)
             continue
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_only:
             pending.extend(node.orelse)
             continue
         pending.extend(ast.iter_child_nodes(node))
     return found
 
 
-def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def imports_of(name: str, path: Path, modules: dict[str, Path], type_only: bool = False) -> set[str]:
     """The project modules ``name`` imports; ``from package import module`` points at the module itself."""
     is_package = path.name == "__init__.py"
     targets: set[str] = set()
-    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path)), type_only):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 targets.add(alias.name)
@@ -82,9 +87,9 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {t for t in targets if t in modules and t != name}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(type_only: bool = False) -> dict[str, set[str]]:
     modules = project_modules()
-    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+    return {name: imports_of(name, path, modules, type_only) for name, path in modules.items()}
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -155,6 +160,9 @@ def test_the_graph_reads_imports_as_python_runs_them(tmp_path):
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
     assert graph == {"pkg": set(), "pkg.a": {"pkg.b"}, "pkg.b": {"pkg.c"}, "pkg.c": {"pkg.a"}, "pkg.d": {"pkg.b"}}
     assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+    with_types = {name: imports_of(name, path, modules, type_only=True) for name, path in modules.items()}
+    assert with_types["pkg.b"] == {"pkg.c", "pkg.d"}
+    assert with_types["pkg.d"] == {"pkg.b"}  # pkg.b -> pkg.d -> pkg.b counts now, besides a -> b -> c -> a
 
 
 def test_no_module_of_the_project_takes_part_in_an_import_cycle():
@@ -162,6 +170,24 @@ def test_no_module_of_the_project_takes_part_in_an_import_cycle():
     assert len(graph) > 100 and "chasqui_core.backend" in graph  # the walk found the project
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_no_engine_module_takes_part_in_a_cycle_even_through_type_only_imports():
+    graph = import_graph(type_only=True)
+    engine = {name: {t for t in targets if t.startswith("chasqui_core.engine")}
+              for name, targets in graph.items() if name.startswith("chasqui_core.engine")}
+    assert "chasqui_core.engine.worker" in engine and "chasqui_core.engine.running" in engine
+    cycles = find_cycles(engine)
+    assert not cycles, "import cycles (type-only imports counted):\n" + "\n".join(
+        " -> ".join(cycle) for cycle in cycles)
+
+
+def test_no_part_of_the_engine_imports_the_worker_it_serves():
+    """The worker composes its parts; a part that imported it (for types, even) would reach back into the whole."""
+    graph = import_graph(type_only=True)
+    users = sorted(name for name, targets in graph.items()
+                   if name.startswith("chasqui_core.engine") and "chasqui_core.engine.worker" in targets)
+    assert users == [], f"engine modules importing worker.py: {users}"
 
 
 IMPORT_ALL = """

@@ -24,7 +24,8 @@ from .inflight import InFlight
 from .keys import QueueKeys
 from .limits import Limits
 from .log_budget import LogBudget
-from .outcomes import Delivery, Outcomes
+from .delivery import Delivery, ref_of
+from .outcomes import Outcomes
 from .recovery import LOST_FIELD, RECOVERED_FIELD, lost_runs
 from .registry import TIMEOUT_META, HandlerRegistry, check_timeout
 from .retry import RetryPolicy, at_pickup, budget
@@ -52,7 +53,7 @@ class Admission:
     def admit(self, keys: QueueKeys, entries: list[Any]) -> list[Delivery]:
         """Decode entries read from ``keys``'s stream: the deliveries to run, in order; the rest are refused."""
         accepted: list[Delivery] = []
-        held = self.held.by_tag
+        held = self.held
         signer = self.signer
         refuse = self.outcomes.refuse
         limits = self.limits
@@ -61,8 +62,8 @@ class Admission:
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
                 continue
-            tag = (stream, entry_id)
-            if tag in held:
+            ref = ref_of(stream, entry_id)
+            if ref in held:
                 self.skipped += 1
                 if self._skip_lines.allow():
                     logger.warning("entry %s on %s was read again while this worker holds it; the held delivery "
@@ -125,10 +126,10 @@ class Admission:
                 except ValueError as exc:
                     refuse(keys, entry_id, payload, "decode_failed", "DecodeError", f"malformed envelope: {exc}", job)
                     continue
-            d = Delivery(keys, entry_id, payload, job, handler, tag, runs, marker, timeout)
+            d = Delivery(keys, entry_id, payload, job, handler, ref, runs, marker, timeout)
             if limits is not None:
                 d.limits = limits.buckets(keys, job)
-            held[tag] = d
+            held.add(d)
             accepted.append(d)
         return accepted
 

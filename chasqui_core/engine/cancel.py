@@ -15,7 +15,7 @@ its due time. Workers act on the record in two places:
   the record. A job named there is not run. A queue nobody cancels in pays
   one tiny command per batch read, and a record that stays non-empty one
   dict lookup per job.
-- **While held.** ``Watch`` polls the record every ``POLL_S`` for the jobs
+- **While held.** ``cancel_watch.Watch`` polls the record every ``POLL_S`` for the jobs
   the worker holds (one ``HMGET`` per queue, pipelined, and only while it
   holds any). A job still waiting in the worker is settled without running;
   a running async job is cancelled (``asyncio.Task.cancel``); a running sync
@@ -37,22 +37,13 @@ after ``KEEP_MS``; see docs/flow-control.md for what that bounds.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from . import progress
 from .connection import Client
-from .envelope import now_ms
-from .errors import JobCancelled
 from .keys import QueueKeys
 from .scripts import Scripts
-
-if TYPE_CHECKING:
-    from .outcomes import Delivery
-    from .worker import Worker
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -128,121 +119,3 @@ class Copies:
 def describe(requested: int, *, running: bool) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(requested / 1000))
     return f"cancelled {'while it ran' if running else 'before it started'} (requested at {when} UTC)"
-
-
-class Watch:
-    """A worker's part that acts on cancel requests for the jobs it holds, and writes their progress reports."""
-
-    def __init__(self, worker: Worker, grace: float = DEFAULT_GRACE_S) -> None:
-        self.w = worker
-        self.grace = grace
-        self.cancelling: set[Delivery] = set()
-        """Sync deliveries told to stop, until their outcome or their grace runs out."""
-        self._last_sweep = time.monotonic()
-
-    async def run(self) -> None:
-        try:
-            while True:
-                await asyncio.sleep(POLL_S)
-                w = self.w
-                if len(w.held) or w.outcomes.cancelled or self.cancelling or progress.waiting(w.id):
-                    await self.poll()
-                if time.monotonic() - self._last_sweep >= SWEEP_EVERY_S:
-                    self._last_sweep = time.monotonic()
-                    await self.sweep()
-        finally:
-            progress.forget(self.w.id)
-
-    async def poll(self) -> None:
-        """One round trip: the requests for the jobs held, the cleanup of settled ones, the progress reports."""
-        w = self.w
-        pipe = w.client.pipeline(transaction=False)
-        asked: list[tuple[QueueKeys, list[Delivery]]] = []
-        by_queue: dict[str, list[Delivery]] = {}
-        for d in w.held:
-            if not d.cancel_requested:
-                by_queue.setdefault(d.keys.queue, []).append(d)
-        for deliveries in by_queue.values():
-            keys = deliveries[0].keys
-            pipe.hmget(keys.cancel, [d.job.id for d in deliveries])
-            asked.append((keys, deliveries))
-        cleanup = self._settled_cancels()
-        for keys, job_ids in cleanup.items():
-            pipe.hdel(keys.cancel, *job_ids)
-            pipe.incr(keys.cancel_version)  # the readers' copies must forget them: a replay may run
-        reports = progress.take(w.id)
-        for (queue, job_id), (value, message, at) in reports.items():
-            pipe.set(QueueKeys.for_queue(queue).progress + job_id, progress.encode(value, message, at),
-                     px=progress.TTL_MS)
-        if not len(pipe):
-            self._expire_grace()
-            return
-        try:
-            replies = await pipe.execute()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # Redis away: the settled ones are struck next time, reports are dropped
-            for keys, job_ids in cleanup.items():
-                w.outcomes.cancelled.extend((keys, b"", job_id) for job_id in job_ids)
-            logger.warning("worker %s: reading cancel requests failed (%s: %s)", w.id, type(exc).__name__, exc)
-            self._expire_grace()
-            return
-        for (_, deliveries), found in zip(asked, replies[:len(asked)], strict=True):
-            for d, raw in zip(deliveries, found, strict=True):
-                if raw is not None:
-                    w.cancel_delivery(d, int(raw))
-        self._expire_grace()
-
-    def _settled_cancels(self) -> dict[QueueKeys, list[str]]:
-        """Job ids of cancelled jobs whose outcome has been written: their requests can go."""
-        w = self.w
-        pending = w.outcomes.cancelled
-        if not pending:
-            return {}
-        waiting: dict[str, set[bytes]] = {}
-        keep: list[tuple[QueueKeys, bytes, str]] = []
-        out: dict[QueueKeys, list[str]] = {}
-        for keys, entry_id, job_id in pending:
-            unsettled = waiting.get(keys.stream)
-            if unsettled is None:
-                unsettled = waiting[keys.stream] = set(w.settler.unsettled(keys))
-            if entry_id in unsettled:
-                keep.append((keys, entry_id, job_id))
-            else:
-                out.setdefault(keys, []).append(job_id)
-        w.outcomes.cancelled = keep
-        return out
-
-    def _expire_grace(self) -> None:
-        """Give up the sync runs told to stop more than ``grace`` seconds ago."""
-        if not self.cancelling:
-            return
-        w = self.w
-        now = now_ms()
-        for d in list(self.cancelling):
-            if d.tag not in w.held.by_tag:
-                self.cancelling.discard(d)
-            elif d.started and now - max(d.started, d.cancel_seen) >= self.grace * 1000:
-                self.cancelling.discard(d)
-                w.abandon_sync(d, JobCancelled(describe(d.cancel_requested, running=True)), now,
-                               f"sync job {d.job.id} ({d.job.task}) was cancelled and still ran {self.grace:g} s "
-                               "after it was told")
-
-    async def sweep(self) -> None:
-        """Drop requests older than ``KEEP_MS`` from this worker's queues' records."""
-        w = self.w
-        cutoff = now_ms() - KEEP_MS
-        for keys in w.keys:
-            try:
-                records: dict[Any, Any] = await w.client.hgetall(keys.cancel)
-                old = [job_id for job_id, at in records.items() if int(at) < cutoff]
-                if old:
-                    pipe = w.client.pipeline(transaction=False)
-                    pipe.hdel(keys.cancel, *old)
-                    pipe.incr(keys.cancel_version)
-                    await pipe.execute()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("worker %s: sweeping old cancel requests on %s failed (%s: %s)", w.id, keys.queue,
-                               type(exc).__name__, exc)

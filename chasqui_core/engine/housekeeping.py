@@ -14,16 +14,24 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Protocol
 
 import msgpack
 
 from . import control, history
+from .admission import Admission
+from .connection import Client
+from .inflight import InFlight
+from .journal import StartJournal
+from .keys import QueueKeys
+from .limits import LimitGate, Limits
+from .log_budget import LogBudget
+from .outcomes import Outcomes
+from .scripts import Scripts
+from .settler import Settler
 from .envelope import now_ms
 from .recovery import Leases, forget_dead_workers, reclaim_abandoned
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -40,77 +48,172 @@ def resident_kb() -> int:
         return 0
 
 
+class Stats(Protocol):
+    processed: int
+    failed: int
+    started_at: float
+
+
+class HousekeepingHost(Protocol):
+    """What housekeeping reads of the worker it keeps (worker.Worker is one)."""
+
+    id: str
+    hostname: str
+    keys: list[QueueKeys]
+    streams: dict[str, list[QueueKeys]]
+    paused: dict[str, bool]
+    concurrency: int
+    supervisor_pid: int | None
+    problem: str
+    client: Client
+    scripts: Scripts
+    settler: Settler
+    outcomes: Outcomes
+    admission: Admission
+    journal: StartJournal
+    held: InFlight
+    limits: Limits
+    gate: LimitGate
+    visibility_timeout_ms: int
+    heartbeat_interval: float
+    dead_worker_grace_ms: int
+
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+    def all_streams(self) -> list[QueueKeys]: ...
+
+    def learn_bands(self, keys: QueueKeys, bands: Collection[bytes | str]) -> bool: ...
+
+    def check_memory(self) -> None: ...
+
+    async def obey(self, command: str | None) -> bool: ...
+
+
+Take = Callable[[QueueKeys, list[Any]], Awaitable[None]]
+"""Takes in entries read from a stream (running.Runner.take): where orphans found by a lease pass go."""
+
+LetGo = Callable[[QueueKeys, list[bytes]], None]
+"""Lets go of held entries another worker took back (running.Runner.let_go)."""
+
+
 class Housekeeping:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: HousekeepingHost, take: Take | None = None, let_go: LetGo | None = None) -> None:
         self.w = worker
+        self.take = take
+        """None before the worker runs jobs (its first heartbeat, at start)."""
+        self.let_go = let_go
+        self._failures = LogBudget(logger, "housekeeping failures", per_second=1)
         self.leases = Leases(worker.scripts, worker.id, worker.visibility_timeout_ms)
 
     async def run(self) -> None:
+        """Each chore at its own pace, and each on its own: one that keeps failing (a lease pass on a stream
+        whose server is away, say) is tried again at the next turn without holding back the others."""
         w = self.w
-        last_lease = last_heartbeat = last_reclaim = last_forget = last_control = last_snapshot = 0.0
         lease_every = self.leases.every
         reclaim_every = max(0.05, min(w.visibility_timeout_ms / 2000, 15.0))
         forget_every = max(0.5, min(w.dead_worker_grace_ms / 4000, 60.0))
+        chores: list[tuple[str, float, Callable[[], Awaitable[None]]]] = [
+            ("the lease pass", lease_every, self.keep_leases),
+            ("the heartbeat", w.heartbeat_interval, self.heartbeat_and_memory),
+            ("the reclaim of dead workers' entries", reclaim_every, self.reclaim),
+            ("forgetting dead workers", forget_every, self.forget_dead_workers),
+            ("reading operators' commands", control.CONTROL_INTERVAL, self.take_command),
+            ("the history snapshot", history.SNAPSHOT_EVERY_S, self.snapshot),
+        ]
+        last = [0.0] * len(chores)
         while True:
-            now = time.monotonic()
-            try:
-                if now - last_lease >= lease_every:
-                    await self.keep_leases()
-                    last_lease = now
-                if now - last_heartbeat >= w.heartbeat_interval:
-                    await self.heartbeat()
-                    w.check_memory()
-                    last_heartbeat = now
-                if now - last_reclaim >= reclaim_every:
-                    await self.reclaim()
-                    last_reclaim = now
-                if now - last_forget >= forget_every:
-                    await self.forget_dead_workers()
-                    last_forget = now
-                if now - last_control >= control.CONTROL_INTERVAL:
-                    await self.take_command()
-                    last_control = now
-                if now - last_snapshot >= history.SNAPSHOT_EVERY_S:
-                    await self.snapshot()
-                    last_snapshot = now
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                logger.warning("housekeeping: %s: %s", type(exc).__name__, exc)
+            for i, (what, every, chore) in enumerate(chores):
+                now = time.monotonic()
+                if now - last[i] < every:
+                    continue
+                try:
+                    await chore()
+                    last[i] = now
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if self._failures.allow():
+                        logger.warning("housekeeping: %s failed (%s: %s); trying again at its next turn", what,
+                                       type(exc).__name__, exc)
             w.outcomes.summarise_logs()
             w.admission.summarise_logs()
             w.journal.summarise_logs()
+            self._failures.summarise()
             await asyncio.sleep(min(lease_every, reclaim_every, w.heartbeat_interval, control.CONTROL_INTERVAL))
 
+    async def heartbeat_and_memory(self) -> None:
+        await self.heartbeat()
+        self.w.check_memory()
+
     async def keep_leases(self) -> None:
-        """Alive keys, renewals and orphans, queue by queue (see recovery.Leases).
+        """Alive keys, renewals and orphans, stream by stream (see recovery.Leases), each stream on its own.
 
         Entries whose outcome waits in the settler are kept too: they are
         settled, not yet written, and must neither look abandoned nor be
-        taken in again as orphans.
+        taken in again as orphans. Entries taken back by another worker while
+        this one held them (it was silent past the visibility timeout) leave
+        this worker's hands (``let_go``): they are another's now.
         """
         w = self.w
         if w.limits:
             await w.gate.renew(w.client, [d for d in w.held if d.slots], now_ms())
+        failed: Exception | None = None
         for keys in w.all_streams():
-            kept = await self.leases.keep(keys, [*w.held.by_stream(keys), *w.settler.unsettled(keys)])
+            try:
+                kept = await self.leases.keep(keys, [*w.held.by_stream(keys), *w.settler.unsettled(keys)])
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # this stream's server may be away; the others' leases are kept still
+                failed = exc
+                continue
+            if kept.lost and self.let_go is not None:
+                self.let_go(keys, kept.lost)
             if kept.orphans:
                 logger.warning("worker %s: %d entries on %s were pending on this worker but not held by it; taking "
                                "them in now", w.id, len(kept.orphans), keys.queue)
-                await w.take(keys, kept.orphans)
+                if self.take is not None:
+                    await self.take(keys, kept.orphans)
+        if failed is not None:
+            raise failed
 
     async def reclaim(self) -> None:
+        """Put dead workers' entries back, stream by stream; a stream that fails does not hold back the others."""
         w = self.w
+        failed: Exception | None = None
         for keys in w.all_streams():
             if not w.paused[keys.queue]:
-                await reclaim_abandoned(w.scripts, keys, w.id, min_idle_ms=w.visibility_timeout_ms)
+                try:
+                    await reclaim_abandoned(w.scripts, keys, w.id, min_idle_ms=w.visibility_timeout_ms)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    failed = exc
+        if failed is not None:
+            raise failed
 
     async def forget_dead_workers(self) -> None:
         w = self.w
+        failed: Exception | None = None
         for keys in w.all_streams():
-            for name in await forget_dead_workers(w.client, keys, w.id, grace_ms=w.dead_worker_grace_ms):
+            try:
+                names = await forget_dead_workers(w.client, keys, w.id, grace_ms=w.dead_worker_grace_ms)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failed = exc
+                continue
+            for name in names:
                 logger.info("removed worker %s from %s: silent for over %d s and holding no jobs", name, keys.queue,
                             w.dead_worker_grace_ms // 1000)
+        if failed is not None:
+            raise failed
 
     async def snapshot(self) -> None:
         """Offer each queue's history snapshots (history.py): one small script call per queue."""

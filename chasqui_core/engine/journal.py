@@ -8,9 +8,12 @@ so a worker writes the entry ids of the runs under way into
 ``{chasqui:<queue>}:running:<worker>`` (HSET entry id -> start ms; a
 priority band's stream has its own, ``running-high:<worker>``). The
 reclaim pass reads that hash when it takes a dead worker's entries
-(reclaim.lua). A mark is struck as soon as its run ends (``finished``, one
-HDEL per turn of the event loop), and ``settle.lua`` removes the ids it
-settles too.
+(reclaim.lua). A mark is struck the moment its handler returns, before its
+outcome goes anywhere (``finished_one``: by the sync lane's thread itself,
+or by the loop for an async run), so a process killed between a run's end
+and its settle leaves the job uncharged: it runs again (at least once), and
+is never blamed for a death it did not cause. ``settle.lua`` removes the ids
+it settles too.
 
 When: a sync job's thread writes its mark just before the handler starts,
 so a job that kills the process at once is charged; async jobs are written
@@ -98,6 +101,12 @@ class StartJournal:
                     b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id), entry_id,
                                                                        started_ms))
 
+    def finished_one(self, stream: str, entry_id: bytes) -> None:
+        """Strike one run's mark the moment its handler returned (a sync lane thread, or the loop for an async run
+        that waited): a process killed a moment later must not be charged a run that had ended."""
+        self._write(self._server.get(stream),
+                    b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[stream], len(entry_id), entry_id))
+
     def started(self, marks: dict[str, list[bytes]], started_ms: int) -> None:
         """Mark entries (stream -> entry ids) as running since ``started_ms``: one send per server, not waited for."""
         stamp = _bulk(b"%d" % started_ms)
@@ -106,20 +115,6 @@ class StartJournal:
             sends.setdefault(self._server.get(stream), []).append(b"*%d\r\n$4\r\nHSET\r\n%s%s" % (
                 2 + 2 * len(entry_ids), self._keys[stream],
                 b"".join([b"$%d\r\n%s\r\n%s" % (len(entry_id), entry_id, stamp) for entry_id in entry_ids])))
-        for server, commands in sends.items():
-            self._write(server, b"".join(commands))
-
-    def finished(self, marks: dict[str, list[bytes]]) -> None:
-        """Strike the marks of runs that ended (stream -> entry ids): one HDEL per stream, one send per server.
-
-        Sent as soon as the worker hears a run ended, ahead of its outcome's settle call: a worker that dies
-        between the two leaves a job that finished, which must go back uncharged (it runs again: at least
-        once), not as a lost run.
-        """
-        sends: dict[str | None, list[bytes]] = {}
-        for stream, entry_ids in marks.items():
-            sends.setdefault(self._server.get(stream), []).append(b"*%d\r\n$4\r\nHDEL\r\n%s%s" % (
-                2 + len(entry_ids), self._keys[stream], b"".join([_bulk(entry_id) for entry_id in entry_ids])))
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 

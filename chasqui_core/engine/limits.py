@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from .envelope import Job, now_ms
+from .delivery import Bucket, Delivery
 from .keys import GROUP, QueueKeys
 
 if TYPE_CHECKING:
     from .connection import Client
-    from .outcomes import Delivery
     from .scripts import Scripts
 
 LIMIT_KEY_META = "limit_key"
@@ -135,8 +135,6 @@ def bucket_name(value: object) -> str:
     return "#" + hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=10).hexdigest()
 
 
-Bucket = tuple[str, int, int, int]
-"""One limit's bucket as the Lua call takes it: key prefix, rate, window ms, concurrency."""
 
 
 class Limits:

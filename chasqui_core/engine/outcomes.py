@@ -18,7 +18,6 @@ None, a return value msgpack refuses): such a job goes to the DLQ as
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -27,69 +26,20 @@ from .cancel import describe as cancel_words
 from .envelope import Job, error_record, now_ms
 from .errors import JobCancelled
 from .idempotency import ttl_ms
-from .inflight import DeliveryTag
 from .keys import QueueKeys
 from .log_budget import LogBudget
-from .registry import Handler, JobContext
 from .results import encode_result
 from .retry import Decision, RetryPolicy, decide
 from .settler import Settler
 from .tracebacks import class_path, describe, message
 
 if TYPE_CHECKING:
-    from .limits import Bucket
+    from .delivery import Delivery
 
 logger = logging.getLogger("chasqui.worker")
 
 CANCELLED_CLASS = class_path(JobCancelled())
 """The error class a cancelled job's history and stored result name."""
-
-
-@dataclass(slots=True, eq=False)
-class Delivery:
-    """A job fetched from a stream and accepted for running, until its outcome is written.
-
-    Compared by identity: a delivery is one read of one entry, whatever it holds.
-    """
-
-    keys: QueueKeys
-    entry_id: bytes
-    payload: bytes
-    """The envelope as the stream holds it, or with this read's lost runs charged (what a requeue writes back)."""
-    job: Job
-    handler: Handler
-    tag: DeliveryTag
-    max_attempts: int = 0
-    """The job's budget of runs (see retry.budget), for the JobContext."""
-    idempotency_key: str | None = None
-    """The job's idempotency key, when it has one: its success marks the key completed (idempotency.py)."""
-    timeout: float | None = None
-    """Seconds this run may take (the job's, its task's or the worker's); None: no limit."""
-    started: int = 0
-    """When the handler started (epoch ms); 0 while the job waits in the worker."""
-    journaled: bool = False
-    """Written to the start journal: its mark is struck as soon as the run ends (``JobRunner._unmark``)."""
-    timed_out: bool = False
-    """Set when the run passed its timeout: an async run is being cancelled, a sync run was abandoned."""
-    timer: Any = None
-    """The loop's timer that cancels an async run at its timeout, while the run waits on something."""
-    limits: tuple[Bucket, ...] | None = None
-    """The rate and concurrency buckets the job falls under (limits.py); None for most jobs."""
-    slots: tuple[str, ...] = ()
-    """Key prefixes of the concurrency buckets it holds a slot in, given back when the run ends."""
-    task: Any = None
-    """The asyncio task of an async run that waited on something (what a cancel request cancels)."""
-    cancel_requested: int = 0
-    """When a cancel of this job was asked for (server ms, cancel.py); 0: it was not."""
-    cancel_seen: int = 0
-    """When this worker saw that request (its clock): a sync run's grace counts from here."""
-
-    def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
-        """Positional arguments for the handler: a JobContext first when it asked for one."""
-        if self.handler.takes_context:
-            ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), 1, self.max_attempts, self)
-            return (ctx, *self.job.args)
-        return self.job.args
 
 
 class Outcomes:
@@ -105,7 +55,7 @@ class Outcomes:
         self._skipped_lines = LogBudget(logger, "jobs not run because their idempotency key had completed")
         self.cancelled: list[tuple[QueueKeys, bytes, str]] = []
         """(keys, entry id, job id) of jobs dead-lettered as cancelled: their cancel requests are struck once the
-        settler has written them (cancel.Watch)."""
+        settler has written them (cancel_watch.Watch)."""
 
     def summarise_logs(self) -> None:
         """Log how many retry / dead-letter / refusal / skip lines the per-second budget held back."""

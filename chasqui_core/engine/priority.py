@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .keys import BANDS, HIGH, LOW
 
 if TYPE_CHECKING:
-    from .outcomes import Delivery
+    from .delivery import Delivery
 
 MIN_PRIORITY: Final = -100
 MAX_PRIORITY: Final = 100

@@ -24,17 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection
+from typing import Any, Protocol
 
 from redis.exceptions import AskError, ClusterDownError, ResponseError, TryAgainError
 
-from .connection import aconnect, node_url
+from .connection import Client, aconnect, node_url
+from .journal import StartJournal
 from .keys import GROUP, QueueKeys
 from .link import unavailable
 from .log_budget import LogBudget
-
-if TYPE_CHECKING:
-    from .worker import Worker
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -42,16 +41,54 @@ BACKOFF_S = (0.1, 2.0)
 """First and longest wait between tries of a failing reader."""
 
 
+class ReaderHost(Protocol):
+    """What a reader reads from the worker it serves (worker.Worker is one)."""
+
+    id: str
+    url: str | None
+    client: Client
+    cluster: bool
+    journal: StartJournal
+    block_ms: int
+    batch_size: int
+    paused: dict[str, bool]
+    quiet: bool
+    problem: str
+    streams: dict[str, list[QueueKeys]]
+
+    @property
+    def stopping(self) -> asyncio.Event: ...
+
+    async def sleep_unless_stopped(self, seconds: float) -> None: ...
+
+    def learn_bands(self, keys: QueueKeys, bands: Collection[bytes | str]) -> bool: ...
+
+    async def create_group(self, keys: QueueKeys) -> None: ...
+
+
+class Intake(Protocol):
+    """Where a reader hands what it read (running.Runner is one)."""
+
+    def room_to_read(self, batch_size: int) -> int | None: ...
+
+    async def wait_room(self) -> None: ...
+
+    async def take(self, keys: QueueKeys, entries: list[Any], cancels: bytes | None = ...) -> None: ...
+
+    async def take_bands(self, reads: list[tuple[QueueKeys, list[Any]]], cancels: bytes | None) -> None: ...
+
+
 class Reader:
-    def __init__(self, worker: Worker, keys: QueueKeys) -> None:
+    def __init__(self, worker: ReaderHost, intake: Intake, keys: QueueKeys) -> None:
         self.worker = worker
+        self.intake = intake
         self.keys = keys
         self.client_id: tuple[int, Any] | None = None
         """(client id of the reader's connection, the cluster node it is on or None), for CLIENT UNBLOCK."""
         self._failures = LogBudget(logger, f"failed reads on {keys.queue}", per_second=1)
 
     async def run(self) -> None:
-        w, keys = self.worker, self.keys
+        w, intake, keys = self.worker, self.intake, self.keys
         stop = w.stopping
         reader: Any = None
         packed: dict[int, Any] = {}
@@ -63,9 +100,9 @@ class Reader:
                 if w.paused[keys.queue] or w.quiet:  # paused queue, or the worker quieted (control.py)
                     await w.sleep_unless_stopped(0.5)
                     continue
-                count = w.room_to_read()
+                count = intake.room_to_read(w.batch_size)
                 if count is None:
-                    await w.wait_room()
+                    await intake.wait_room()
                     continue
                 try:
                     if reader is None:
@@ -110,9 +147,9 @@ class Reader:
                     reads = reply.items() if type(reply) is dict else reply
                     if len(reads) == 1:
                         for name, entries in reads:
-                            await w.take(by_name[name], entries, cancels)
+                            await intake.take(by_name[name], entries, cancels)
                     else:
-                        await w.take_bands([(by_name[name], entries) for name, entries in reads], cancels)
+                        await intake.take_bands([(by_name[name], entries) for name, entries in reads], cancels)
         finally:
             self.client_id = None
             if reader is not None:

@@ -5,41 +5,45 @@ sync lane or the idempotency screen), ``_dispatch`` (rounds of starts, each
 announced in the start journal), ``_execute`` (the handler, its timeout),
 ``_outcome`` (handed to outcomes.py, which queues it on the settler). Sync
 runs come back through ``_on_sync_outcomes``; those past their timeout are
-charged by ``_watch_deadlines``.
+charged by ``watch_deadlines``.
 
-A part of ``Worker`` (worker.py), kept in a module of its own so that this
-path reads in one place; it is a mixin rather than an object of its own
-because these calls run once per job, where an extra attribute hop per
-access would show.
+``Runner`` owns the running state (the inbox, the jobs running on the loop,
+the sync lane, deadlines, journal marks and slot releases) and gets its
+collaborators in its constructor; the worker (worker.py) builds one per
+``run()`` and is the only part that knows every other. The per-job path
+touches only the runner's own attributes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import logging
 import time
-import enum
-from collections.abc import Awaitable
-from typing import Any, Final, TypeVar
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol, TypeVar
 
+from . import cancel
 from .admission import Admission
 from .connection import Client
+from .delivery import Delivery, ref_of
 from .envelope import check_json_types, now_ms
-from . import cancel
 from .errors import JobCancelled, JobTimeout
 from .idempotency import completed_by
 from .inflight import InFlight
 from .journal import StartJournal
 from .keys import QueueKeys
 from .limits import LimitGate, Limits
-from .outcomes import Delivery, Outcomes
+from .outcomes import Outcomes
 from .priority import Inbox
 from .settler import Settler
 from .sync_lane import FAILED, REQUEUE, SyncLane
 from .tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
+
 
 class _Unread(enum.Enum):
     UNREAD = 0
@@ -57,52 +61,147 @@ DEADLINE_TICK_S = 0.2
 """How often sync jobs are checked against their timeouts (async jobs have a timer each)."""
 
 
-class JobRunner:
-    """The job-running half of ``Worker``; the attributes below are the Worker's."""
+class Tally(Protocol):
+    """The worker's counts of runs, which the runner keeps up to date (worker.WorkerStats)."""
 
-    id: str
-    concurrency: int
-    prefetch: int
-    max_jobs: int | None
-    supervisor_pid: int | None
-    problem: str
-    held: InFlight
-    journal: StartJournal
-    admission: Admission
-    outcomes: Outcomes
-    settler: Settler
-    client: Client
-    stats: Any
-    _stop: asyncio.Event
-    _loop: asyncio.AbstractEventLoop | None
-    _inbox: Inbox
-    _running: int
-    _lane: SyncLane | None
-    _jobs: set[asyncio.Task[None]]
-    _timed_sync: set[Delivery]
-    _unmarks: dict[str, list[bytes]]
-    _releases: dict[str, list[Delivery]]
-    _side_tasks: set[asyncio.Task[None]]
-    limits: Limits
-    priority_mode: str
-    _gathering: bool
-    gate: LimitGate
-    _context: contextvars.Context
-    _room: asyncio.Event
-    cancel_watch: cancel.Watch
-    cancel_copies: cancel.Copies
+    processed: int
+    succeeded: int
+    failed: int
+
+
+class Runner:
+    """Runs one worker's admitted deliveries, up to ``concurrency`` at once, and hands their outcomes on."""
+
+    def __init__(self, worker_id: str, *, concurrency: int, prefetch: int, priority_mode: str,
+                 held: InFlight, admission: Admission, outcomes: Outcomes, settler: Settler,
+                 journal: StartJournal, client: Client, limits: Limits, gate: LimitGate,
+                 cancel_copies: cancel.Copies, stop: asyncio.Event, stats: Tally,
+                 max_jobs: int | None = None, recycles: bool = False,
+                 recycle: Callable[[str], None], retry_hint: Callable[[str, int, int], None],
+                 report_problem: Callable[[str], None]) -> None:
+        self.id = worker_id
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.priority_mode = priority_mode
+        self.held = held
+        self.admission = admission
+        self.outcomes = outcomes
+        self.settler = settler
+        self.journal = journal
+        self.client = client
+        self.limits = limits
+        self.gate = gate
+        self.cancel_copies = cancel_copies
+        self.stats = stats
+        self.max_jobs = max_jobs
+        self.recycles = recycles
+        """Run under a supervisor: a sync run that cannot be stopped ends with the process, not a new thread."""
+        self._stop = stop
+        self._recycle = recycle
+        self._retry_hint = retry_hint
+        self._report_problem = report_problem
+        self._loop = asyncio.get_running_loop()
+        self._inbox = Inbox(priority_mode)
+        self._running = 0
+        self._lane: SyncLane | None = None  # started on the first sync job
+        self._gathering = False
+        """Set while one read's bands are taken in (``take_bands``): their jobs start once all are in."""
+        self._jobs: set[asyncio.Task[None]] = set()
+        """Tasks of the jobs waiting on something now (see ``_dispatch``); a job that never waits is never kept."""
+        self._timed_sync: set[Delivery] = set()
+        """Sync deliveries with a timeout, until their outcome: the deadline watcher walks these."""
+        self._releases: dict[str, list[Delivery]] = {}
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        """Slot releases under way (held so the loop does not drop them)."""
+        self._context = contextvars.copy_context()
+        """What each job's context starts as: the worker's own, copied per job."""
+        self._room = asyncio.Event()
+        self._room.set()
+        self.cancelling: set[Delivery] = set()
+        """Sync deliveries told to stop, until their outcome or their grace runs out (cancel_watch.Watch)."""
+        self._isolating = False
+        """Set while a suspect waits to run alone or runs alone (``_run_alone``): nothing else starts."""
+        self._suspects: deque[Delivery] = deque()
+        """Jobs charged a lost run, waiting to run alone, in the order read."""
+        self._set_aside: deque[Delivery] = deque()
+        """Other jobs fetched while isolating: they start once no suspect is left."""
+        self._alone: Delivery | None = None
+        """The suspect running alone now."""
 
     @property
     def buffered(self) -> int:
         """Jobs fetched and not yet finished: what counts against the prefetch."""
         lane = self._lane
-        return len(self._inbox) + self._running + (lane.outstanding if lane is not None else 0)
+        buffered = len(self._inbox) + self._running + (lane.outstanding if lane is not None else 0)
+        if self._isolating:
+            buffered += len(self._suspects) + len(self._set_aside)
+        return buffered
 
-    def _recycle(self, reason: str) -> None:  # the Worker's
-        raise NotImplementedError
+    @property
+    def in_flight(self) -> int:
+        """Jobs running now, on the loop and in the sync threads."""
+        lane = self._lane
+        return self._running + (lane.outstanding if lane is not None else 0)
 
-    def _on_retry_scheduled(self, queue: str, due_ms: int, server_ms: int) -> None:  # the Worker's
-        raise NotImplementedError
+    # --- what the readers call ----------------------------------------------------
+
+    def room_to_read(self, batch_size: int) -> int | None:
+        """How many entries a reader may fetch now; None when the inbox is too full to read."""
+        room = self.prefetch - self.buffered
+        if room < min(batch_size, self.prefetch) // 2 + 1:
+            self._room.clear()
+            return None
+        return min(batch_size, room)
+
+    async def wait_room(self) -> None:
+        waiter = asyncio.ensure_future(self._room.wait())
+        stopper = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        stopper.cancel()
+
+    # --- start and stop -----------------------------------------------------------
+
+    def give_back_unstarted(self, *, stopping: bool = False) -> None:
+        """Put every fetched job that has not started back on the stream, as it was, uncharged (quiet, stop).
+        ``stopping``: the sync threads take no more jobs either."""
+        unstarted = [*self._suspects, *self._set_aside, *self._inbox]
+        self._suspects.clear()
+        self._set_aside.clear()
+        self._inbox.clear()
+        if self._lane is not None:
+            if stopping:
+                self._lane.stopping = True
+            unstarted += self._lane.take_unstarted()
+        for d in unstarted:
+            self._requeue(d)
+        if self._alone is None:
+            self._isolating = False
+
+    async def wind_down(self, timeout: float) -> int:
+        """Let running jobs finish for up to ``timeout`` seconds, then cut the async ones short and close the sync
+        lane; how many sync runs were still under way (they cannot be cancelled: the process exits without them)."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self.in_flight:
+            logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
+                           "reclaimed by another worker, their runs charged", self.id, self.in_flight, timeout)
+        jobs = list(self._jobs)
+        for task in jobs:
+            task.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        unfinished = 0
+        if self._lane is not None:
+            unfinished = self._lane.outstanding + self._lane.abandoned
+            self._lane.close()
+        return unfinished
+
+    async def release_slots(self) -> None:
+        """Give back the concurrency slots still waiting to go, and wait (briefly) for the releases under way."""
+        self._send_releases()
+        if self._side_tasks:
+            await asyncio.wait(self._side_tasks, timeout=2.0)
 
     async def take(self, keys: QueueKeys, entries: list[Any], cancels: bytes | None = cancel.UNKNOWN) -> None:
         """Take in entries read from a queue: admit them, then start or queue each one.
@@ -145,6 +244,8 @@ class JobRunner:
                 if keyed is None:
                     keyed = []
                 keyed.append(d)
+            elif self._isolating or d.job.deaths:
+                self._isolate(d)
             elif d.handler.is_async:
                 self._inbox.append(d)
                 to_dispatch = True
@@ -171,7 +272,7 @@ class JobRunner:
                 if d not in admitted:  # parked (or no longer pending here): nothing more to do with it
                     self.held.remove(d)
         if taken.earliest_ms >= 0:
-            self._on_retry_scheduled(keys.queue, taken.earliest_ms, taken.server_ms)
+            self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
         await self._start(keys, taken.admitted)
         if self.buffered <= self.prefetch // 2:
             self._room.set()
@@ -204,7 +305,6 @@ class JobRunner:
         else:
             waiting.append(d)
         if len(self._releases) == 1 and len(self._releases[d.keys.queue]) == 1:
-            assert self._loop is not None  # set by run()
             self._loop.call_soon(self._send_releases)
 
     def _send_releases(self) -> None:
@@ -244,8 +344,8 @@ class JobRunner:
         return kept
 
     def cancel_delivery(self, d: Delivery, requested: int) -> None:
-        """Act on a cancel request for a delivery this worker holds (cancel.Watch found it)."""
-        if d.tag not in self.held.by_tag or d.cancel_requested:
+        """Act on a cancel request for a delivery this worker holds (cancel_watch.Watch found it)."""
+        if not self.held.holds(d) or d.cancel_requested:
             return
         if d.handler.is_async and not d.started and d not in self._inbox:
             return  # it waits on its idempotency key's check: the next poll finds it in the inbox or running
@@ -261,9 +361,67 @@ class JobRunner:
                     self._give_back(d)
                 self.outcomes.cancelled_unstarted(d, requested)
         else:  # told through its context; a thread that has not started it puts it back (sync_lane.py)
-            self.cancel_watch.cancelling.add(d)
+            self.cancelling.add(d)
         logger.info("worker %s: job %s (%s) cancelled %s", self.id, d.job.id, d.job.task,
                     "while it ran" if d.started else "before it started")
+
+    # --- suspects run alone -----------------------------------------------------------
+
+    def _isolate(self, d: Delivery) -> None:
+        """Set a delivery aside while a suspect runs alone: a suspect (a job charged a run lost with a worker
+        that died) waits for its turn; any other job waits until no suspect is left.
+
+        A job that kills its process takes with it every job running beside it, and each of those is charged a
+        lost run. Run beside the same neighbours again, it would kill them a second time, and two deaths make
+        a ``panic``: innocent jobs dead-lettered beside the pill. So a suspect runs with nothing else running in
+        its process; if it dies then, the death is its own. What was fetched and has not started waits too,
+        so that only the runs under way must end before the suspect starts."""
+        if d.job.deaths:
+            self._suspects.append(d)
+        else:
+            self._set_aside.append(d)
+        if not self._isolating:
+            self._isolating = True
+            self._set_aside.extend(self._inbox)
+            self._inbox.clear()
+            if self._lane is not None:
+                self._set_aside.extend(self._lane.take_unstarted())
+        self._loop.call_soon(self._run_alone)
+
+    def _run_alone(self) -> None:
+        """Start the next suspect once nothing runs in this process; when none is left, start what was set aside.
+        Called whenever a run ends while isolating."""
+        if self._alone is not None or not self._isolating or self._stop.is_set() or self.in_flight:
+            return
+        while self._suspects:
+            d = self._suspects.popleft()
+            if d.taken_back or not self.held.holds(d):
+                continue
+            self._alone = d
+            logger.info("worker %s: job %s (%s) runs alone: it was running when a worker died (%d time(s)); "
+                        "alone, a death of its process is its own", self.id, d.job.id, d.job.task, d.job.deaths)
+            if d.handler.is_async:
+                self._inbox.append(d)
+                self._dispatch(alone=True)
+            else:
+                self._to_lane(d)
+            return
+        self._isolating = False
+        set_aside, self._set_aside = self._set_aside, deque()
+        for d in set_aside:
+            if d.taken_back or not self.held.holds(d):
+                continue
+            if d.handler.is_async:
+                self._inbox.append(d)
+            else:
+                self._to_lane(d)
+        self._dispatch()
+
+    def _ran_alone(self, d: Delivery) -> None:
+        """The suspect running alone is done (its outcome, or given back): the next may go."""
+        if d is self._alone:
+            self._alone = None
+            self._loop.call_soon(self._run_alone)
 
     def _to_lane(self, d: Delivery) -> None:
         if self._lane is None:
@@ -284,6 +442,8 @@ class JobRunner:
             return
         accepted = False
         for d, by in zip(keyed, done, strict=True):
+            if d.taken_back:  # let go while its key was checked: another worker's now
+                continue
             if by is not None:
                 if self.held.remove(d) and d.slots:
                     self._give_back(d)
@@ -293,6 +453,8 @@ class JobRunner:
                     self.outcomes.internal(d, "acknowledging a job whose idempotency key had completed", exc)
             elif self._stop.is_set():  # stopping while the markers were read: it must not start now
                 self._requeue(d)
+            elif self._isolating or d.job.deaths:
+                self._isolate(d)
             elif d.handler.is_async:
                 self._inbox.append(d)
                 accepted = True
@@ -303,7 +465,7 @@ class JobRunner:
 
     # --- running ------------------------------------------------------------------
 
-    def _dispatch(self) -> None:
+    def _dispatch(self, alone: bool = False) -> None:
         """Start waiting jobs, up to ``concurrency`` running at once, each as a task of its own.
 
         A job's task starts eagerly: it runs in this call until the handler
@@ -322,10 +484,11 @@ class JobRunner:
         kills the process before its first ``await`` is never charged, which
         the recovery count catches instead (retry.RECOVERIES_BEFORE_PANIC).
         """
+        if self._isolating and not alone:  # a suspect waits to run alone, or runs: nothing else starts
+            return
         inbox = self._inbox
         base = self._context
         loop = self._loop
-        assert loop is not None  # set by run()
         started = now_ms()
         marks: dict[str, list[bytes]] | None = None
         while inbox and self._running < self.concurrency and not self._stop.is_set():
@@ -377,9 +540,12 @@ class JobRunner:
         if not run.cancelled():
             exc = run.exception()
             if exc is not None:
-                self.problem = f"a job's task died ({class_path(exc)}: {message(exc)})"
-                logger.error("worker %s: %s", self.id, self.problem, exc_info=exc)
-        if dispatch:
+                problem = f"a job's task died ({class_path(exc)}: {message(exc)})"
+                self._report_problem(problem)
+                logger.error("worker %s: %s", self.id, problem, exc_info=exc)
+        if self._isolating:
+            self._loop.call_soon(self._run_alone)
+        elif dispatch:
             self._dispatch()
 
     async def _execute(self, d: Delivery) -> None:
@@ -406,10 +572,13 @@ class JobRunner:
 
     def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
         """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
-        if self.held.by_tag.pop(d.tag, None) is None:
-            return  # written already: a sync run that passed its timeout, reporting at last
-        if d.journaled:
-            self._unmark(d)
+        if d.journaled:  # struck at once, before anything else (journal.py); a sync run's thread struck its own
+            d.journaled = False
+            self.journal.finished_one(d.keys.stream, d.entry_id)
+        if not self.held.remove(d):
+            return  # written already (a sync run that passed its timeout, reporting at last), or let go
+        if self._alone is not None:
+            self._ran_alone(d)
         if d.slots:
             self._give_back(d)
         if d.timeout is not None:
@@ -427,31 +596,48 @@ class JobRunner:
         except Exception as exc:
             self.outcomes.internal(d, "recording the outcome", exc)
 
-    def _unmark(self, d: Delivery) -> None:
-        """Strike a finished run's journal mark soon, with the others of this turn of the loop (one send)."""
-        ids = self._unmarks.get(d.keys.stream)
-        if ids is None:
-            self._unmarks[d.keys.stream] = [d.entry_id]
-        else:
-            ids.append(d.entry_id)
-        if len(self._unmarks) == 1 and len(self._unmarks[d.keys.stream]) == 1:
-            assert self._loop is not None  # set by run()
-            self._loop.call_soon(self._send_unmarks)
-
-    def _send_unmarks(self) -> None:
-        marks, self._unmarks = self._unmarks, {}
-        if marks:
-            self.journal.finished(marks)
-
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
         if self.held.remove(d) and d.slots:
             self._give_back(d)
+        if self._alone is not None:
+            self._ran_alone(d)
         self.outcomes.internal(d, doing, exc)
 
     def _requeue(self, d: Delivery) -> None:
-        if self.held.remove(d) and d.slots:
+        if not self.held.remove(d):
+            return  # another worker took it back (``let_go``): it is theirs to run now
+        if self._alone is not None:
+            self._ran_alone(d)
+        if d.slots:
             self._give_back(d)
         self.outcomes.requeue(d)
+
+    def let_go(self, keys: QueueKeys, entry_ids: list[bytes]) -> None:
+        """Let go of held entries of ``keys``'s stream that another worker took back while this one held them
+        (it was silent past the visibility timeout; recovery.Leases found them). They are the other's now: one
+        not started here never starts, a run under way goes on and its outcome is dropped, and nothing of them
+        is written by this worker (a requeue would put a second copy on the stream)."""
+        let_go = []
+        for entry_id in entry_ids:
+            d = self.held.get(ref_of(keys.stream, entry_id))
+            if d is None or not self.held.remove(d):
+                continue  # settled meanwhile, or let go already
+            d.taken_back = True
+            let_go.append(d)
+            if d.slots:
+                self._give_back(d)
+            if d.timeout is not None:
+                self._timed_sync.discard(d)
+            if d.journaled:
+                d.journaled = False
+                self.journal.finished_one(d.keys.stream, d.entry_id)
+            if not d.started and d.handler.is_async and d in self._inbox:
+                self._inbox.remove(d)
+        if let_go:
+            logger.warning("worker %s: %d job(s) on %s were taken back by another worker while this one held them "
+                           "(it was out of touch past the visibility timeout): %s; they run there now, and what "
+                           "they come to here is not written", self.id, len(let_go), keys.queue,
+                           ", ".join(d.job.id for d in let_go[:5]) + (" ..." if len(let_go) > 5 else ""))
 
     def _on_sync_outcomes(self, outcomes: list[Any]) -> None:
         for kind, d, value, started, duration in outcomes:
@@ -462,10 +648,12 @@ class JobRunner:
                     self._internal(d, "putting the job back", exc)
             else:
                 self._outcome(d, value, started, duration, failed=kind == FAILED)
+        if self._isolating:
+            self._run_alone()
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 
-    async def _watch_deadlines(self) -> None:
+    async def watch_deadlines(self) -> None:
         """Time out sync runs past their deadline: write their outcome, and give up their thread."""
         while True:
             await asyncio.sleep(DEADLINE_TICK_S)
@@ -487,7 +675,7 @@ class JobRunner:
         assert lane is not None  # only sync deliveries are watched
         lane.abandon(d)
         self._outcome(d, exc, d.started, now - d.started, failed=True)
-        if self.supervisor_pid is not None:
+        if self.recycles:
             self._recycle(f"{what}; its thread cannot be stopped, so a fresh process takes this one's place")
         else:
             logger.warning("worker %s: %s; its thread cannot be stopped: it is abandoned and another takes its "

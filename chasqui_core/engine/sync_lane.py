@@ -29,7 +29,7 @@ from typing import Any
 
 from .envelope import check_json_types, now_ms
 from .journal import StartJournal
-from .outcomes import Delivery
+from .delivery import Delivery
 from .priority import STRICT, Inbox
 
 OK, FAILED, REQUEUE = 0, 1, 2
@@ -102,7 +102,7 @@ class SyncLane:
             if self._queue.get() is None:
                 return
             d = self._take()
-            if self.stopping or d.cancel_requested:  # a cancelled one goes back: the reader refuses it (cancel.py)
+            if self.stopping or d.cancel_requested or d.taken_back:  # back unstarted (cancel.py, Runner.let_go)
                 done.append((REQUEUE, d, None, 0, 0))
             else:
                 try:
@@ -138,11 +138,21 @@ class SyncLane:
         t0 = time.perf_counter()
         try:
             result = handler.fn(*d.handler_args(self.worker_id), **job.kwargs)
-            if job.result_ttl:
-                check_json_types(result, "return value")
         except BaseException as exc:  # SystemExit from a handler fails its job, not the thread
+            self._ended(d)
             return (FAILED, d, exc, started, int((time.perf_counter() - t0) * 1000))
+        self._ended(d)
+        if job.result_ttl:
+            try:
+                check_json_types(result, "return value")
+            except BaseException as exc:
+                return (FAILED, d, exc, started, int((time.perf_counter() - t0) * 1000))
         return (OK, d, result, started, int((time.perf_counter() - t0) * 1000))
+
+    def _ended(self, d: Delivery) -> None:
+        """Strike the run's journal mark before anything else happens in this thread (journal.py says why)."""
+        self.journal.finished_one(d.keys.stream, d.entry_id)
+        d.journaled = False
 
     # --- on the loop ----------------------------------------------------------------
 

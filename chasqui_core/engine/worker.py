@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from redis.exceptions import ResponseError
 
 from . import cancel
 from .admission import Admission
+from .cancel_watch import Watch
 from .control import QUIET, QUIET_STATE, RUNNING, STOP, STOPPING
 from .dlq.operations import OperationsLoop
 from .connection import DEFAULT_URL, aconnect, ais_cluster, is_cluster_client, masked
@@ -47,23 +47,25 @@ from .journal import StartJournal
 from .limits import Limit, LimitGate, Limits, parse_limits
 from .keys import BANDS, GROUP, HIGH, QUEUES_REGISTRY, QueueKeys
 from .link import unavailable
-from .outcomes import Delivery, Outcomes
-from .priority import STRICT, Inbox, check_mode
+from .outcomes import Outcomes
+from .priority import STRICT, check_mode
 from .promoter import Promoter
 from .queue import DEFAULT_MAX_PAYLOAD_BYTES
 from .reader import Reader
 from .registry import HandlerRegistry, check_timeout
 from .retry import RetryPolicy
-from .running import JobRunner
+from .running import Runner
 from .scheduler import Fire, Scheduler, queue_fire
 from .schedules import Schedule
 from .scripts import Scripts
 from .settler import Settler
 from .signing import Signer
-from .sync_lane import SyncLane
 from .tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
+
+PROBLEM_SHOWN_S = 60.0
+"""How long a worker's heartbeat keeps showing a problem of its own after it was last seen."""
 
 CONNECT_BACKOFF_S = (0.5, 10.0)
 """First and longest wait between tries while Redis cannot be reached at start."""
@@ -77,7 +79,10 @@ class WorkerStats:
     started_at: float = field(default_factory=time.time)
 
 
-class Worker(JobRunner):
+class Worker:
+    """Composes a worker's parts and is the only one that knows them all: the readers, the runner, the settler,
+    housekeeping, the leaders (promoters, scheduler), the cancel watch and the DLQ operations loop."""
+
     def __init__(
         self,
         queues: list[str],
@@ -167,24 +172,34 @@ class Worker(JobRunner):
         self.unfinished_sync_jobs = 0
         """Sync jobs still running in threads when run() returned, abandoned ones included (they cannot be
         cancelled: the process must exit without waiting for them)."""
-        self.problem = ""
-        """What went wrong inside the worker itself, if anything (shown with its heartbeat)."""
+        self._problem = ""
+        self._problem_at = 0.0
         self.paused: dict[str, bool] = {k.queue: False for k in self.keys}
         self.quiet = False
         """Asked to take no more jobs (control.py): the readers rest, what was fetched and not started went back."""
         self.stopped_by_operator = False
         """Stopped by an operator's command (control.py) rather than a signal or a limit."""
         self.held = InFlight()
-        """Every delivery read and not yet handed to the settler, by (queue, entry id)."""
+        """Every delivery read and not yet handed to the settler, by reference."""
+        self.runner: Runner | None = None
+        """What runs the jobs read (running.py); made by each ``run()`` once Redis answers."""
         self._stop = asyncio.Event()  # made anew by each run()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._running = 0
-        self._lane: SyncLane | None = None  # started on the first sync job
-        self._inbox = Inbox(self.priority_mode)
-        self._gathering = False
-        """Set while one read's bands are taken in (``take_bands``): their jobs start once all are in."""
 
     # --- public -------------------------------------------------------------
+
+    @property
+    def problem(self) -> str:
+        """What went wrong inside the worker itself lately, if anything (shown with its heartbeat): a problem not
+        seen again for ``PROBLEM_SHOWN_S`` is over (a reader that failed while Redis restarted reads again)."""
+        if self._problem and time.monotonic() - self._problem_at > PROBLEM_SHOWN_S:
+            self._problem = ""
+        return self._problem
+
+    @problem.setter
+    def problem(self, text: str) -> None:
+        self._problem = text
+        self._problem_at = time.monotonic()
 
     @property
     def stopping(self) -> asyncio.Event:
@@ -194,8 +209,8 @@ class Worker(JobRunner):
     @property
     def in_flight(self) -> int:
         """Jobs running now, on the loop and in the sync threads."""
-        lane = self._lane
-        return self._running + (lane.outstanding if lane is not None else 0)
+        runner = self.runner
+        return runner.in_flight if runner is not None else 0
 
     @property
     def state(self) -> str:
@@ -217,12 +232,8 @@ class Worker(JobRunner):
             self.quiet = True
             for reader in self.readers:  # a read blocked now returns at once, empty
                 await reader.unblock()
-            unstarted = list(self._inbox)
-            self._inbox.clear()
-            if self._lane is not None:
-                unstarted += self._lane.take_unstarted()
-            for d in unstarted:  # fetched, never started: back on the stream as they were, uncharged
-                self._requeue(d)
+            if self.runner is not None:  # fetched, never started: back on the stream as they were, uncharged
+                self.runner.give_back_unstarted()
             return True
         return False
 
@@ -261,28 +272,22 @@ class Worker(JobRunner):
                                    max_payload_bytes=self.max_payload_bytes, default_timeout=self.job_timeout,
                                    limits=self.limits)
         self.gate = LimitGate(self.scripts, self.visibility_timeout_ms)
-        self._releases: dict[str, list[Delivery]] = {}
-        self._side_tasks: set[asyncio.Task[None]] = set()
-        """Slot releases under way (held so the loop does not drop them)."""
+        self.runner = runner = Runner(
+            self.id, concurrency=self.concurrency, prefetch=self.prefetch, priority_mode=self.priority_mode,
+            held=self.held, admission=self.admission, outcomes=self.outcomes, settler=self.settler,
+            journal=self.journal, client=self.client, limits=self.limits, gate=self.gate,
+            cancel_copies=cancel.Copies(), stop=self._stop, stats=self.stats, max_jobs=self.max_jobs,
+            recycles=self.supervisor_pid is not None, recycle=self._recycle,
+            retry_hint=self._on_retry_scheduled, report_problem=self._report_problem)
         self.promoters = {
             k.queue: Promoter(self.client, self.scripts, k, self.id, poll_interval=self.promoter_poll_interval,
                               lock_ttl_ms=self.promoter_lock_ttl_ms)
             for k in self.keys
         }
-        self._jobs: set[asyncio.Task[None]] = set()
-        """Tasks of the jobs waiting on something now (see ``_dispatch``); a job that never waits is never kept."""
-        self._unmarks: dict[str, list[bytes]] = {}
-        """Journal marks of runs that ended this turn of the loop, struck together (``_unmark``)."""
-        self._timed_sync: set[Delivery] = set()
-        """Sync deliveries with a timeout, until their outcome: the deadline watcher walks these."""
-        self._context = contextvars.copy_context()
-        """What each job's context starts as: the worker's own, copied per job."""
-        self._room = asyncio.Event()
-        self._room.set()
-        self.housekeeping = Housekeeping(self)
-        self.cancel_watch = cancel.Watch(self, self.cancel_grace)
-        self.cancel_copies = cancel.Copies()
-        self.readers = [Reader(self, k) for k in self.keys]
+        self.housekeeping = Housekeeping(self, runner.take, runner.let_go)
+        self.cancel_watch = Watch(self.id, self.client, self.keys, self.held, self.outcomes, self.settler,
+                                         runner, self.cancel_grace)
+        self.readers = [Reader(self, runner, k) for k in self.keys]
 
         logger.info("worker %s started on %s (concurrency %d)", self.id,
                     ", ".join(k.queue for k in self.keys), self.concurrency)
@@ -296,8 +301,9 @@ class Worker(JobRunner):
                                        lock_ttl_ms=self.promoter_lock_ttl_ms)
             leaders.append(self._spawn("scheduler", self._leading(self.scheduler)))
         chores = [self._spawn("housekeeping", self.housekeeping.run),
-                  self._spawn("deadlines", self._watch_deadlines),
-                  self._spawn("operations", OperationsLoop(self).run),  # DLQ replays/discards by filter
+                  self._spawn("deadlines", runner.watch_deadlines),
+                  self._spawn("operations", OperationsLoop(self.url, self.id, [k.queue for k in self.keys],
+                                                           self._stop).run),  # DLQ replays/discards by filter
                   self._spawn("cancels", self.cancel_watch.run)]
         try:
             await self._stop.wait()
@@ -401,28 +407,10 @@ class Worker(JobRunner):
             for reader in self.readers:
                 await reader.unblock()
             await asyncio.wait(readers, timeout=0.05)
-        # jobs fetched but never started go back to the stream, as they were
-        unstarted = list(self._inbox)
-        self._inbox.clear()
-        if self._lane is not None:
-            self._lane.stopping = True
-            unstarted += self._lane.take_unstarted()
-        for d in unstarted:
-            self._requeue(d)
-        deadline = time.monotonic() + self.shutdown_timeout
-        while self.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        if self.in_flight:
-            logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
-                           "reclaimed by another worker, their runs charged", self.id, self.in_flight,
-                           self.shutdown_timeout)
-        jobs = list(self._jobs)
-        for task in jobs:
-            task.cancel()
-        await asyncio.gather(*jobs, return_exceptions=True)
-        if self._lane is not None:
-            self.unfinished_sync_jobs = self._lane.outstanding + self._lane.abandoned
-            self._lane.close()
+        runner = self.runner
+        assert runner is not None  # made by run() before any part starts
+        runner.give_back_unstarted(stopping=True)  # fetched, never started: back on the stream, as they were
+        self.unfinished_sync_jobs = await runner.wind_down(self.shutdown_timeout)
         for chore in chores:
             chore.cancel()
         await asyncio.gather(*chores, return_exceptions=True)
@@ -437,35 +425,19 @@ class Worker(JobRunner):
         if self.settler.pending:
             logger.error("worker %s: %d outcomes could not be settled; their entries stay pending and are "
                          "reclaimed", self.id, self.settler.pending)
-        self._send_releases()
-        if self._side_tasks:
-            await asyncio.wait(self._side_tasks, timeout=2.0)
+        await runner.release_slots()
         await self.housekeeping.unregister()
         self.journal.close()
         await self.client.aclose()
         logger.info("worker %s stopped (%d processed)", self.id, self.stats.processed)
 
+    def _report_problem(self, problem: str) -> None:
+        self.problem = problem
+
     def _on_retry_scheduled(self, queue: str, due_ms: int, server_ms: int) -> None:
         promoter = self.promoters.get(queue)
         if promoter is not None:
             promoter.hint(due_ms, server_ms)
-
-    # --- what the readers call ----------------------------------------------------
-
-    def room_to_read(self) -> int | None:
-        """How many entries a reader may fetch now; None when the inbox is too full to read."""
-        room = self.prefetch - self.buffered
-        if room < min(self.batch_size, self.prefetch) // 2 + 1:
-            self._room.clear()
-            return None
-        return min(self.batch_size, room)
-
-    async def wait_room(self) -> None:
-        waiter = asyncio.ensure_future(self._room.wait())
-        stopper = asyncio.ensure_future(self._stop.wait())
-        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        stopper.cancel()
 
     async def sleep_unless_stopped(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

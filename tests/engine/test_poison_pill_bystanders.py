@@ -19,7 +19,7 @@ import pytest
 
 from chasqui_core.engine.envelope import decode
 from chasqui_core.engine.queue import Queue
-from tests.engine.worker_app import dlq_entries, read_runs, settled, wait_for
+from tests.engine.worker_app import DONE_SUFFIX, RUNS_KEY, dlq_entries, read_runs, settled, wait_for
 
 
 @pytest.mark.timeout(90)
@@ -45,3 +45,33 @@ def test_jobs_fetched_beside_a_poison_pill_run_instead_of_dying_with_it(redis, w
         f"only the pill may be a poison pill; dead-lettered: {dead}; bystanders that ever ran: "
         f"{sorted(ran & {b.job_id for b in bystanders})}")
     assert {b.job_id for b in bystanders} <= ran
+
+
+@pytest.mark.timeout(120)
+def test_a_pill_among_running_neighbours_in_two_processes_dead_letters_only_itself(redis, workers):
+    """The neighbours running beside the pill die with it once and are charged, rightly: they were running. Run
+    beside it again, they would die a second time and be dead-lettered as ``panic`` (at ``--concurrency 4``
+    the soak saw 2 of 50 neighbours go; at 8, 18 of 60). A job charged a lost run now runs alone in its
+    process, so the pill's second death is its own and the neighbours finish."""
+    queue = "c-bystanders-4"
+    q = Queue(queue, redis_client=redis)
+    neighbours = [q.add("block", kwargs={"seconds": 0.3}) for _ in range(3)]  # start beside the pill
+    pill = q.add("die")
+    neighbours += [q.add("block", kwargs={"seconds": 0.1}) for _ in range(20)]
+    procs = [workers.start(queue, visibility_ms=1000, concurrency=4, batch_size=8) for _ in range(2)]
+    deaths = 0
+    deadline = time.monotonic() + 90
+    while redis.xlen(q.keys.dlq) == 0 or not settled(redis, queue):
+        assert time.monotonic() < deadline, f"the queue never settled:\n{workers.logs()}"
+        for i, proc in enumerate(procs):
+            if proc.poll() is not None:
+                deaths += 1
+                assert deaths <= 4, f"the pill killed {deaths} workers"
+                procs[i] = workers.start(queue, visibility_ms=1000, concurrency=4, batch_size=8)
+        time.sleep(0.05)
+    wait_for(lambda: settled(redis, queue), 10, "the queue to settle")
+    dead = {decode(e["j"]).id: e["reason"] for e in dlq_entries(redis, queue)}
+    assert dead == {pill.job_id: b"panic"}, f"only the pill may be dead-lettered; dead-lettered: {dead}"
+    finished = {job_id.decode() for job_id in redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1)}
+    assert {n.job_id for n in neighbours} <= finished, "every neighbour ran to its end"
+    assert deaths == 2, "the pill killed two workers: once among its neighbours, once alone"

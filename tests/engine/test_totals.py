@@ -38,7 +38,8 @@ def test_parse_reads_buckets_sums_and_ignores_unknown_fields():
          b"10:odd:name": b"2"},
     )
     assert parsed.counters == {"enqueued": 9, "completed": 4, "failed": 0, "retried": 0, "dlq": 0, "replayed": 0,
-                               "promoted": 0, "skipped": 0, "bad_signature": 0, "deferred": 0, "purged": 0, "dlq_trimmed": 0}
+                               "promoted": 0, "skipped": 0, "bad_signature": 0, "deferred": 0, "purged": 0,
+                               "dlq_trimmed": 0}
     a = parsed.durations["t.a"]
     assert a.counts[0] == 3 and a.counts[-1] == 1 and a.count == 4 and a.sum_ms == 9000
     odd = parsed.durations["odd:name"]
@@ -94,7 +95,8 @@ async def test_a_worker_counts_every_outcome_and_each_run_duration(redis, redis_
 
     got = totals.read_totals(redis, ["tot"])["tot"]
     assert got.counters == {"enqueued": 17, "completed": 13, "failed": 4 + 6, "retried": 4 + 3, "dlq": 3,
-                            "replayed": 1, "promoted": 7, "skipped": 0, "bad_signature": 0, "deferred": 0, "purged": 0, "dlq_trimmed": 0}
+                            "replayed": 1, "promoted": 7, "skipped": 0, "bad_signature": 0, "deferred": 0, "purged": 0,
+                            "dlq_trimmed": 0}
     assert set(got.durations) == {"ok", "slow", "flaky", "broken"}
     assert {t: h.count for t, h in got.durations.items()} == {"ok": 7, "slow": 2, "flaky": 8, "broken": 6}
     slow_runs = got.durations["slow"]

@@ -112,6 +112,24 @@ def _build_registry(client):
         record(ctx, log)
         os._exit(1)
 
+    async def hog(ctx, seconds: float, log: str = RUNS_KEY, **_):
+        """An async job that blocks the event loop (CPU-bound code in an async def): nothing else runs on it."""
+        record(ctx, log)
+        time.sleep(seconds)
+
+    def die_after(ctx, job_id: str, pause: float, log: str = RUNS_KEY, **_):
+        """On its first run, kills the process ``pause`` s after job ``job_id`` recorded its run; then succeeds."""
+        record(ctx, log)
+        if run_number(ctx, log) > 1:
+            return
+        deadline = time.monotonic() + 20
+        while not any(line.split()[0] == job_id.encode() for line in client.lrange(log, 0, -1)):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        time.sleep(pause)
+        os._exit(1)
+
     def retry_after(ctx, seconds: float, n: int = 1, log: str = RUNS_KEY, **_):
         record(ctx, log)
         if run_number(ctx, log) <= n:
@@ -145,7 +163,7 @@ def _build_registry(client):
     registry.register("span_sync", span_sync, takes_context=True)
     for name, fn in [("noop", noop), ("echo", echo), ("slow", slow), ("block", block), ("fail_n_times", fail_n_times),
                      ("unrecoverable", unrecoverable), ("foreign_unrecoverable", foreign_unrecoverable),
-                     ("die", die), ("obedient", obedient)]:
+                     ("die", die), ("obedient", obedient), ("hog", hog), ("die_after", die_after)]:
         registry.register(name, fn, takes_context=True)
     registry.register("retry_after", retry_after, takes_context=True, backoff="retry_after")
     # the middle layer of the retry budget: task defaults, below the job's own options
@@ -169,6 +187,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backoff-ms", type=float, default=None, help="worker-wide fixed backoff")
     p.add_argument("--shutdown-timeout", type=float, default=25.0)
     p.add_argument("--cancel-grace", type=float, default=10.0)
+    p.add_argument("--flush-interval", type=float, default=0.002, help="the settler's flush interval, seconds")
     p.add_argument("--record-url", default=None,
                    help="the server handlers record their runs on (default: --url); a test that restarts the "
                         "queue's server records elsewhere")
@@ -204,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         visibility_timeout_ms=args.visibility_ms, promoter_poll_interval=args.poll,
         promoter_lock_ttl_ms=args.lock_ttl_ms, shutdown_timeout=args.shutdown_timeout,
         signing_keys=args.signing_key, limits=json.loads(args.limits) if args.limits else None,
-        cancel_grace=args.cancel_grace, **options,
+        cancel_grace=args.cancel_grace, flush_interval=args.flush_interval, **options,
     )
     worker.run_sync()
     client.close()

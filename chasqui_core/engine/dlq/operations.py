@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -50,9 +50,6 @@ from .filter import DLQFilter
 from . import retention
 from .replay import DeadLetters
 from .selection import chunks, matching_total
-
-if TYPE_CHECKING:
-    from ..worker import Worker
 
 logger = logging.getLogger("chasqui.operations")
 
@@ -428,11 +425,12 @@ class OperationsLoop:
     delay its jobs.
     """
 
-    def __init__(self, worker: Worker) -> None:
-        self.url = worker.url
-        self.owner = worker.id
-        self.queues = [k.queue for k in worker.keys]
-        self.stopping = worker.stopping
+    def __init__(self, url: str | None, owner: str, queues: list[str], stopping: asyncio.Event) -> None:
+        self.url = url
+        self.owner = owner
+        """The worker id claims are made in."""
+        self.queues = queues
+        self.stopping = stopping
 
     async def run(self) -> None:
         stop = threading.Event()
