@@ -61,15 +61,14 @@ def _wait(ops: Operations, op_id: str, until, timeout: float = 900.0):
     raise RuntimeError(f"operation {op_id} did not get there within {timeout:.0f} s")
 
 
-def run(ctx, built) -> list[Measurement]:
+def run(ctx, built, rare_task: str) -> list[Measurement]:
+    """The rows on ``built``'s DLQ; ``rare_task`` is its task of a handful of dead jobs (the inline replay)."""
     client, queue, size = ctx.client, built.queue, built.size
-    from .console_scale import RARE_TASK
-
     dl = DeadLetters(client, queue)
     out: list[Measurement] = []
     length = dl.count()
 
-    rare = DLQFilter(task=RARE_TASK)
+    rare = DLQFilter(task=rare_task)
     before, t0 = _sent(client), time.perf_counter()
     moved = dl.replay_matching(rare)
     inline_ms = (time.perf_counter() - t0) * 1000

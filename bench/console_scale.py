@@ -357,7 +357,7 @@ def extra_measurements(ctx, built: Built) -> list[Measurement]:
     (bench/console_live.py, run alone: ``python -m bench.console_live``)."""
     from . import console_bulk, console_ops
 
-    result: list[Measurement] = console_bulk.run(ctx, built)
+    result: list[Measurement] = console_bulk.run(ctx, built, RARE_TASK)
     if os.environ.get(SKIP_OPS_ENV) != "1":
         result += console_ops.run(ctx, built)
     return result
