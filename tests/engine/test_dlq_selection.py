@@ -12,7 +12,7 @@ from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.index import DLQIndex
 from chasqui_core.engine.dlq.operations import Operations, run_pending
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.dlq.selection import chunks
+from chasqui_core.engine.dlq.selection import chunks, matching_total
 from chasqui_core.engine.envelope import decode
 from tests.engine.test_dlq import KEYS, Q, add_dead, bulk_dead, dead_job, fields_for
 
@@ -153,3 +153,23 @@ def test_through_the_index_a_sweep_acts_on_exactly_what_the_filter_matches(redis
     assert sorted(acted) == sorted(expected) and len(acted) == len(set(acted))
     assert dl.replay_matching(f, chunk=50) == len(expected)
     assert {d.entry_id for d in dl.page(limit=2000).items} == {d.entry_id for d in everything} - expected
+
+
+def test_the_total_a_resumed_sweep_starts_from_is_exact_inside_a_millisecond(redis):
+    """Counts go by millisecond; a cursor inside one leaves out the entries of that millisecond before it."""
+    pipe = redis.pipeline(transaction=False)
+    for ms in (1000, 1001, 1002):
+        for seq in range(10):
+            pipe.xadd(KEYS.dlq, fields_for(dead_job("emails.send" if seq % 2 else "reports.build")), id=f"{ms}-{seq}")
+    pipe.execute()
+    assert DLQIndex(redis, Q).rebuild().ready
+    dl = DeadLetters(redis, Q)
+    f = DLQFilter(task="emails.send")
+    for lo, hi in (((1000, 5), (1002, 3)), ((1000, 0), (1001, 9)), ((1001, 4), (1001, 6)), ((1002, 9), (1000, 0))):
+        expected = sum(
+            1 for d in dl.page(limit=100).items if lo <= tuple(map(int, d.entry_id.split("-"))) <= hi and f.matches(d)
+        )
+        assert matching_total(dl, f, lo, hi) == expected, (lo, hi)
+        assert matching_total(dl, None, lo, hi) == sum(
+            1 for d in dl.page(limit=100).items if lo <= tuple(map(int, d.entry_id.split("-"))) <= hi
+        ), (lo, hi)
