@@ -4,10 +4,14 @@ A request (console, API, CLI) only records an operation: a hash
 ``{chasqui:<q>}:op:<id>`` with its definition and progress, and its id in the
 queue's set of unfinished operations. Every worker of the queue looks at that
 set (``OperationsLoop``, one more long-lived part of the worker) and one of
-them claims the operation (``op_claim.lua``) and sweeps the DLQ, oldest
-first, one chunk per call. After each chunk it writes its progress (done,
-count, the cursor where the sweep goes on) with ``op_update.lua``, which is
-also its heartbeat and tells it whether someone asked to cancel.
+them claims the operation (``op_claim.lua``) and sweeps the entries it
+matches, oldest first, one chunk per call (``selection.chunks``: through the
+DLQ's index for a filter on task, reason, error class or group, so only the
+matching entries are read). It first counts what it has left to do where
+the index can tell without reading entries, so its total is exact from the
+start and a stop reports "N of M". After each chunk it writes its progress
+(done, count, the cursor where the sweep goes on) with ``op_update.lua``,
+which is also its heartbeat and tells it whether someone asked to cancel.
 
 A worker that dies mid-way stops heartbeating; once its operation has been
 silent for ``STALE_AFTER_MS`` another worker claims it and carries on from the
