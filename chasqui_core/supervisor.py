@@ -20,9 +20,18 @@ Why children are ``manage.py runworker`` subprocesses rather than
   a child killed at any instant cannot leave it stuck.
 
 The few things the two sides say to each other go through the environment
-(``CHASQUI_SUPERVISOR_PID``), one pipe per child (a byte when the child is
-ready to take jobs), signals, and the exit code (``RECYCLE_EXIT_CODE`` means
-"I stopped on purpose after my job or memory limit: replace me now").
+(``CHASQUI_SUPERVISOR_PID``), one pipe per child (``READY``, a byte, once the
+child reads its queues; ``SUCCESSOR``, once it has reached a limit and wants a
+fresh process in its place), signals, and the exit code (``RECYCLE_EXIT_CODE``
+means "I stopped on purpose after my job or memory limit: replace me now", what
+a child does when it cannot ask).
+
+A child is replaced by starting its successor first and stopping it only once
+the successor reads (a *handover*): on SIGHUP, every slot in turn, and when a
+child asks, its own slot. One handover runs at a time, and the next waits until
+the process it replaced has exited, so there are never more than N + 1 worker
+processes. A recycling child goes on taking jobs meanwhile: a queue is never
+left unread for the length of a process start.
 
 A child notices its supervisor's death without help: Linux sends it SIGTERM
 (``PR_SET_PDEATHSIG``), and a thread checks ``os.getppid()`` every second
@@ -53,6 +62,12 @@ STOPPED_EXIT_CODE = 76
 """A child's exit code after an operator stopped it (engine/control.py): its slot is retired, not refilled."""
 SUPERVISOR_PID_ENV = "CHASQUI_SUPERVISOR_PID"
 READY_FD_ENV = "CHASQUI_READY_FD"
+READY = b"1"
+"""What a child writes on its pipe once it reads its queues."""
+SUCCESSOR = b"R"
+"""What a child writes on its pipe, once, when it has reached a limit and wants a successor before it stops."""
+RELOAD, RECYCLE = "reload", "recycle"
+"""Why a handover replaces a child: a SIGHUP, or the child's own request."""
 KILL_GRACE = 5.0
 """Seconds a stopping child gets beyond its shutdown timeout (settling, closing Django) before SIGKILL."""
 _PR_SET_PDEATHSIG = 1
@@ -73,7 +88,11 @@ class SupervisorConfig:
     stable_after: float = 30.0
     """A child up this long has proven itself: the next death of its slot restarts at once again."""
     ready_timeout: float = 120.0
-    """On reload, how long a new child may take to be ready before the reload is given up."""
+    """How long a successor may take to be ready before it is given up (and with it a reload)."""
+    on_child_exit: Callable[[int, int], None] | None = None
+    """Called with an ended child's pid and exit code, before anything else is done about it: runworker records
+    the death of the child's worker in Redis there, so the runs it had under way are charged as deaths, not as
+    lost contact (engine/recovery.py). Its errors are logged, never raised."""
 
     def __post_init__(self) -> None:
         if self.processes < 1:
@@ -111,11 +130,14 @@ class _Child:
     slot: int
     process: subprocess.Popen
     ready_pipe: int
-    """Read end of the pipe the child writes one byte to when it is ready; -1 once read or closed."""
+    """Read end of the pipe the child writes ``READY`` and ``SUCCESSOR`` on; -1 once closed (at end of file)."""
     started_at: float = field(default_factory=time.monotonic)
     ready: bool = False
     role: str = "active"
-    """``active`` (serving its slot), ``successor`` (started by a reload, not serving yet) or ``retiring``."""
+    """``active`` (serving its slot), ``successor`` (started by a handover, not serving yet), ``retiring``
+    (replaced, finishing its jobs) or ``discarded`` (a successor given up before it was ready)."""
+    wants_successor: bool = False
+    """It asked for a successor (a child asks once; a second request is ignored)."""
     kill_at: float | None = None
     """When a stopping child is killed if it has not exited by then."""
 
@@ -134,6 +156,21 @@ class _Slot:
     """An operator stopped the slot's child: nothing is started in it again."""
 
 
+@dataclass(slots=True)
+class _Handover:
+    """A slot's child to be replaced by a successor that is started, and ready, before it is told to stop."""
+
+    slot: int
+    why: str
+    """``RELOAD`` (SIGHUP) or ``RECYCLE`` (the child asked)."""
+    predecessor: int | None = None
+    """For a recycle, the pid of the child that asked; a reload replaces whichever child serves the slot."""
+    successor: _Child | None = None
+    not_before: float = 0.0
+    """A recycle whose successor failed is tried again from then on."""
+    failures: int = 0
+
+
 class Supervisor:
     """Keeps ``config.processes`` copies of ``config.command`` running until SIGTERM or SIGINT."""
 
@@ -144,7 +181,9 @@ class Supervisor:
         self._slots = [_Slot() for _ in range(config.processes)]
         self._stop_signals = 0
         self._reload_requested = False
-        self._reload_slots: list[int] = []
+        self._handovers: list[_Handover] = []
+        """Waiting to begin, in order; the one under way is ``_handover``."""
+        self._handover: _Handover | None = None
         self._wakeup_read = -1
 
     # --- the loop ------------------------------------------------------------------------------
@@ -163,7 +202,7 @@ class Supervisor:
                 self._kill_overdue()
                 if self._reload_requested:
                     self._begin_reload()
-                self._advance_reload()
+                self._advance_handover()
         finally:  # asked to stop, or something went wrong here: either way no child is left behind
             self._stop_all()
             self._restore_signal_handlers()
@@ -205,7 +244,7 @@ class Supervisor:
         self._reload_requested = True
 
     def _wait(self, timeout: float) -> None:
-        """Sleep until a signal, a child's ready byte or ``timeout``; note the children that became ready."""
+        """Sleep until a signal, a child's message or ``timeout``; act on the messages."""
         pipes = {c.ready_pipe: c for c in self._children.values() if c.ready_pipe >= 0}
         readable, _, _ = select.select([self._wakeup_read, *pipes], [], [], timeout)
         for fd in readable:
@@ -218,15 +257,23 @@ class Supervisor:
                         break
                 continue
             child = pipes[fd]
-            if os.read(fd, 1):
+            try:
+                data = os.read(fd, 64)
+            except OSError:
+                data = b""
+            if not data:  # end of file: the child exited (or closed it); it has said all it will
+                os.close(fd)
+                child.ready_pipe = -1
+                continue
+            if READY in data and not child.ready:
                 child.ready = True
                 logger.info("worker process %d (slot %d) is ready", child.pid, child.slot)
-            os.close(fd)  # a byte or end of file: either way the pipe has said all it will
-            child.ready_pipe = -1
+            if SUCCESSOR in data:
+                self._on_successor_request(child)
 
     # --- starting and replacing ------------------------------------------------------------------
 
-    def _spawn(self, slot: int, role: str) -> _Child:
+    def _spawn(self, slot: int, role: str, why: str = "") -> _Child:
         read, write = os.pipe()
         env = {**self.env, SUPERVISOR_PID_ENV: str(os.getpid()), READY_FD_ENV: str(write)}
         try:
@@ -241,8 +288,7 @@ class Supervisor:
             os.close(write)
         child = _Child(slot, process, read, role=role)
         self._children[child.pid] = child
-        logger.info("started worker process %d (slot %d%s)", child.pid, slot,
-                    ", replacing the old one on reload" if role == "successor" else "")
+        logger.info("started worker process %d (slot %d%s)", child.pid, slot, why)
         return child
 
     def _start_due_slots(self) -> None:
@@ -275,16 +321,23 @@ class Supervisor:
     def _on_exit(self, child: _Child, code: int) -> None:
         slot = self._slots[child.slot]
         how = describe_exit(code)
+        if self.config.on_child_exit is not None:
+            try:
+                self.config.on_child_exit(child.pid, code)
+            except Exception as exc:
+                logger.warning("worker process %d %s; its death could not be recorded (%s: %s): the runs it had "
+                               "under way are charged as lost contact", child.pid, how, type(exc).__name__, exc)
         if self._stop_signals:
             logger.info("worker process %d (slot %d) %s", child.pid, child.slot, how)
             return
         if child.role == "retiring":
-            logger.info("worker process %d (slot %d, replaced on reload) %s", child.pid, child.slot, how)
+            logger.info("worker process %d (slot %d, replaced by a fresh one) %s", child.pid, child.slot, how)
+            return
+        if child.role == "discarded":
+            logger.info("worker process %d (slot %d, given up before it was ready) %s", child.pid, child.slot, how)
             return
         if child.role == "successor":
-            logger.error("worker process %d, started by the reload for slot %d, %s before it was ready; "
-                         "the reload is given up and the old processes keep running", child.pid, child.slot, how)
-            self._reload_slots.clear()
+            self._successor_failed(child, f"{how} before it was ready")
             return
         if code == STOPPED_EXIT_CODE:
             logger.info("worker process %d (slot %d) was stopped by an operator; not starting another in its slot",
@@ -310,55 +363,134 @@ class Supervisor:
             if child.role == "active" and now - child.started_at >= self.config.stable_after:
                 self._slots[child.slot].deaths = 0
 
-    # --- reload (SIGHUP) ----------------------------------------------------------------------------
+    # --- handovers: reload (SIGHUP) and recycling ----------------------------------------------------
 
     def _begin_reload(self) -> None:
         self._reload_requested = False
-        if self._reload_slots:
+        if any(h.why == RELOAD for h in self._all_handovers()):
             logger.info("reload requested while one is under way: the remaining slots are replaced anyway")
             return
-        self._reload_slots = [n for n, slot in enumerate(self._slots) if not slot.retired]  # stopped stay stopped
-        logger.info("reloading: replacing %d worker process(es) one at a time", len(self._reload_slots))
+        slots = [n for n, slot in enumerate(self._slots) if not slot.retired]  # stopped stay stopped
+        self._handovers += [_Handover(n, RELOAD) for n in slots]
+        logger.info("reloading: replacing %d worker process(es) one at a time", len(slots))
+
+    def _on_successor_request(self, child: _Child) -> None:
+        """A child reached its job or memory limit: queue a handover of its slot; it works on meanwhile."""
+        if child.wants_successor:
+            logger.warning("worker process %d (slot %d) asked for a successor again; it has one coming",
+                           child.pid, child.slot)
+            return
+        child.wants_successor = True
+        if child.role in ("retiring", "discarded") or self._stop_signals:
+            return  # on its way out already
+        logger.info("worker process %d (slot %d) reached its limit; it goes on while its successor starts",
+                    child.pid, child.slot)
+        self._handovers.append(_Handover(child.slot, RECYCLE, predecessor=child.pid))
+
+    def _all_handovers(self) -> list[_Handover]:
+        return [*self._handovers, *([self._handover] if self._handover is not None else [])]
 
     def _successor_of(self, slot: int) -> _Child | None:
         return next((c for c in self._children.values() if c.slot == slot and c.role == "successor"), None)
 
-    def _advance_reload(self) -> None:
-        """One step of the reload: a new child for the next slot, and once it is ready, the old one stops.
+    def _replaced(self, handover: _Handover) -> list[_Child]:
+        """The children a handover stops once its successor is ready."""
+        if handover.why == RECYCLE:
+            old = self._children.get(handover.predecessor or -1)
+            return [old] if old is not None and old.role == "active" else []
+        return [c for c in self._children.values() if c.slot == handover.slot and c.role == "active"]
 
-        A slot is started only when no old child is still finishing its jobs,
-        so there is never more than one process above the count.
+    def _advance_handover(self) -> None:
+        """One step of the handovers: a successor for the next, and once it is ready, the old child stops.
+
+        A successor is started only while every other child is active (no old
+        one still finishing its jobs, no given-up successor still exiting), so
+        there is never more than one process above the count.
         """
-        if not self._reload_slots:
+        handover = self._handover
+        if handover is None:
+            self._begin_next_handover()
             return
-        slot = self._reload_slots[0]
-        successor = self._successor_of(slot)
-        if successor is None:
-            if any(c.role == "retiring" for c in self._children.values()):
-                return
-            try:
-                self._spawn(slot, "successor")
-            except OSError as exc:
-                logger.error("reload given up: could not start a worker process: %s", exc)
-                self._reload_slots.clear()
+        successor = handover.successor
+        assert successor is not None  # set with ``_handover``
+        if self._slots[handover.slot].retired:  # an operator stopped the old child meanwhile: the slot stays empty
+            logger.info("stopping worker process %d: slot %d was stopped by an operator", successor.pid,
+                        handover.slot)
+            successor.role = "discarded"
+            self._terminate(successor)
+            self._handover = None
             return
         if not successor.ready:
             if time.monotonic() - successor.started_at > self.config.ready_timeout:
-                logger.error("reload given up: worker process %d was not ready after %.0fs; stopping it",
-                             successor.pid, self.config.ready_timeout)
-                self._reload_slots.clear()
-                successor.role = "retiring"
+                successor.role = "discarded"
                 self._terminate(successor)
+                self._successor_failed(successor, f"was not ready after {self.config.ready_timeout:.0f}s; "
+                                                  "stopping it")
             return
-        for old in [c for c in self._children.values() if c.slot == slot and c.role == "active"]:
+        for old in self._replaced(handover):
             old.role = "retiring"
-            logger.info("stopping worker process %d (slot %d): replaced by %d", old.pid, slot, successor.pid)
+            logger.info("stopping worker process %d (slot %d): replaced by %d", old.pid, old.slot, successor.pid)
             self._terminate(old)
         successor.role = "active"
-        self._slots[slot].start_at = None
-        self._reload_slots.pop(0)
-        if not self._reload_slots:
+        self._slots[handover.slot].start_at = None
+        self._handover = None
+        if handover.why == RELOAD and not any(h.why == RELOAD for h in self._handovers):
             logger.info("reload done: every worker process was replaced")
+
+    def _begin_next_handover(self) -> None:
+        if any(c.role != "active" for c in self._children.values()):
+            return  # an old child still finishing its jobs: N + 1 processes already
+        now = time.monotonic()
+        for handover in list(self._handovers):
+            if handover.why == RECYCLE:
+                old = self._children.get(handover.predecessor or -1)
+                if old is None or old.role != "active":
+                    if old is None:  # gone (or replaced by a reload): nothing left to hand over
+                        self._handovers.remove(handover)
+                    continue  # a successor that asked before it took over: its turn comes once it serves
+            elif self._slots[handover.slot].retired:
+                self._handovers.remove(handover)
+                continue
+            if handover.not_before > now:
+                continue
+            self._handovers.remove(handover)
+            why = (", replacing the old one on reload" if handover.why == RELOAD else
+                   f", to take over from {handover.predecessor}, which reached its limit")
+            try:
+                handover.successor = self._spawn(handover.slot, "successor", why)
+            except OSError as exc:
+                self._handover = handover
+                self._successor_failed(None, f"could not be started: {exc}")
+                return
+            self._handover = handover
+            return
+
+    def _successor_failed(self, successor: _Child | None, what: str) -> None:
+        """The handover under way has no successor after all: the old child keeps its slot.
+
+        A reload is given up (the old code keeps running; an operator sends
+        SIGHUP again once it is fixed). A recycle is tried again later, backing
+        off, since the child that asked still wants replacing.
+        """
+        handover = self._handover
+        self._handover = None
+        if handover is None:
+            return
+        who = f"worker process {successor.pid}" if successor is not None else "a worker process"
+        if handover.why == RELOAD:
+            logger.error("%s, started by the reload for slot %d, %s; the reload is given up and the old "
+                         "processes keep running", who, handover.slot, what)
+            self._handovers = [h for h in self._handovers if h.why != RELOAD]
+            return
+        handover.successor = None
+        handover.failures += 1
+        delay = restart_delay(handover.failures + 1, first=self.config.restart_delay,
+                              cap=self.config.max_restart_delay)
+        handover.not_before = time.monotonic() + delay
+        self._handovers.insert(0, handover)
+        logger.error("%s, started to take over from worker process %s (slot %d), %s; %s keeps running, and "
+                     "another successor is tried in %.0fs", who, handover.predecessor, handover.slot, what,
+                     handover.predecessor, delay)
 
     # --- stopping ---------------------------------------------------------------------------------------
 
@@ -370,7 +502,8 @@ class Supervisor:
         """SIGTERM to every child, SIGKILL to those still there after the shutdown timeout; all reaped."""
         logger.info("supervisor %d: stopping %d worker process(es) (up to %.0fs for running jobs)", os.getpid(),
                     len(self._children), self.config.shutdown_timeout)
-        self._reload_slots.clear()
+        self._handovers.clear()
+        self._handover = None
         for child in self._children.values():
             if child.kill_at is None:
                 self._terminate(child)
@@ -399,12 +532,14 @@ def _signal(child: _Child, sig: int) -> None:
 # --- the child's side ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SupervisedChild:
     """What a worker process started by a supervisor knows of it, from its environment."""
 
     supervisor_pid: int
     ready_fd: int | None
+    asked: bool = field(default=False, init=False, compare=False)
+    """A successor was asked for: a process asks once."""
 
     @classmethod
     def from_environment(cls, environ: dict[str, str] | None = None) -> SupervisedChild | None:
@@ -443,14 +578,29 @@ class SupervisedChild:
         threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
     def ready(self) -> None:
-        """Tell the supervisor this process has loaded its tasks and is about to take jobs."""
+        """Tell the supervisor this process reads its queues: a successor it started may now replace another."""
+        self._send(READY)
+
+    def ask_successor(self, reason: str) -> bool:
+        """Ask the supervisor, once, to start a process in this one's place and stop this one when it reads.
+
+        False when it cannot be told (no pipe, the supervisor gone, asked
+        already): the caller then stops by itself, and its exit code says why.
+        """
+        if self.asked:
+            return False
+        self.asked = True
+        return self._send(SUCCESSOR)
+
+    def _send(self, message: bytes) -> bool:
+        """The pipe stays open for the process's life; grandchildren (a task's subprocesses) do not inherit it."""
         if self.ready_fd is None:
-            return
+            return False
         try:
-            os.write(self.ready_fd, b"1")
-            os.close(self.ready_fd)
+            os.set_inheritable(self.ready_fd, False)
+            return os.write(self.ready_fd, message) == len(message)
         except OSError:  # the supervisor is gone; the watcher stops this process
-            pass
+            return False
 
 
 def cpu_count() -> int:

@@ -135,11 +135,13 @@ class Admission:
 
     @staticmethod
     def _charge(job: Job, field: bytes) -> int:
-        """Charge each lost run to the job: a run made, a death, a line in its error history."""
+        """Charge each lost run to the job: a run made, a line in its error history, and a death only when its
+        worker's death is on record (lost contact is not one)."""
         runs = lost_runs(field)
         for run in runs:
             job.attempt += 1
-            job.deaths += 1
+            if run.died:
+                job.deaths += 1
             job.errors = [*job.errors, run.record(job.attempt, job.replays)]
         return len(runs)
 

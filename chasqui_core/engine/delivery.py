@@ -76,6 +76,9 @@ class Delivery:
     """The rate and concurrency buckets the job falls under (limits.py); None for most jobs."""
     slots: tuple[str, ...] = ()
     """Key prefixes of the concurrency buckets it holds a slot in, given back when the run ends."""
+    rate_by: float = 0.0
+    """Under a rate limit: the monotonic time by which it must start on its rate token, else it takes the token
+    again first (limits.LimitGate.late, retake); 0.0: no rate limit."""
     task: Any = None
     """The asyncio task of an async run that waited on something (what a cancel request cancels)."""
     cancel_requested: int = 0

@@ -31,7 +31,7 @@ from .outcomes import Outcomes
 from .scripts import Scripts
 from .settler import Settler
 from .envelope import now_ms
-from .recovery import Leases, forget_dead_workers, reclaim_abandoned
+from .recovery import Leases, add_death_record, forget_dead_workers, reclaim_abandoned
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -258,16 +258,20 @@ class Housekeeping:
         return [[d.job.task, d.job.id, d.started] for d in self.w.held.running()[:CURRENT_JOBS_SHOWN]]
 
     async def unregister(self) -> None:
-        """Leave the workers list and drop the alive key; the start journal too, unless runs are still under way
-        (then another worker reclaims their entries, charged)."""
+        """Leave the workers list and drop the alive key; the start journal too, unless runs are still under way:
+        then this process ends with them, and says so (a death record), so that another worker reclaims their
+        entries charged with a death, not as lost contact (recovery.py)."""
         w = self.w
         try:
             pipe = w.client.pipeline(transaction=False)
+            under_way = w.in_flight
             for k in w.keys:
                 pipe.hdel(k.workers, w.id)
                 pipe.delete(k.alive(w.id))
-                if not w.in_flight:
+                if not under_way:
                     pipe.delete(*[band.running(w.id) for band in w.streams[k.queue]])
+                else:
+                    add_death_record(pipe, k, w.id, f"stopped with {under_way} run(s) under way", now_ms())
             pipe.delete(control.control_key(w.id))
             await pipe.execute()
         except Exception:

@@ -107,6 +107,20 @@ class StartJournal:
         self._write(self._server.get(stream),
                     b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[stream], len(entry_id), entry_id))
 
+    def ended_and_started(self, ended_stream: str, ended_id: bytes, stream: str, entry_id: bytes,
+                          started_ms: int) -> None:
+        """Strike one run's mark and write the next run's, in one send when both go to one server (a sync lane
+        thread going from one job straight to the next)."""
+        end = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[ended_stream], len(ended_id), ended_id)
+        start = b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id),
+                                                                            entry_id, started_ms)
+        server = self._server.get(ended_stream)
+        if self._server.get(stream) == server:
+            self._write(server, end + start)
+        else:
+            self._write(server, end)
+            self._write(self._server.get(stream), start)
+
     def started(self, marks: dict[str, list[bytes]], started_ms: int) -> None:
         """Mark entries (stream -> entry ids) as running since ``started_ms``: one send per server, not waited for."""
         stamp = _bulk(b"%d" % started_ms)

@@ -212,6 +212,21 @@ class QueueKeys:
         """``running(worker)`` without the worker: the prefix reclaim.lua adds a dead worker's id to."""
         return self.running("")
 
+    def taken(self, worker_id: str) -> str:
+        """The ids reclaim.lua took back from a worker on this stream (a set, with a TTL): its lease pass tells
+        them from entries it settled meanwhile (recovery.py). Per band, like ``running``."""
+        return f"{self.prefix}taken-{self.band}:{worker_id}" if self.band else f"{self.prefix}taken:{worker_id}"
+
+    @property
+    def taken_prefix(self) -> str:
+        """``taken(worker)`` without the worker: the prefix reclaim.lua adds an owner's id to."""
+        return self.taken("")
+
+    def died(self, worker_id: str) -> str:
+        """A worker's death record on this queue: written by whoever saw its process end (its supervisor);
+        reclaim.lua charges its lost runs as deaths only when it is there."""
+        return f"{self.prefix}died:{worker_id}"
+
 
 QUEUES_REGISTRY = "chasqui:queues"
 """A set of every queue name ever used, so operators can list queues without SCAN."""

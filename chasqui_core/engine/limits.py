@@ -10,6 +10,14 @@ The worker checks a batch's limited jobs in one Lua call (lua/limit_take.lua)
 right after reading them: a job either takes a slot in every bucket it falls
 under, or goes to the delayed set, its envelope untouched, due when its
 buckets will have room. Waiting costs it no attempt and holds no worker slot.
+
+A rate limit promises starts, not reads: at most N jobs start in any window.
+A job admitted at read may wait in its worker before it starts, so a rate
+token holds for ``START_GRACE_MS`` only: a job not started by then
+(``LimitGate.late``) takes its token again before it starts
+(``LimitGate.retake``: it starts now, or waits in the delayed set like any
+job the limit holds back), and a token counts against a window of W + the
+grace, which keeps any W of starts to N.
 A run's concurrency slots are given back when it ends (lua/limit_release.lua,
 which also wakes one parked job per slot); the lease pass renews the slots of
 runs still going, so a dead worker's slots lapse after one lease.
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -136,6 +145,11 @@ def bucket_name(value: object) -> str:
 
 
 
+START_GRACE_MS = 50
+"""How long after its rate token was taken a job may still start on it (see the module's docstring). A token
+counts against its window for this much longer, so a rate of N per W admits N per W + 50 ms at most: 5 % below
+N at one second, nothing to speak of over a minute; a shorter grace sends more jobs back for a token."""
+
 
 class Limits:
     """The limits one worker enforces, and which buckets each job it reads falls under."""
@@ -194,27 +208,58 @@ class LimitGate:
         """The server's clock minus this process's, as of the last take."""
 
     async def take(self, keys: QueueKeys, deliveries: list[Delivery]) -> Taken:
-        """Give each delivery a slot in all its buckets, or park it (one Lua call for the batch)."""
+        """Give each delivery a slot in all its buckets, or park it (one Lua call for the batch).
+
+        An admitted delivery under a rate limit must start by its ``rate_by`` (``late`` says when it did not).
+        """
+        taken = await self._call(keys, deliveries, retake=False)
+        for d in taken.admitted:
+            d.slots = tuple(b[0] for b in d.limits or () if b[3])
+        return taken
+
+    @staticmethod
+    def late(d: Delivery) -> bool:
+        """Did ``d`` miss the start its rate token allowed? Then it must not start before ``retake``."""
+        return 0.0 < d.rate_by < time.monotonic()
+
+    async def retake(self, keys: QueueKeys, deliveries: list[Delivery]) -> Taken:
+        """Take again the rate tokens of deliveries about to start late (one Lua call for them all).
+
+        Each drops its old token and is checked like a new job: admitted ones
+        start now (a new ``rate_by``); the others are acknowledged and wait in
+        the delayed set, uncharged, as at read. The concurrency slots they hold
+        are kept: the caller gives back those of the jobs that wait
+        (``release``), and lets go of those jobs.
+        """
+        return await self._call(keys, deliveries, retake=True)
+
+    async def _call(self, keys: QueueKeys, deliveries: list[Delivery], *, retake: bool) -> Taken:
         index: dict[Bucket, int] = {}
         flat_buckets: list[Any] = []
         flat_jobs: list[Any] = []
         for d in deliveries:
             mine = []
             for bucket in d.limits or ():
+                if retake:
+                    if not bucket[1]:
+                        continue
+                    bucket = (bucket[0], bucket[1], bucket[2], 0)  # its concurrency slot is held already
                 at = index.get(bucket)
                 if at is None:
                     at = index[bucket] = len(index) + 1
                     flat_buckets.extend(bucket)
                 mine.append(at)
             flat_jobs += (d.entry_id, d.payload, mine)
+        sent = time.monotonic()
         server_ms, positions, parked, earliest = await self.scripts.limit_take(
             keys=[keys.stream, keys.delayed, keys.limits],
             args=[GROUP, keys.metrics, self.slot_ms, _pack(flat_buckets), _pack(flat_jobs),
-                  slot_prefix(keys)])
+                  slot_prefix(keys), START_GRACE_MS, "1" if retake else "0"])
         self.skew_ms = int(server_ms) - now_ms()
         admitted = [deliveries[p - 1] for p in positions]
+        start_by = sent + (START_GRACE_MS - 1) / 1000  # the token is scored after ``sent``, in whole ms
         for d in admitted:
-            d.slots = tuple(b[0] for b in d.limits or () if b[3])
+            d.rate_by = start_by if any(b[1] for b in d.limits or ()) else 0.0
         return Taken(admitted, int(parked), int(earliest), int(server_ms))
 
     async def release(self, keys: QueueKeys, deliveries: Iterable[Delivery]) -> None:

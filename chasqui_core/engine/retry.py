@@ -24,8 +24,9 @@ PANIC_AFTER_DEATHS = 2
 """A job that was running when this many workers died is a poison pill: dead-lettered as ``panic``."""
 
 RECOVERIES_BEFORE_PANIC = 5
-"""A job taken back from this many dead workers is a poison pill even if none was known to be running it: an
-async job that kills its process before its first ``await`` is never written to the start journal."""
+"""A job taken back from this many silent workers is a poison pill even if none was known to be running it: an
+async job that kills its process before its first ``await`` is never written to the start journal. A run on
+record as lost contact is not counted (reclaim.lua)."""
 
 CLOCK_AHEAD_MS = 24 * 3600 * 1000
 """A job created further than this in the future (by its producer's clock) is not a job anyone sent."""
@@ -99,29 +100,45 @@ class Refusal:
 
 
 def at_pickup(job: Job, max_attempts: int, *, lost: int, now: int, recovered: int = 0) -> Refusal | None:
-    """May ``job`` start now? ``lost`` runs of it ended with their workers and were just charged to it;
-    ``recovered``: from how many dead workers its stream entry was taken back, charged or not.
+    """May ``job`` start now? ``lost`` runs of it ended with their workers' silence and were just charged to it
+    (as deaths, or as lost contact: recovery.py); ``recovered``: from how many workers its stream entry was taken
+    back uncharged or charged a death.
 
     A job charged a lost run that has now died with ``PANIC_AFTER_DEATHS``
-    workers is a poison pill; one with no run left ends with the lost run as
-    its last error. An envelope that arrives with its budget already spent,
-    or created in the future, was not written by a producer or a retry: it is
-    refused as ``invalid``, not run.
+    workers is a poison pill (lost contact adds no death, so it never makes
+    one); one with no run left ends with the lost run as its last error.
+    Every run a job makes leaves a line in its error history (a failure, a
+    lost run), so an envelope that counts more runs than its
+    history records, or was created in the future, was not written by a
+    producer or a retry: it is refused as ``invalid``, not run. A retry that
+    finds its budget spent was written under a larger one (a deploy lowered
+    ``max_attempts``): ``retries_exhausted``, as if its last run had been the
+    last allowed, since the count of runs is the one thing that says so.
     """
     if recovered >= RECOVERIES_BEFORE_PANIC:
-        return Refusal("panic", "WorkerLost", f"the job was taken back from {recovered} workers that died while "
-                                              "they held it (one that kills its worker before it could be noted "
-                                              "running?)")
+        return Refusal("panic", "WorkerLost", f"the job was taken back from {recovered} workers that died or "
+                                              "stopped answering while they held it (one that kills its worker "
+                                              "before it could be noted running?)")
     if lost:
         if job.deaths >= PANIC_AFTER_DEATHS:
             return Refusal("panic", "WorkerLost", f"the job was running when its worker died {job.deaths} times")
         if job.attempt >= max_attempts:
+            last = job.errors[-1].get("class") if job.errors else None
+            if last == "LostContact":
+                return Refusal("retries_exhausted", "LostContact", f"contact with its worker was lost during run "
+                                                                   f"{job.attempt} of {max_attempts}; no run is left")
             return Refusal("retries_exhausted", "WorkerLost",
                            f"its worker died during run {job.attempt} of {max_attempts}; no run is left")
         return None
-    if job.attempt >= max_attempts:
+    if job.attempt > len(job.errors):
         return Refusal("invalid", "InvalidEnvelope",
-                       f"the envelope says {job.attempt} runs were made, and the budget is {max_attempts}")
+                       f"the envelope says {job.attempt} runs were made, and its error history records "
+                       f"{len(job.errors)}")
+    if job.attempt >= max_attempts:
+        last = job.errors[-1].get("class") if job.attempt else None
+        return Refusal("retries_exhausted", last if isinstance(last, str) and last else "RetriesExhausted",
+                       f"its budget is now {max_attempts} runs and it has made {job.attempt}: no run is left "
+                       "(the budget was lowered since it was retried)")
     if job.created_at > now + CLOCK_AHEAD_MS:
         return Refusal("invalid", "InvalidEnvelope",
                        f"created_at {job.created_at} is more than a day ahead of this worker's clock ({now})")

@@ -39,7 +39,7 @@ from .limits import LimitGate, Limits
 from .outcomes import Outcomes
 from .priority import Inbox
 from .settler import Settler
-from .sync_lane import FAILED, REQUEUE, SyncLane
+from .sync_lane import FAILED, LATE, REQUEUE, SyncLane
 from .tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
@@ -297,6 +297,40 @@ class Runner:
                 self._requeue(d)
             return UNREAD
 
+    def _retake_later(self, late: list[Delivery]) -> None:
+        """Take again, off the dispatch path, the rate tokens of jobs that did not start within their grace
+        (limits.py): a rate limit is a promise about starts, and a token taken at read time may have lapsed."""
+        by_stream: dict[str, list[Delivery]] = {}
+        for d in late:
+            by_stream.setdefault(d.keys.stream, []).append(d)
+        for group in by_stream.values():
+            task = asyncio.ensure_future(self._retake(group[0].keys, group))
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+
+    async def _retake(self, keys: QueueKeys, late: list[Delivery]) -> None:
+        """Start the late jobs whose rate has room now; the others wait in the delayed set, uncharged."""
+        taken = await self._read_or_requeue(keys, late, "taking rate tokens again", self.gate.retake(keys, late))
+        if taken is UNREAD:
+            return
+        admitted = set(taken.admitted)
+        for d in late:
+            if d not in admitted and self.held.remove(d) and d.slots:  # parked: let go, its slots given back
+                self._give_back(d)
+        if taken.earliest_ms >= 0:
+            self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
+        dispatch = False
+        for d in taken.admitted:
+            if self._stop.is_set() or d.taken_back:
+                self._requeue(d)
+            elif d.handler.is_async:
+                self._inbox.append(d)
+                dispatch = True
+            else:
+                self._to_lane(d)
+        if dispatch:
+            self._dispatch()
+
     def _give_back(self, d: Delivery) -> None:
         """Give back a run's concurrency slots soon, with the others of this turn of the loop (one call)."""
         waiting = self._releases.get(d.keys.queue)
@@ -491,8 +525,14 @@ class Runner:
         loop = self._loop
         started = now_ms()
         marks: dict[str, list[bytes]] | None = None
+        late: list[Delivery] | None = None
         while inbox and self._running < self.concurrency and not self._stop.is_set():
             d = inbox.popleft()
+            if d.rate_by and LimitGate.late(d):  # its rate token lapsed while it waited: take one again first
+                if late is None:
+                    late = []
+                late.append(d)
+                continue
             d.started = started
             self._running += 1
             run = asyncio.Task(self._run_job(d), loop=loop, context=base.copy(), eager_start=True)
@@ -514,6 +554,8 @@ class Runner:
                 ids.append(d.entry_id)
         if marks:
             self.journal.started(marks, started)
+        if late:
+            self._retake_later(late)
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 
@@ -646,6 +688,8 @@ class Runner:
                     self._requeue(d)
                 except Exception as exc:
                     self._internal(d, "putting the job back", exc)
+            elif kind == LATE:
+                self._retake_later([d])
             else:
                 self._outcome(d, value, started, duration, failed=kind == FAILED)
         if self._isolating:
@@ -675,10 +719,10 @@ class Runner:
         assert lane is not None  # only sync deliveries are watched
         lane.abandon(d)
         self._outcome(d, exc, d.started, now - d.started, failed=True)
+        lane.replace()  # another thread takes its place: the lane keeps its size until the process goes
         if self.recycles:
             self._recycle(f"{what}; its thread cannot be stopped, so a fresh process takes this one's place")
         else:
             logger.warning("worker %s: %s; its thread cannot be stopped: it is abandoned and another takes its "
                            "place (run under a supervisor, runworker --processes, to have the process replaced)",
                            self.id, what)
-            lane.replace()

@@ -37,6 +37,43 @@ _duration_of = itemgetter(2)
 SETTLE_TRIES = 30
 """About a minute of retries (capped exponential waits) per flush; then the outcomes wait for the next flush."""
 
+# settle.lua's records, laid flat in their sections: how many items each takes (the script's header lists them).
+RETRY_ITEMS = 3
+"""A retry: stream id, delay ms, payload."""
+DEAD_ITEMS = 11
+"""A dead job: stream id, payload, reason, task, job id, error class, error, counts-as-failure, duration ms,
+fingerprint id, fingerprint text."""
+REQUEUE_ITEMS = 2
+"""A requeue: stream id, payload."""
+SKIPPED_ITEMS = 5
+"""A skipped job: stream id, job id, task, idempotency key, completed by."""
+RESULT_ITEMS = 3
+"""A stored result: key, ttl ms, value."""
+MARKER_ITEMS = 3
+"""An idempotency marker: key, job id, ttl ms."""
+
+
+@dataclass(frozen=True, slots=True)
+class SettleReply:
+    """What one settle.lua call did (its return value, named)."""
+
+    server_ms: int
+    completed: int
+    retried: int
+    dead: int
+    requeued: int
+    earliest_retry_ms: int
+    """When the earliest retry scheduled by the call is due (server ms); -1 when none was."""
+    problems: list[str]
+    """Items that could not be applied as asked: "stream id or result key: what went wrong"."""
+    skipped: int
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> SettleReply:
+        server_ms, completed, retried, dead, requeued, earliest, problems, skipped = reply
+        return cls(int(server_ms), int(completed), int(retried), int(dead), int(requeued), int(earliest),
+                   [p.decode(errors="replace") if isinstance(p, bytes) else str(p) for p in problems], int(skipped))
+
 
 @dataclass(slots=True)
 class _Batch:
@@ -66,6 +103,11 @@ class _Batch:
 
     def __len__(self) -> int:
         return len(self.done) + self.n_retries + self.n_dead + self.n_requeues + self.n_skipped
+
+    def entry_ids(self) -> list[bytes]:
+        """The stream ids of every outcome in the batch (each record's first item)."""
+        return [*self.done, *self.retries[::RETRY_ITEMS], *self.dead[::DEAD_ITEMS], *self.requeues[::REQUEUE_ITEMS],
+                *self.skipped[::SKIPPED_ITEMS]]
 
     def absorb(self, newer: _Batch) -> None:
         """Add the outcomes of a batch started while this one was being flushed (this one failed): order kept."""
@@ -195,7 +237,7 @@ class Settler:
         ids: list[bytes] = []
         for b in (self._batches.get(keys.stream), self._flushing.get(keys.stream)):
             if b is not None:
-                ids += [*b.done, *b.retries[::3], *b.dead[::11], *b.requeues[::2], *b.skipped[::5]]
+                ids += b.entry_ids()
         return ids
 
     def fetched(self, keys: QueueKeys, count: int) -> None:
@@ -277,37 +319,10 @@ class Settler:
         await self._idle.wait()
 
     async def _flush_one(self, keys: QueueKeys, b: _Batch) -> None:
-        argv: list[Any] = [GROUP, keys.metrics, events.EVENTS_MAXLEN,
-                           msgpack.packb(b.completed) if b.completed else b""]
-        argv.append(len(b.done))
-        if b.done:
-            argv.append(b" ".join(b.done))
-        argv.append(len(b.results) // 3)
-        argv += b.results
-        argv.append(b.n_retries)
-        if b.n_retries:
-            argv += (_pack_items(b.retries), _pack_items(b.retry_events))
-        argv.append(b.n_dead)
-        if b.n_dead:
-            argv.append(_pack_items(b.dead))
-        argv.append(b.n_requeues)
-        argv += b.requeues
-        histogram = duration_increments([*map(_task_of, b.completed), *b.failed_tasks],
-                                        [*map(_duration_of, b.completed), *b.failed_ms], b.failed_tasks)
-        argv.append(len(histogram) // 2)
-        if histogram:
-            argv.append(_pack_items(histogram))
-        argv.append(len(b.markers) // 3)
-        argv += b.markers
-        argv.append(b.n_skipped)
-        if b.n_skipped:
-            argv.append(_pack_items(b.skipped))
-        argv.append(b.n_fetched)
-        kwargs = dict(keys=[keys.stream, keys.delayed, keys.dlq, keys.events, keys.running(self.worker_id)],
-                      args=argv)
+        kwargs = settle_call(keys, self.worker_id, b)
         for attempt in range(SETTLE_TRIES):
             try:
-                reply = await self.scripts.settle(**kwargs)
+                reply = SettleReply.of(await self.scripts.settle(**kwargs))
                 break
             except asyncio.CancelledError:
                 raise
@@ -319,14 +334,43 @@ class Settler:
         else:
             raise SettleFailed(f"settling {len(b)} outcomes on {keys.queue} failed {SETTLE_TRIES} times; "
                                "they are kept and tried again")
-        server_ms, _, _, _, _, earliest, problems, _ = reply
-        for problem in problems:
-            logger.error("settling on %s: %s", keys.queue, problem.decode(errors="replace")
-                         if isinstance(problem, bytes) else problem)
-        if earliest >= 0 and self.on_retry_scheduled is not None:
-            self.on_retry_scheduled(keys.queue, earliest, server_ms)
+        for problem in reply.problems:
+            logger.error("settling on %s: %s", keys.queue, problem)
+        if reply.earliest_retry_ms >= 0 and self.on_retry_scheduled is not None:
+            self.on_retry_scheduled(keys.queue, reply.earliest_retry_ms, reply.server_ms)
         if events.has_subscribers():
             for job_id, task, duration in b.completed:
                 events.publish(Event(events.COMPLETED, keys.queue, job_id, task, duration_ms=duration))
             for event in b.local_events:
                 events.publish(event)
+
+
+def settle_call(keys: QueueKeys, worker_id: str, b: _Batch) -> dict[str, list[Any]]:
+    """settle.lua's KEYS and ARGV for one stream's batch, in the order its header lists them (the one place
+    they are built; tests/engine/test_settle_contract.py runs the script with them on a real server)."""
+    argv: list[Any] = [GROUP, keys.metrics, events.EVENTS_MAXLEN, msgpack.packb(b.completed) if b.completed else b""]
+    argv.append(len(b.done))
+    if b.done:
+        argv.append(b" ".join(b.done))
+    argv.append(len(b.results) // RESULT_ITEMS)
+    argv += b.results
+    argv.append(b.n_retries)
+    if b.n_retries:
+        argv += (_pack_items(b.retries), _pack_items(b.retry_events))
+    argv.append(b.n_dead)
+    if b.n_dead:
+        argv.append(_pack_items(b.dead))
+    argv.append(b.n_requeues)
+    argv += b.requeues
+    histogram = duration_increments([*map(_task_of, b.completed), *b.failed_tasks],
+                                    [*map(_duration_of, b.completed), *b.failed_ms], b.failed_tasks)
+    argv.append(len(histogram) // 2)
+    if histogram:
+        argv.append(_pack_items(histogram))
+    argv.append(len(b.markers) // MARKER_ITEMS)
+    argv += b.markers
+    argv.append(b.n_skipped)
+    if b.n_skipped:
+        argv.append(_pack_items(b.skipped))
+    argv.append(b.n_fetched)
+    return {"keys": [keys.stream, keys.delayed, keys.dlq, keys.events, keys.running(worker_id)], "args": argv}

@@ -32,7 +32,9 @@ from .journal import StartJournal
 from .delivery import Delivery
 from .priority import STRICT, Inbox
 
-OK, FAILED, REQUEUE = 0, 1, 2
+OK, FAILED, REQUEUE, LATE = 0, 1, 2, 3
+"""What became of a job handed to the lane: ran (OK, FAILED), went back unstarted (REQUEUE), or came back to the
+loop unstarted because its rate token lapsed while it waited (LATE: it takes one again, limits.py)."""
 
 Outcome = tuple[int, Delivery, Any, int, int]
 """(kind, delivery, result or exception, started at ms, duration ms)."""
@@ -97,28 +99,71 @@ class SyncLane:
     # --- in the threads -----------------------------------------------------------
 
     def _run(self) -> None:
+        """Take jobs and run them until told to end.
+
+        A run's journal mark is struck the moment its handler returns, before
+        its outcome is handed on (journal.py says why); when another job is
+        waiting, its start mark goes out in the same send, so a busy thread
+        pays one send per job, not two.
+        """
         done = self._done
+        journal = self.journal
+        token: bool | None = self._queue.get()
+        ahead: Delivery | None = None
+        """The next job, taken while the last run's mark was struck, its start mark already written."""
         while True:
-            if self._queue.get() is None:
+            if ahead is not None:
+                d, ahead, marked = ahead, None, True
+            elif token is None:
                 return
-            d = self._take()
-            if self.stopping or d.cancel_requested or d.taken_back:  # back unstarted (cancel.py, Runner.let_go)
-                done.append((REQUEUE, d, None, 0, 0))
             else:
+                d, marked = self._take(), False
+            if self.stopping or d.cancel_requested or d.taken_back or 0.0 < d.rate_by < time.monotonic():
+                # back unstarted (cancel.py, Runner.let_go), or back to the loop for a rate token (limits.py)
+                if marked:
+                    journal.finished_one(d.keys.stream, d.entry_id)
+                late = not (self.stopping or d.cancel_requested or d.taken_back)
+                d.started = 0
+                done.append((LATE if late else REQUEUE, d, None, 0, 0))
+                token = self._queue.get() if not self._notify() else None
+                continue
+            started = now_ms()
+            if not marked:
+                journal.started_one(d.keys.stream, d.entry_id, started)
+            outcome = self._call(d, started)
+            # strike its mark at once; with the next job's start when one waits (not after an abandoned run:
+            # this thread leaves the lane then)
+            token = None
+            if not d.timed_out:
                 try:
-                    done.append(self._call(d))
-                except BaseException as exc:  # never lose the thread, nor the job's outcome
-                    done.append((FAILED, d, exc, now_ms(), 0))
-            # append first, then look at the flag: the loop clears the flag
-            # before it drains, so an outcome is never left behind
-            if not self._notified:
-                self._notified = True
-                try:
-                    self._loop.call_soon_threadsafe(self._drain)
-                except RuntimeError:  # the loop is closed: the worker is gone (an abandoned run ending late)
-                    return
-            if d.timed_out:  # abandoned while it ran: another thread took this one's place
-                return
+                    token = self._queue.get_nowait()
+                except queue.Empty:
+                    token = False
+            if token:
+                ahead = self._take()
+                ahead.started = now_ms()
+                journal.ended_and_started(d.keys.stream, d.entry_id, ahead.keys.stream, ahead.entry_id,
+                                          ahead.started)
+            else:
+                journal.finished_one(d.keys.stream, d.entry_id)
+            done.append(outcome)
+            if self._notify() or d.timed_out:  # the loop is gone, or this run was abandoned: another thread
+                return                          # took this one's place
+            if token is False:
+                token = self._queue.get()
+
+    def _notify(self) -> bool:
+        """Wake the loop to drain the outcomes (once for all that finished meanwhile); True when it is gone.
+
+        Append first, then look at the flag: the loop clears the flag before
+        it drains, so an outcome is never left behind."""
+        if not self._notified:
+            self._notified = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: the worker is gone (an abandoned run ending late)
+                return True
+        return False
 
     def _take(self) -> Delivery:
         """The next job to run, for a thread that holds a token: one waits for it, though another thread
@@ -129,30 +174,18 @@ class SyncLane:
             except IndexError:
                 time.sleep(0)
 
-    def _call(self, d: Delivery) -> Outcome:
+    def _call(self, d: Delivery, started: int) -> Outcome:
+        """Run the handler; never raises (whatever it raises is the job's outcome)."""
         job, handler = d.job, d.handler
-        started = now_ms()
-        self.journal.started_one(d.keys.stream, d.entry_id, started)
-        d.journaled = True
         d.started = started
         t0 = time.perf_counter()
         try:
             result = handler.fn(*d.handler_args(self.worker_id), **job.kwargs)
-        except BaseException as exc:  # SystemExit from a handler fails its job, not the thread
-            self._ended(d)
-            return (FAILED, d, exc, started, int((time.perf_counter() - t0) * 1000))
-        self._ended(d)
-        if job.result_ttl:
-            try:
+            if job.result_ttl:
                 check_json_types(result, "return value")
-            except BaseException as exc:
-                return (FAILED, d, exc, started, int((time.perf_counter() - t0) * 1000))
+        except BaseException as exc:  # SystemExit from a handler fails its job, not the thread
+            return (FAILED, d, exc, started, int((time.perf_counter() - t0) * 1000))
         return (OK, d, result, started, int((time.perf_counter() - t0) * 1000))
-
-    def _ended(self, d: Delivery) -> None:
-        """Strike the run's journal mark before anything else happens in this thread (journal.py says why)."""
-        self.journal.finished_one(d.keys.stream, d.entry_id)
-        d.journaled = False
 
     # --- on the loop ----------------------------------------------------------------
 

@@ -12,10 +12,13 @@ unstarted jobs back on the stream, let running jobs finish up to a deadline,
 settle everything, release the promoter lock, exit.
 
 A worker can also stop itself after ``max_jobs`` jobs or once its memory
-passes ``max_memory_mb``, the same graceful way, and says why in
-``recycle_reason``: a supervisor (chasqui_core/supervisor.py) then starts a
-fresh process in its place, which is how a slow leak in task code is kept in
-check without anyone watching.
+passes ``max_memory_mb`` (or a sync run it cannot stop passed its timeout),
+and says why in ``recycle_reason``. Under a supervisor
+(chasqui_core/supervisor.py) it asks for a successor (``ask_successor``) and
+works on until the successor reads its queues, then stops the same graceful
+way; so a queue is never left unread while a process starts. Standalone, it
+stops at once. That is how a slow leak in task code is kept in check without
+anyone watching.
 """
 
 from __future__ import annotations
@@ -445,11 +448,27 @@ class Worker:
 
     # --- recycling --------------------------------------------------------------------
 
+    ask_successor: Callable[[str], bool] | None = None
+    """Set by a supervisor's child (chasqui_core/supervisor.py) that can ask it for a successor: True once asked.
+
+    A worker that recycles then keeps reading until the supervisor, its successor reading already, stops it (as a
+    SIGTERM does), so a recycle never leaves its queues unread for the length of a process start. None, or False
+    (the supervisor could not be told), and the worker stops at once, as a standalone one does."""
+
     def _recycle(self, reason: str) -> None:
-        """Stop gracefully because a limit was reached: running jobs finish, the rest go back to the stream."""
-        if self.recycle_reason or self._stop.is_set():
+        """Make way for a fresh process because a limit was reached: ask the supervisor for a successor and go on
+        until told to stop, or, when nobody can be asked, stop now. Either way the stop is graceful: running
+        jobs finish, the rest go back to the stream. Called again for each later reason (a second sync run
+        past its timeout, each memory check over the limit); the successor is asked for once."""
+        if self._stop.is_set():
+            return
+        if self.recycle_reason:  # another reason while the successor starts: asked for once
             return
         self.recycle_reason = reason
+        ask = self.ask_successor
+        if ask is not None and ask(reason):
+            logger.info("worker %s recycling: %s; it goes on until its successor reads", self.id, reason)
+            return
         logger.info("worker %s recycling: %s", self.id, reason)
         self._stop.set()
 

@@ -22,6 +22,9 @@ from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, 
 from chasqui_core.engine.errors import RetryAfter
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.connection import aconnect
+from chasqui_core.engine.recovery import Leases, add_death_record
+from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy, decide
 from tests.engine.worker_app import wait_for
@@ -67,6 +70,11 @@ def ghost_reads(redis, keys: QueueKeys, ghost: str, count: int = 100, *, running
     for entry_id in ids[:running]:
         redis.hset(keys.running(ghost), entry_id, now_ms() - 500)
     return ids
+
+
+def bury(redis, keys: QueueKeys, ghost: str) -> None:
+    """Record the ghost's death, as the supervisor of a process that ended does: its lost runs are deaths."""
+    add_death_record(redis, keys, ghost, "killed by signal 9", now_ms())
 
 
 def dlq(redis, keys: QueueKeys) -> list[dict[bytes, bytes]]:
@@ -116,6 +124,7 @@ def test_a_lost_run_on_a_budget_of_one_is_dead_lettered_not_run_again(redis, red
     keys = QueueKeys.for_queue("budget-1")
     job_id = Queue(keys.queue, redis_client=redis).add("t", attempts=1).job_id
     ghost_reads(redis, keys, "ghost", running=1)
+    bury(redis, keys, "ghost")
     time.sleep(0.3)
     with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
         wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the job to be dead-lettered")
@@ -139,6 +148,7 @@ def test_two_failures_then_a_lost_run_spend_a_budget_of_three(redis, redis_url):
     job = Job(new_job_id(), "t", [], {}, attempt=2, created_at=now_ms(), max_attempts=3, errors=errors)
     redis.xadd(keys.stream, {"j": job.encode()})
     ghost_reads(redis, keys, "ghost", running=1)
+    bury(redis, keys, "ghost")
     time.sleep(0.3)
     with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
         wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the job to be dead-lettered")
@@ -155,6 +165,7 @@ def test_only_the_jobs_a_dead_worker_was_running_are_charged(redis, redis_url):
     q = Queue(keys.queue, redis_client=redis)
     ids = [q.add("t").job_id for _ in range(6)]
     ghost_reads(redis, keys, "ghost", running=1)  # it had started the first of the six it fetched
+    bury(redis, keys, "ghost")
     time.sleep(0.3)
     with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
         wait_for(lambda: len(runs) == 6, 10, "all six jobs to run")
@@ -188,15 +199,65 @@ def test_a_crash_loop_becomes_a_panic_after_two_deaths_and_the_job_never_runs_ag
     Queue(keys.queue, redis_client=redis).add("t", attempts=5)
     for ghost in ("ghost-1", "ghost-2"):
         ghost_reads(redis, keys, ghost, running=1)
+        bury(redis, keys, ghost)
         time.sleep(0.3)
         [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
-        assert moved.charged
+        assert moved.charged and moved.died
     with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
         wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the poison pill to be dead-lettered")
     assert runs == []
     [entry] = dlq(redis, keys)
     assert entry[b"reason"] == b"panic"
     assert [e["worker"] for e in decode(entry[b"j"]).errors] == ["ghost-1", "ghost-2"]
+
+
+def test_runs_of_a_worker_that_only_lost_contact_are_charged_runs_but_never_deaths(redis, redis_url):
+    """Two workers cut off while running the job, neither known dead: no panic, two runs on its budget."""
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("contact")
+    job_id = Queue(keys.queue, redis_client=redis).add("t", attempts=5).job_id
+    for ghost in ("cut-1", "cut-2"):
+        ghost_reads(redis, keys, ghost, running=1)  # no death on record: its process may live on
+        time.sleep(0.3)
+        [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
+        assert moved.charged and not moved.died
+    with running(redis_url, [keys.queue], registry):
+        wait_for(lambda: runs, 10, "the job to run")
+    assert runs == [("t", job_id, 3)] and redis.xlen(keys.dlq) == 0
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.totals).items()}
+    assert (totals["lost_contact"], totals.get("lost", 0), totals.get("recovered", 0)) == (2, 0, 0)
+
+
+def test_a_lease_pass_tells_entries_settled_meanwhile_from_entries_taken_back(redis, redis_url):
+    """Only an entry a reclaim took back is reported: one the worker settled itself since is not."""
+    keys = QueueKeys.for_queue("lease")
+    q = Queue(keys.queue, redis_client=redis)
+    for _ in range(3):
+        q.add("t")
+    settled_id, taken_id, kept_id = ghost_reads(redis, keys, "slow", running=3)
+    redis.xack(keys.stream, GROUP, settled_id)  # what settle.lua does once the outcome is flushed
+    redis.xdel(keys.stream, settled_id)
+    time.sleep(0.3)
+    redis.set(keys.alive("slow"), "1", px=60_000)
+    redis.xclaim(keys.stream, GROUP, "slow", 0, [kept_id], justid=True)
+    redis.delete(keys.alive("slow"))  # silent past its visibility timeout: the reclaim takes what is idle
+    [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
+    assert moved.entry_id == taken_id
+
+    async def lease_pass():
+        client = aconnect(redis_url)
+        try:
+            leases = Leases(Scripts(client), "slow", 10_000)
+            first = await leases.keep(keys, [settled_id, taken_id, kept_id])
+            again = await leases.keep(keys, [kept_id])
+            return first, again
+        finally:
+            await client.aclose()
+
+    first, again = asyncio.run(lease_pass())
+    assert first.lost == [taken_id] and again.lost == []
+    assert redis.xpending_range(keys.stream, GROUP, "-", "+", 10)[0]["message_id"] == kept_id
 
 
 # --- 5. pickup rules and small gaps --------------------------------------------------------------------------
@@ -215,10 +276,55 @@ def test_envelopes_no_producer_wrote_are_dead_lettered_as_invalid(redis, redis_u
     assert runs == []
     reasons = {decode(e[b"j"]).id: (e[b"reason"], e[b"error"].decode()) for e in dlq(redis, keys)}
     assert reasons[spent.id][0] == reasons[future.id][0] == b"invalid"
-    assert "3 runs were made, and the budget is 3" in reasons[spent.id][1]
+    assert "3 runs were made, and its error history records 0" in reasons[spent.id][1]
     assert "ahead of this worker's clock" in reasons[future.id][1]
     totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.totals).items()}
     assert (totals["dlq"], totals["dlq:invalid"], totals["fetched"]) == (2, 2, 2)
+
+
+def test_a_retry_past_a_lowered_budget_is_retries_exhausted_not_invalid(redis, redis_url):
+    """A deploy lowers a task's max_attempts while its retries wait: they were written honestly."""
+    runs: list[int] = []
+
+    def release(budget: int) -> HandlerRegistry:
+        registry = HandlerRegistry()
+
+        def t(ctx):
+            runs.append(ctx.attempt)
+            raise ValueError("t fails")
+        registry.register("t", t, takes_context=True, max_attempts=budget,
+                          backoff=BackoffSpec(initial_ms=100, multiplier=20, jitter="none"))  # 0.1 s, then 2 s
+        return registry
+
+    keys = QueueKeys.for_queue("lowered")
+    job_id = Queue(keys.queue, redis_client=redis).add("t").job_id
+    with running(redis_url, [keys.queue], release(5)):
+        wait_for(lambda: len(runs) == 2, 20, "two failed runs")
+        wait_for(lambda: redis.zcard(keys.delayed) == 1 and not pending(redis, keys), 10, "the retry to wait")
+    [waiting] = redis.zrange(keys.delayed, 0, 0)
+    assert decode(waiting).attempt == 2
+    with running(redis_url, [keys.queue], release(2)):  # the new release's budget
+        wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the retry to be dead-lettered")
+    assert len(runs) == 2, "a run past the new budget was made"
+    [entry] = dlq(redis, keys)
+    assert (entry[b"reason"], entry[b"job_id"].decode(), entry[b"error_class"]) == (
+        b"retries_exhausted", job_id, b"ValueError")
+    assert b"budget is now 2 runs and it has made 2" in entry[b"error"]
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.totals).items()}
+    assert totals.get("dlq:invalid", 0) == 0 and totals["dlq:retries_exhausted"] == 1
+
+
+def test_an_envelope_counting_runs_its_history_does_not_record_is_invalid_within_its_budget(redis, redis_url):
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("forged")
+    forged = Job(new_job_id(), "t", [], {}, attempt=1, created_at=now_ms(), max_attempts=3)
+    redis.xadd(keys.stream, {"j": forged.encode()})
+    with running(redis_url, [keys.queue], registry):
+        wait_for(lambda: redis.xlen(keys.dlq) == 1, 10, "the job to be dead-lettered")
+    assert runs == []
+    [entry] = dlq(redis, keys)
+    assert entry[b"reason"] == b"invalid" and b"records 0" in entry[b"error"]
 
 
 @pytest.mark.parametrize("strategy", ["exponential", "fixed", "linear", "retry_after"])

@@ -19,6 +19,7 @@ from tests.engine.worker_app import (
     DONE_SUFFIX,
     RUNS_KEY,
     dlq_entries,
+    read_histories,
     read_runs,
     settled,
     wait_for,
@@ -106,6 +107,8 @@ def test_job_that_kills_its_worker_twice_is_dead_lettered_as_panic(redis, worker
     while redis.xlen(q.keys.dlq) == 0:
         assert time.monotonic() < deadline, "the job never reached the dead-letter queue"
         if not started or started[-1].poll() is not None:
+            if started:  # its supervisor would record the death: see Workers.bury
+                workers.bury(redis, started[-1], "c-panic")
             assert len(started) < 3, f"the job killed {len(started)} workers"
             started.append(workers.start("c-panic", visibility_ms=1000))
         time.sleep(0.05)
@@ -122,3 +125,43 @@ def test_job_that_kills_its_worker_twice_is_dead_lettered_as_panic(redis, worker
     assert dead.id == job.job_id and (dead.attempt, dead.deaths) == (2, 2)
     assert [(e["attempt"], e["class"]) for e in dead.errors] == [(1, "WorkerLost"), (2, "WorkerLost")]
     assert started[-1].poll() is None, "the third worker never ran it"
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_cut_off_past_its_visibility_timeout_is_lost_contact_not_a_death(redis, workers):
+    """A process that stops answering (SIGSTOP: a partition, a blocked loop) but lives is not dead.
+
+    Its job runs again elsewhere (at least once), charged a run with a
+    ``LostContact`` line and no death; when it comes back, its own outcome for
+    the entry is dropped: nothing dead-lettered, nothing settled twice, the
+    rerun's entry untouched.
+    """
+    cut = workers.start("c-contact", visibility_ms=1000, block_ms=100, poll=0.02)
+    workers.wait_ready(redis, "c-contact", 1)
+    job = Queue("c-contact", redis_client=redis).add("noted", kwargs={"seconds": 1.5})
+    [first] = wait_for(lambda: read_runs(redis), 20, "the job to start")
+    os.kill(cut.pid, signal.SIGSTOP)
+    try:
+        survivor = workers.start("c-contact", visibility_ms=1000, block_ms=100, poll=0.02)
+        wait_for(lambda: len(read_runs(redis)) >= 2, 30, "the job to run again")
+        wait_for(lambda: len(redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1)) == 1, 20, "the rerun to finish")
+    finally:
+        os.kill(cut.pid, signal.SIGCONT)
+    wait_for(lambda: len(redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1)) == 2, 20, "the cut-off run to finish too")
+    keys = QueueKeys.for_queue("c-contact")
+    wait_for(lambda: settled(redis, "c-contact"), 10, "the queue to settle")
+    time.sleep(1.0)  # the cut-off worker's late outcome and lease pass
+    runs = read_runs(redis)
+    assert [(r.job_id, r.attempt, r.pid) for r in runs] == [
+        (job.job_id, 1, cut.pid), (job.job_id, 2, survivor.pid)]
+    assert dlq_entries(redis, "c-contact") == []
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.totals).items()}
+    assert (totals.get("lost_contact"), totals.get("lost", 0), totals["completed"]) == (1, 0, 1), totals
+    assert redis.xlen(keys.stream) == 0 and redis.zcard(keys.delayed) == 0
+    assert cut.poll() is None and survivor.poll() is None
+    first_seen, rerun_seen = read_histories(redis)
+    assert (first_seen.deaths, first_seen.errors) == (0, [])
+    assert rerun_seen.deaths == 0, "lost contact was charged as a death"
+    [(cls, worker)] = rerun_seen.errors
+    assert cls == "LostContact" and worker.split(":")[1] == str(cut.pid)
+

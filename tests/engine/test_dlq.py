@@ -21,6 +21,7 @@ from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, 
 from chasqui_core.engine.errors import JobNotFound, UnrecoverableError
 from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.recovery import add_death_record
 from chasqui_core.engine.registry import HandlerRegistry
 from chasqui_core.engine.retry import RetryPolicy
 from chasqui_core.engine.worker import Worker
@@ -186,6 +187,7 @@ def test_panic_from_dead_workers_is_dead_lettered_with_a_worker_lost_record_per_
     for ghost in ("ghost-1", "ghost-2"):
         [(_, [(entry_id, _)])] = redis.xreadgroup(GROUP, ghost, {KEYS.stream: ">"}, count=1)
         redis.hset(KEYS.running(ghost), entry_id, now_ms() - 1000)
+        add_death_record(redis, KEYS, ghost, "killed by signal 9", now_ms())  # as its supervisor records it
         time.sleep(0.25)
         reclaim_now(redis_url, KEYS, min_idle_ms=200)
     ran = []

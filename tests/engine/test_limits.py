@@ -7,20 +7,25 @@ say what ran when.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import signal
 import threading
 import time
+from contextlib import suppress
 from functools import partial
 
 import pytest
 
-from chasqui_core.engine.envelope import Job, new_job_id, now_ms
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.connection import aconnect
+from chasqui_core.engine.envelope import Job, decode, new_job_id, now_ms
+from chasqui_core.engine.keys import GROUP, QueueKeys
 from chasqui_core.engine.lookup import find_job
-from chasqui_core.engine.limits import Limit, LimitError, Limits, bucket_name, parse_limits, parse_rate
+from chasqui_core.engine.limits import Limit, LimitError, LimitGate, Limits, bucket_name, parse_limits, parse_rate
+from chasqui_core.engine.delivery import Delivery, ref_of
 from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.registry import Handler, HandlerRegistry
 from chasqui_core.engine.scripts import Scripts
 from tests.engine.worker_app import most_at_once, read_runs, read_spans, wait_for
 from tests.helpers import worker_running
@@ -234,3 +239,96 @@ def test_a_dead_workers_slots_lapse_after_its_lease(redis, redis_url, workers):
     workers.start("lim", concurrency=2, limits=limits, visibility_ms=1500, block_ms=100, poll=0.02)
     wait_for(lambda: len(read_spans(redis, "lim:log")) == 3, 40, "the jobs behind the dead worker's slot")
     wait_for(lambda: len(read_runs(redis, "lim:log")) == 2, 40, "the dead worker's job to run again")
+
+
+# --- a rate limit holds where jobs start ---------------------------------------------------------------
+
+
+def test_a_rate_limit_holds_where_jobs_start_not_where_they_are_read(redis, redis_url):
+    """Two workers read a rate-limited queue; each job starts after a wait in its worker (behind other runs).
+
+    Each worker does what the run path does before a limited job starts: a
+    job that missed its token's grace (``LimitGate.late``) takes it again
+    (``retake``) and starts now or waits in the delayed set. The jobs' own
+    start times then never put more than N starts in any second.
+    """
+    rate = 4
+    keys = QueueKeys.for_queue("rate-starts")
+    q = Queue(keys.queue, redis_client=redis)
+    ids = {q.add("limited").job_id for _ in range(20)}
+    limits = Limits(parse_limits({keys.queue: {"rate": f"{rate}/s"}}), [keys.queue])
+    handler = Handler("limited", lambda: None, is_async=True)
+    starts: list[tuple[float, str]] = []
+    deadline = time.monotonic() + 60
+
+    async def worker(name: str, seed: int) -> None:
+        client = aconnect(redis_url)
+        scripts = Scripts(client)
+        gate = LimitGate(scripts, 30_000)
+        rng = random.Random(seed)
+        runs: set[asyncio.Task] = set()
+
+        async def start_later(d: Delivery, wait: float) -> None:
+            await asyncio.sleep(wait)  # in the inbox, behind runs under way
+            if gate.late(d):
+                taken = await gate.retake(keys, [d])
+                if not taken.admitted:
+                    return  # it waits in the delayed set, and is read again when due
+            starts.append((time.time(), d.job.id))
+            await client.xack(keys.stream, GROUP, d.entry_id)
+            await client.xdel(keys.stream, d.entry_id)
+
+        try:
+            while len(starts) < len(ids) and time.monotonic() < deadline:
+                await scripts.promote(keys=[keys.delayed, keys.stream, keys.events, keys.promoter_lock],
+                                      args=["", 200, keys.metrics, 1000])
+                reply = await client.xreadgroup(GROUP, name, {keys.stream: ">"}, count=10, block=50)
+                batch = []
+                for _, entries in reply or []:
+                    for entry_id, fields in entries:
+                        job = decode(fields[b"j"])
+                        d = Delivery(keys, entry_id, fields[b"j"], job, handler, ref_of(keys.stream, entry_id))
+                        d.limits = limits.buckets(keys, job)
+                        batch.append(d)
+                if batch:
+                    for d in (await gate.take(keys, batch)).admitted:
+                        task = asyncio.ensure_future(start_later(d, rng.uniform(0, 1.5)))
+                        runs.add(task)
+                        task.add_done_callback(runs.discard)
+            await asyncio.gather(*runs)
+        finally:
+            await client.aclose()
+
+    async def main() -> None:
+        await asyncio.gather(worker("one", 1), worker("two", 2))
+
+    with suppress(Exception):
+        redis.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
+    asyncio.run(main())
+    assert sorted(job_id for _, job_id in starts) == sorted(ids), "a job was lost or started twice"
+    times = sorted(at for at, _ in starts)
+    crowded = [(round(times[i], 3), round(times[i + rate] - times[i], 3)) for i in range(len(times) - rate)
+               if times[i + rate] - times[i] < 0.95]
+    assert not crowded, f"{rate + 1} starts within a second (first start, span): {crowded}"
+
+
+@pytest.mark.timeout(120)
+def test_a_rate_limit_holds_where_worker_processes_start_jobs_that_waited_after_their_read(redis, redis_url,
+                                                                                          workers):
+    """Three worker processes at concurrency 2 read a queue limited to 5 starts a second; each job runs 0.7 s, so
+    most admitted jobs wait behind others before they start. A job whose rate token lapsed while it waited
+    takes one again before it starts, so no second holds more than 5 starts, async jobs and sync alike."""
+    limits = json.dumps({"rate-wired": {"rate": "5/s"}})
+    for _ in range(3):
+        workers.start("rate-wired", concurrency=2, limits=limits, block_ms=100, poll=0.02)
+    workers.wait_ready(redis, "rate-wired", 3)
+    q = Queue("rate-wired", url=redis_url)
+    q.add_bulk([JobSpec("span" if i % 2 else "span_sync", kwargs={"seconds": 0.7, "log": "rw:log"})
+                for i in range(30)])
+    wait_for(lambda: len(read_spans(redis, "rw:log")) == 30, 90, "every job to run")
+    spans = read_spans(redis, "rw:log")
+    assert len({s.job_id for s in spans}) == 30, "a job ran twice"
+    assert len({s.pid for s in spans}) >= 2, "several processes started jobs"
+    starts = sorted(s.start_ms for s in spans)
+    crowded = [(starts[i], starts[i + 5] - starts[i]) for i in range(len(starts) - 5) if starts[i + 5] - starts[i] < 950]
+    assert not crowded, f"6 starts within a second (first start ms, span ms): {crowded}"

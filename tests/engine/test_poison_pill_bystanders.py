@@ -32,6 +32,8 @@ def test_jobs_fetched_beside_a_poison_pill_run_instead_of_dying_with_it(redis, w
     while redis.xlen(q.keys.dlq) == 0 or not settled(redis, "c-bystanders"):
         assert time.monotonic() < deadline, "the queue never settled"
         if not started or started[-1].poll() is not None:
+            if started:  # its supervisor would record the death: see Workers.bury
+                workers.bury(redis, started[-1], "c-bystanders")
             assert len(started) < 4, f"the pill killed {len(started)} workers"
             # one sync thread: the pill, first in the batch, runs before any bystander can start
             started.append(workers.start("c-bystanders", visibility_ms=1000, concurrency=1))
@@ -65,6 +67,7 @@ def test_a_pill_among_running_neighbours_in_two_processes_dead_letters_only_itse
         assert time.monotonic() < deadline, f"the queue never settled:\n{workers.logs()}"
         for i, proc in enumerate(procs):
             if proc.poll() is not None:
+                workers.bury(redis, proc, queue)  # its supervisor would record the death
                 deaths += 1
                 assert deaths <= 4, f"the pill killed {deaths} workers"
                 procs[i] = workers.start(queue, visibility_ms=1000, concurrency=4, batch_size=8)

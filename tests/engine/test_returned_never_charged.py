@@ -29,6 +29,7 @@ def test_a_sync_run_that_returned_before_its_process_died_is_not_charged(redis, 
     first = workers.start(queue, visibility_ms=1000, concurrency=4, flush_interval=2.0)
     first.wait(30)
     assert first.returncode == 1, "the killer job ended the first worker"
+    workers.bury(redis, first, queue)  # as its supervisor would: the runs under way are deaths
     workers.start(queue, visibility_ms=1000, concurrency=4)
     deadline = time.monotonic() + 45
     while not settled(redis, queue) or len(runs_by_job(read_runs(redis)).get(returned.job_id, [])) < 2:

@@ -39,6 +39,7 @@ RUNS_KEY = "e2e:runs"
 
 DONE_SUFFIX = ":done"
 SPANS_SUFFIX = ":spans"
+HISTORY_SUFFIX = ":history"
 """``span`` and ``span_sync`` record each run's start and end on ``<log>:spans``."""
 """``slow`` and ``block`` also record the end of a run on ``<log>:done``."""
 
@@ -90,6 +91,14 @@ def _build_registry(client):
 
     def block(ctx, seconds: float, log: str = RUNS_KEY, **_):
         record(ctx, log)
+        time.sleep(seconds)
+        client.rpush(log + DONE_SUFFIX, ctx.job.id)
+
+    def noted(ctx, seconds: float, log: str = RUNS_KEY, **_):
+        """``block``, noting first what the job's envelope says of its past (deaths, error classes and workers)."""
+        record(ctx, log)
+        client.rpush(log + HISTORY_SUFFIX, json.dumps([ctx.job.id, ctx.attempt, ctx.job.deaths,
+                                                       [[e.get("class"), e.get("worker")] for e in ctx.job.errors]]))
         time.sleep(seconds)
         client.rpush(log + DONE_SUFFIX, ctx.job.id)
 
@@ -163,7 +172,8 @@ def _build_registry(client):
     registry.register("span_sync", span_sync, takes_context=True)
     for name, fn in [("noop", noop), ("echo", echo), ("slow", slow), ("block", block), ("fail_n_times", fail_n_times),
                      ("unrecoverable", unrecoverable), ("foreign_unrecoverable", foreign_unrecoverable),
-                     ("die", die), ("obedient", obedient), ("hog", hog), ("die_after", die_after)]:
+                     ("die", die), ("obedient", obedient), ("hog", hog), ("die_after", die_after),
+                     ("noted", noted)]:
         registry.register(name, fn, takes_context=True)
     registry.register("retry_after", retry_after, takes_context=True, backoff="retry_after")
     # the middle layer of the retry budget: task defaults, below the job's own options
@@ -255,6 +265,21 @@ class Span:
     pid: int
     start_ms: int
     end_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What a ``noted`` run found in its job's envelope."""
+
+    job_id: str
+    attempt: int
+    deaths: int
+    errors: list[list[str]]
+    """[error class, worker] per line of the job's error history."""
+
+
+def read_histories(client, log: str = RUNS_KEY) -> list[Seen]:
+    return [Seen(*json.loads(raw)) for raw in client.lrange(log + HISTORY_SUFFIX, 0, -1)]
 
 
 def read_spans(client, log: str = RUNS_KEY) -> list[Span]:
@@ -355,6 +380,17 @@ class Workers:
             return client.hlen(key) >= count
 
         wait_for(registered, timeout, f"{count} workers on {queue}")
+
+    def bury(self, client, proc: subprocess.Popen, queue: str | list[str]) -> list[str]:
+        """Record the death of a worker process that ended, as its supervisor does (recovery.record_death): the
+        runs it had under way are then charged as deaths, not as lost contact. Returns its worker ids."""
+        import socket
+
+        from chasqui_core.engine.recovery import record_death
+
+        assert proc.poll() is not None, "only a process that ended is dead"
+        return record_death(client, [queue] if isinstance(queue, str) else queue, host=socket.gethostname(),
+                            pid=proc.pid, how=f"exit code {proc.returncode}")
 
     def logs(self, tail: int = 4000) -> str:
         parts = []

@@ -10,7 +10,10 @@ a busy machine, so the bounds are generous; nothing here measures time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,7 +33,9 @@ from chasqui_core.engine.scripts import Scripts
 from chasqui_core.engine.worker import Worker
 from chasqui_core.supervisor import (READY_FD_ENV, SUPERVISOR_PID_ENV, SupervisedChild, child_command, describe_exit,
                                      restart_delay)
-from tests.supervisor.app import DONE, NAP, QUEUE, STARTED
+from tests.engine.worker_app import wait_for
+from tests.supervisor.app import (DONE, HANG, HUNG, NAP, QUEUE, START_HOOK_ENV, STARTED, STARTS, TICK,
+                                  TICKS)
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = QueueKeys.for_queue(QUEUE)
@@ -66,10 +71,10 @@ def _children_of(pid: int) -> set[int]:
 class Supervised:
     """``manage.py runworker supervised <args>``, output in a file; every process it left is killed at the end."""
 
-    def __init__(self, tmp_path: Path, redis_url: str, *args: str) -> None:
+    def __init__(self, tmp_path: Path, redis_url: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.log_path = tmp_path / "runworker.log"
         env = {**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "tests.supervisor.settings",
-               "PYTHONPATH": str(ROOT)}
+               "PYTHONPATH": str(ROOT), **(env or {})}
         env.pop(SUPERVISOR_PID_ENV, None)
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
@@ -127,8 +132,8 @@ class Supervised:
 def start(tmp_path, redis_url, redis):
     started: list[Supervised] = []
 
-    def start_supervisor(*args: str) -> Supervised:
-        supervised = Supervised(tmp_path, redis_url, *args)
+    def start_supervisor(*args: str, env: dict[str, str] | None = None) -> Supervised:
+        supervised = Supervised(tmp_path, redis_url, *args, env=env)
         started.append(supervised)
         return supervised
 
@@ -168,6 +173,9 @@ def test_a_child_killed_with_sigkill_is_replaced_and_its_job_still_completes(sta
     assert job == "doomed" and finisher != victim
     assert [job for job, _ in _runs(redis, STARTED)] == ["doomed", "doomed"], "it ran again, once"
     assert redis.xlen(KEYS.dlq) == 0
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(KEYS.totals).items()}
+    assert (totals.get("lost"), totals.get("lost_contact", 0)) == (1, 0), (
+        "the supervisor saw its child die: the run under way is a death, not lost contact")
     log = supervisor.log()
     assert f"worker process {victim} (slot" in log and "was killed by SIGKILL; restarting now" in log
     assert supervisor.stop() == 0
@@ -255,20 +263,279 @@ def test_sighup_replaces_every_child_one_by_one_while_jobs_keep_running(start, r
     assert supervisor.stop() == 0
 
 
-@pytest.mark.timeout(600)
-def test_max_jobs_recycles_a_child_once_it_ran_that_many(start, redis):
-    supervisor = start("--max-jobs", "2", "--concurrency", "1")  # a supervisor even with one process
-    supervisor.wait_workers(redis, 1)
-    for n in range(6):
-        _nap(redis, f"job-{n}", 0)
+# --- recycling: the successor reads before its predecessor stops ------------------------------------------------
 
-    supervisor.wait("six jobs done", lambda: len(_runs(redis, DONE)) >= 6)
-    per_process = Counter(pid for _, pid in _runs(redis, DONE))
-    assert sorted({job for job, _ in _runs(redis, DONE)}) == [f"job-{n}" for n in range(6)]
-    assert len(per_process) >= 3 and max(per_process.values()) <= 2, per_process
+SLOW_START = 8.0
+"""Seconds a successor spends starting in the recycling tests (on top of its own start-up), so a stall shows."""
+TICK_EVERY = 0.2
+
+
+class Feeder:
+    """Adds a ``tick`` job every TICK_EVERY seconds from a thread; notes the most worker processes seen at once."""
+
+    def __init__(self, redis, supervisor: Supervised) -> None:
+        self.queue = Queue(QUEUE, redis_client=redis)
+        self.supervisor = supervisor
+        self.keys: list[str] = []
+        self.most_processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._feed, daemon=True)
+
+    def start(self) -> Feeder:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(WAIT)
+
+    def _feed(self) -> None:
+        while not self._stop.is_set() and len(self.keys) < 5000:
+            key = f"tick-{len(self.keys)}"
+            self.queue.add(TICK, [key])
+            self.keys.append(key)
+            self.most_processes = max(self.most_processes, len(_children_of(self.supervisor.pid)))
+            self._stop.wait(TICK_EVERY)
+
+
+def _ticks(redis) -> list[tuple[str, int, float]]:
+    """(job key, pid, unix time it started) of every run of ``tick``, in the order they started."""
+    out = []
+    for raw in redis.lrange(TICKS, 0, -1):
+        key, pid, at = raw.decode().rsplit(":", 2)
+        out.append((key, int(pid), float(at)))
+    return sorted(out, key=lambda tick: tick[2])
+
+
+def _slow_starts(redis) -> dict[int, tuple[float, float]]:
+    """pid -> (when its slow start began, when it ended), of each process started while the hook said to wait."""
+    out = {}
+    for raw in redis.lrange(STARTS, 0, -1):
+        pid, began, ended = raw.decode().split(":")
+        out[int(pid)] = (float(began), float(ended))
+    return out
+
+
+def _largest_gap(ticks: list[tuple[str, int, float]]) -> float:
+    times = [at for _, _, at in ticks]
+    return max(later - earlier for earlier, later in itertools.pairwise(times))
+
+
+def _ran_by(ticks: list[tuple[str, int, float]]) -> list[int]:
+    """Pids of the processes that ran ticks, in the order of their first."""
+    return list(dict.fromkeys(pid for _, pid, _ in ticks))
+
+
+def _check_every_tick_ran_once(redis, supervisor: Supervised, feeder: Feeder) -> list[tuple[str, int, float]]:
+    supervisor.wait("every tick added runs", lambda: len(_ticks(redis)) >= len(feeder.keys))
+    ticks = _ticks(redis)
+    runs = Counter(key for key, _, _ in ticks)
+    assert set(runs) == set(feeder.keys) and set(runs.values()) == {1}, "each tick ran once, none lost"
+    return ticks
+
+
+@pytest.mark.timeout(600)
+def test_a_sync_job_past_its_timeout_recycles_its_process_without_a_gap_in_reading(start, redis, tmp_path):
+    hook = tmp_path / "start-hook"
+    # A limit never reached, for a supervisor with one process: nothing else would read while it is replaced.
+    supervisor = start("--processes", "1", "--max-memory", "65536", "--concurrency", "1",
+                       env={START_HOOK_ENV: str(hook)})
+    [first] = supervisor.wait_workers(redis, 1)
+    hook.write_text(str(SLOW_START))  # from now on a process takes this much longer to start
+    feeder = Feeder(redis, supervisor).start()
+    try:
+        supervisor.wait("a few ticks run", lambda: len(_ticks(redis)) >= 3)
+        Queue(QUEUE, redis_client=redis).add(HANG)
+        supervisor.wait("the hung job is charged its timeout", lambda: redis.xlen(KEYS.dlq) == 1)
+        [second] = supervisor.wait_workers(redis, 1, not_among={first})
+        supervisor.wait("the successor runs ticks", lambda: second in _ran_by(_ticks(redis)))
+    finally:
+        feeder.stop()
+    ticks = _check_every_tick_ran_once(redis, supervisor, feeder)
+
+    assert [int(pid) for pid in redis.lrange(HUNG, 0, -1)] == [first]
+    [(_, dead)] = redis.xrange(KEYS.dlq)
+    assert (dead[b"reason"], dead[b"error_class"]) == (b"retries_exhausted", b"chasqui_core.engine.errors.JobTimeout")
+    assert _ran_by(ticks) == [first, second]
+    began, ended = _slow_starts(redis)[second]
+    while_starting = [at for _, pid, at in ticks if pid == first and began <= at <= ended]
+    # One every TICK_EVERY s for SLOW_START s, its only thread stuck in the hung job: a few are plenty.
+    assert len(while_starting) >= 5, "the old process took jobs (on a fresh thread) while its successor started"
+    assert _largest_gap(ticks) < SLOW_START / 2, "no stretch the length of a start with nothing reading"
+    assert feeder.most_processes <= 2, "one process above the count, at most"
     log = supervisor.log()
-    assert "recycling: 2 jobs processed" in log and "recycled itself at its limit; starting a fresh one" in log
+    assert f"worker process {first} (slot 0) reached its limit; it goes on while its successor starts" in log
+    assert f"stopping worker process {first} (slot 0): replaced by {second}" in log
     assert supervisor.stop() == 0
+
+
+@pytest.mark.timeout(600)
+def test_max_jobs_recycles_a_process_once_its_successor_reads(start, redis, tmp_path):
+    hook = tmp_path / "start-hook"
+    supervisor = start("--processes", "1", "--max-jobs", "5", "--concurrency", "2", env={START_HOOK_ENV: str(hook)})
+    supervisor.wait_workers(redis, 1)
+    hook.write_text(str(SLOW_START))
+    feeder = Feeder(redis, supervisor).start()
+    try:
+        supervisor.wait("three processes in turn run ticks", lambda: len(_ran_by(_ticks(redis))) >= 3)
+    finally:
+        feeder.stop()
+    ticks = _check_every_tick_ran_once(redis, supervisor, feeder)
+
+    order = _ran_by(ticks)
+    per_process = Counter(pid for _, pid, _ in ticks)
+    starts = _slow_starts(redis)
+    for old, new in itertools.pairwise(order):
+        assert per_process[old] > 5, f"{old} worked past its limit while its successor started: {per_process}"
+        began, ended = starts[new]
+        assert len([at for _, pid, at in ticks if pid == old and began <= at <= ended]) >= 5, (old, new)
+    assert _largest_gap(ticks) < SLOW_START / 2, "no stretch the length of a start with nothing reading"
+    assert feeder.most_processes <= 2, "one process above the count, at most"
+    assert redis.xlen(KEYS.dlq) == 0
+    log = supervisor.log()
+    assert "recycling: 5 jobs processed (max_jobs 5); it goes on until its successor reads" in log
+    assert log.count("asked for a successor again") == 0
+    assert supervisor.stop() == 0
+
+
+@pytest.mark.timeout(600)
+def test_processes_recycling_together_are_replaced_one_at_a_time(start, redis, tmp_path):
+    hook = tmp_path / "start-hook"
+    supervisor = start("--processes", "2", "--max-jobs", "4", "--concurrency", "2", env={START_HOOK_ENV: str(hook)})
+    first = supervisor.wait_workers(redis, 2)
+    hook.write_text(str(SLOW_START))
+    feeder = Feeder(redis, supervisor).start()
+    try:  # both reach their limit within a second or two of each other
+        supervisor.wait("both first processes replaced", lambda: not [pid for pid in first if _alive(pid)])
+        supervisor.wait("two successors run ticks", lambda: len(set(_ran_by(_ticks(redis))) - first) >= 2)
+    finally:
+        feeder.stop()
+    ticks = _check_every_tick_ran_once(redis, supervisor, feeder)
+
+    assert feeder.most_processes <= 3, "one process above the count, at most, though both asked at once"
+    assert _largest_gap(ticks) < SLOW_START / 2, "no stretch the length of a start with nothing reading"
+    log = supervisor.log()
+    assert all(re.search(rf"worker process {pid} \(slot \d\) reached its limit", log) for pid in first), log
+    assert supervisor.stop() == 0
+
+
+@pytest.mark.timeout(600)
+def test_a_successor_that_fails_to_start_leaves_its_predecessor_working(start, redis, tmp_path):
+    hook = tmp_path / "start-hook"
+    supervisor = start("--processes", "1", "--max-jobs", "2", env={START_HOOK_ENV: str(hook)})
+    [first] = supervisor.wait_workers(redis, 1)
+    hook.write_text("fail")  # every process started from now on exits before it is ready
+    feeder = Feeder(redis, supervisor).start()
+    try:
+        supervisor.wait("two successors fail", lambda: supervisor.log().count("another successor is tried in") >= 2)
+        after_failures = time.time()
+        supervisor.wait("the old process goes on taking jobs",
+                        lambda: [at for _, pid, at in _ticks(redis) if pid == first and at > after_failures])
+        assert supervisor.worker_pids(redis) == {first}
+        hook.unlink()
+        [second] = supervisor.wait_workers(redis, 1, not_among={first})
+        supervisor.wait("the successor runs ticks", lambda: second in _ran_by(_ticks(redis)))
+    finally:
+        feeder.stop()
+    ticks = _check_every_tick_ran_once(redis, supervisor, feeder)
+
+    assert _ran_by(ticks)[:2] == [first, second]
+    assert feeder.most_processes <= 2, "one process above the count, at most"
+    log = supervisor.log()
+    assert (f"started to take over from worker process {first} (slot 0), exited with code 3 before it was ready; "
+            f"{first} keeps running") in log
+    assert f"stopping worker process {first} (slot 0): replaced by {second}" in log
+    assert supervisor.stop() == 0
+
+
+@pytest.mark.timeout(600)
+def test_a_recycling_process_an_operator_stops_takes_its_successor_along(start, redis, tmp_path):
+    hook = tmp_path / "start-hook"
+    supervisor = start("--processes", "1", "--max-jobs", "1", env={START_HOOK_ENV: str(hook)})
+    [first] = supervisor.wait_workers(redis, 1)
+    hook.write_text(str(SLOW_START))
+    Queue(QUEUE, redis_client=redis).add(TICK, ["the-one"])
+    supervisor.wait("it asks for a successor", lambda: "reached its limit; it goes on" in supervisor.log())
+    [worker_id] = [w.id for w in stats.workers(redis, QUEUE) if w.pid == first]
+    assert control.send(Scripts(redis), worker_id, "stop")
+
+    assert supervisor.proc.wait(WAIT) == 0, supervisor.log()
+    log = supervisor.log()
+    assert "slot 0 was stopped by an operator" in log, "the successor is not kept in a slot an operator emptied"
+    assert "every worker process was stopped by an operator; exiting" in log
+    assert [key for key, _, _ in _ticks(redis)] == ["the-one"]
+
+
+class _Asking:
+    """A supervisor's side of ``Worker.ask_successor``, kept in the test: it notes each request and says yes."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+
+    def __call__(self, reason: str) -> bool:
+        self.reasons.append(reason)
+        return True
+
+
+@contextlib.contextmanager
+def _supervised_worker(redis_url: str, queue: str, registry: HandlerRegistry, asking: _Asking, **options):
+    """A worker in a thread of this process that can ask for a successor, as a supervised child can."""
+    worker = Worker([queue], registry, url=redis_url, install_signal_handlers=False, block_ms=50,
+                    heartbeat_interval=0.05, promoter_poll_interval=0.02, supervisor_pid=os.getpid(), **options)
+    worker.ask_successor = asking
+    thread = threading.Thread(target=worker.run_sync, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join(60)
+    assert not thread.is_alive(), "the worker did not stop"
+
+
+def test_a_worker_past_two_sync_timeouts_asks_once_and_keeps_running_sync_jobs(redis, redis_url):
+    release = threading.Event()
+    done: list[int] = []
+    registry = HandlerRegistry()
+    registry.register("hang", lambda: release.wait(60), timeout=0.3, max_attempts=2)
+    registry.register("quick", done.append)
+    queue = Queue("recycle-asks-once", redis_client=redis)
+    keys = QueueKeys.for_queue(queue.name)
+    asking = _Asking()
+    queue.add("hang")
+    try:
+        with _supervised_worker(redis_url, queue.name, registry, asking, concurrency=1) as worker:
+            wait_for(lambda: redis.xlen(keys.dlq) == 1, 60, "both runs of the hung job to be charged their timeout")
+            queue.add("quick", [1])  # its one thread is stuck twice over: a fresh one runs this
+            wait_for(lambda: done == [1], 30, "a sync job after the hung ones")
+            assert not worker.stopping.is_set(), "it works on until the supervisor stops it"
+    finally:
+        release.set()
+    assert len(asking.reasons) == 1 and "ran past its timeout of 0.3 s" in asking.reasons[0], asking.reasons
+    assert worker.recycle_reason == asking.reasons[0]
+    assert worker.unfinished_sync_jobs == 2, "both stuck threads are left behind when it stops"
+
+
+def test_a_worker_over_its_memory_limit_asks_once_for_a_successor_and_works_on(redis, redis_url):
+    done: list[int] = []
+    registry = HandlerRegistry()
+    registry.register("quick", done.append)
+    queue = Queue("recycle-memory", redis_client=redis)
+    asking = _Asking()
+    with _supervised_worker(redis_url, queue.name, registry, asking, max_memory_mb=1) as worker:
+        checks: list[int] = []
+        check_memory = worker.check_memory
+
+        def counted() -> None:
+            checks.append(1)
+            check_memory()
+
+        worker.check_memory = counted  # type: ignore[method-assign]
+        wait_for(lambda: len(checks) >= 5, 30, "a few memory checks, every one over the limit")
+        queue.add("quick", [1])
+        wait_for(lambda: done == [1], 30, "a job added after it asked")
+        assert not worker.stopping.is_set()
+    assert len(asking.reasons) == 1 and asking.reasons[0].startswith("memory at "), asking.reasons
 
 
 # --- the parts that need no process -------------------------------------------------------------------

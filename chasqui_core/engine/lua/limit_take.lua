@@ -16,6 +16,15 @@
 -- ms), and every bucket used in the queue's set of buckets: what the console
 -- and /metrics count.
 --
+-- A rate limit is a promise about starts, and a job admitted here starts a
+-- little later in its worker. So its worker must start it within the start
+-- grace G (ARGV[7]) of this call, or take its token again first (a retake,
+-- ARGV[8] = '1', with the late jobs' rate buckets only: each job's own token
+-- is dropped, then it is checked like a new one and starts now or waits).
+-- And a token counts against a window of W + G: then any W ms of starts
+-- holds at most N, since a start at most G after its token falls in the
+-- window only if its token falls in the W + G before it.
+--
 -- KEYS[1] stream   KEYS[2] delayed   KEYS[3] the queue's set of limit buckets ({chasqui:<q>}:limits)
 -- ARGV[1] consumer group
 -- ARGV[2] prefix of the metrics counters ({chasqui:<q>}:m:), for `deferred`
@@ -27,6 +36,8 @@
 --         stream id, payload, array of the job's buckets (1-based positions in ARGV[4])
 -- ARGV[6] what goes before a stream id in the limit sets' members: '' for the default
 --         band's stream, '<band>:' for a priority band's (stream ids repeat across streams)
+-- ARGV[7] start grace G, ms: a token counts against a window of W + G
+-- ARGV[8] '1' for a retake: the jobs' own rate tokens are dropped before they are checked
 -- Returns {server ms, array of the admitted jobs' positions (1-based), number parked,
 --          earliest due ms of a parked job or -1}
 --
@@ -34,8 +45,20 @@
 
 local stream, delayed, known = KEYS[1], KEYS[2], KEYS[3]
 local group, mprefix, lease, band = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[6] or ''
+local grace = tonumber(ARGV[7] or '0') or 0
 local buckets, jobs = cmsgpack.unpack(ARGV[4]), cmsgpack.unpack(ARGV[5])
 local now = server_ms()
+
+if ARGV[8] == '1' then  -- a retake: the late jobs' tokens are theirs to take again, not starts
+  for j = 1, #jobs, 3 do
+    for _, b in ipairs(jobs[j + 2]) do
+      local base = (b - 1) * 4
+      if tonumber(buckets[base + 2]) > 0 then
+        redis.call('ZREM', buckets[base + 1] .. 'rate', band .. jobs[j])
+      end
+    end
+  end
+end
 
 -- per bucket: starts in the window, running, and jobs parked on its rate so far in this call
 local state = {}
@@ -43,7 +66,8 @@ local function look(b)
   local s = state[b]
   if s then return s end
   local base = (b - 1) * 4
-  s = {prefix = buckets[base + 1], rate = tonumber(buckets[base + 2]), window = tonumber(buckets[base + 3]),
+  s = {prefix = buckets[base + 1], rate = tonumber(buckets[base + 2]),
+       window = tonumber(buckets[base + 3]) + grace,
        conc = tonumber(buckets[base + 4]), started = 0, running = 0, waiting = 0}
   if s.rate > 0 then
     redis.call('ZREMRANGEBYSCORE', s.prefix .. 'rate', '-inf', now - s.window)

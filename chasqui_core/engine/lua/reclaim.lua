@@ -6,38 +6,53 @@
 -- the stream's tail as a new entry, in one step (XACK, XDEL, XADD), so any
 -- worker reads it as an ordinary job.
 --
--- Only a run that was under way is lost: the dead worker's start journal
--- (its running hash, written before each handler started) says which. Such
--- an entry carries a `lost` field, one line per lost run appended to any it
--- had: "<worker>\t<started ms>\t<lost at ms>". The worker that reads it
--- charges each line to the job as a run (attempt, deaths, error history)
+-- Only a run that was under way is lost: the owner's start journal (its
+-- running hash, written before each handler started) says which. Such an
+-- entry carries a `lost` field, one line per lost run appended to any it
+-- had: "<worker>\t<started ms>\t<lost at ms>\t<verdict>". The verdict is
+-- `died` when the owner's death is on record (<prefix>died:<worker>, written
+-- by whoever saw the process end: its supervisor, recovery.record_death),
+-- else `contact`: the worker stopped answering,
+-- but nothing says its process ended (a partition, a blocked event loop) and
+-- it may have finished the run. A line without a verdict (written before
+-- verdicts existed) is a death. The worker that reads the entry charges each
+-- line to the job as a run (attempt, error history; a death only for `died`)
 -- and applies the attempt budget and the poison-pill rule (see retry.py):
--- one rule, in one place. An entry fetched but never started goes back
--- exactly as it was, uncharged. Every entry put back also carries a
--- `recovered` field, the number of dead workers it has been taken back from,
--- charged or not: a job that kills its worker before anything could note it
--- running is caught by that count instead (retry.RECOVERIES_BEFORE_PANIC).
+-- one rule, in one place (recovery.lost_runs reads these lines). An entry
+-- fetched but never started goes back exactly as it was, uncharged. An entry
+-- put back also carries a `recovered` field, the number of workers it has
+-- been taken back from uncharged or charged a death: a job that kills its
+-- worker before anything could note it running is caught by that count
+-- instead (retry.RECOVERIES_BEFORE_PANIC). A run on record as lost contact
+-- does not raise it: lost contact never counts toward panic.
+--
+-- Every id taken from a worker is added to its taken set (<ARGV[9]><worker>,
+-- TTL ARGV[10] ms): should the worker still live, its lease pass tells these
+-- from entries it settled meanwhile (lease.lua), and lets go of them.
 --
 -- KEYS[1] stream
 -- ARGV[1] consumer group   ARGV[2] claiming consumer (its own entries are the lease pass's)
 -- ARGV[3] min idle ms      ARGV[4] most pending entries to look at
 -- ARGV[5] first id to look at ('-' at first, then '(' .. the last id returned)
--- ARGV[6] the queue's key prefix ({chasqui:<q>}:), for <prefix>alive:<worker>
+-- ARGV[6] the queue's key prefix ({chasqui:<q>}:), for <prefix>alive:<worker> and <prefix>died:<worker>
 -- ARGV[7] prefix of the metrics counters
 -- ARGV[8] prefix of the start journals of this stream's band: <ARGV[8]><worker>
 --         ({chasqui:<q>}:running: for the default band, running-high: ...)
+-- ARGV[9] prefix of the taken sets of this stream's band ({chasqui:<q>}:taken:, taken-high: ...)
+-- ARGV[10] lifetime of a taken set, ms
 -- Returns {last id looked at or '' when the scan is done,
---          flat list of entries put back: old id, new id, 1 when a lost run was charged else 0}
+--          flat list of entries put back: old id, new id, 0 uncharged / 1 charged a death / 2 lost contact}
 --
--- Calls server_ms and bump_counters from prelude.lua.
+-- Counts `recovered` (put back uncharged), `lost` (runs lost with a worker whose death is on record) and
+-- `lost_contact` (runs of a worker that stopped answering). Calls server_ms and bump_counters from prelude.lua.
 
 local stream = KEYS[1]
 local group, me, prefix = ARGV[1], ARGV[2], ARGV[6]
 local pending = redis.call('XPENDING', stream, group, 'IDLE', ARGV[3], ARGV[5], '+', ARGV[4])
 local now = server_ms()
-local alive = {}
+local alive, died = {}, {}
 local out = {}
-local recovered, lost = 0, 0
+local recovered, lost, contact = 0, 0, 0
 local last = ''
 for _, p in ipairs(pending) do
   local id, owner = p[1], p[2]
@@ -49,16 +64,23 @@ for _, p in ipairs(pending) do
     if not alive[owner] then
       local e = redis.call('XRANGE', stream, id, id)
       redis.call('XACK', stream, group, id)
+      local taken = ARGV[9] .. owner
+      redis.call('SADD', taken, id)
+      redis.call('PEXPIRE', taken, ARGV[10])
       if #e > 0 then
         local running = ARGV[8] .. owner
         local started = redis.call('HGET', running, id)
-        local fields, line, had = e[1][2], nil, false
+        local fields, line, had, verdict = e[1][2], nil, false, nil
         if started then
-          line = owner .. '\t' .. started .. '\t' .. now
+          if died[owner] == nil then
+            died[owner] = redis.call('EXISTS', prefix .. 'died:' .. owner) == 1
+          end
+          verdict = died[owner] and 'died' or 'contact'
+          line = owner .. '\t' .. started .. '\t' .. now .. '\t' .. verdict
           redis.call('HDEL', running, id)
         end
         local copy = {}
-        local times = 1
+        local times = 0
         for k = 1, #fields, 2 do
           local name, value = fields[k], fields[k + 1]
           if name == 'lost' then
@@ -66,7 +88,7 @@ for _, p in ipairs(pending) do
             if line then value = value .. '\n' .. line end
           end
           if name == 'recovered' then
-            times = (tonumber(value) or 0) + 1
+            times = tonumber(value) or 0
           else
             copy[#copy + 1] = name
             copy[#copy + 1] = value
@@ -76,15 +98,21 @@ for _, p in ipairs(pending) do
           copy[#copy + 1] = 'lost'
           copy[#copy + 1] = line
         end
-        copy[#copy + 1] = 'recovered'
-        copy[#copy + 1] = times
+        if verdict ~= 'contact' then times = times + 1 end
+        if times > 0 then
+          copy[#copy + 1] = 'recovered'
+          copy[#copy + 1] = times
+        end
         redis.call('XDEL', stream, id)
         local new_id = redis.call('XADD', stream, '*', unpack(copy))
         out[#out + 1] = id
         out[#out + 1] = new_id
-        if line then
+        if verdict == 'died' then
           out[#out + 1] = 1
           lost = lost + 1
+        elseif verdict == 'contact' then
+          out[#out + 1] = 2
+          contact = contact + 1
         else
           out[#out + 1] = 0
           recovered = recovered + 1
@@ -93,8 +121,8 @@ for _, p in ipairs(pending) do
     end
   end
 end
-if recovered + lost > 0 then
-  bump_counters(ARGV[7], now, {'recovered', recovered, 'lost', lost})
+if recovered + lost + contact > 0 then
+  bump_counters(ARGV[7], now, {'recovered', recovered, 'lost', lost, 'lost_contact', contact})
 end
 if #pending < tonumber(ARGV[4]) then last = '' end
 return {last, out}

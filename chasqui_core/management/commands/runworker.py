@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 
 from django.core.exceptions import ImproperlyConfigured
@@ -25,8 +26,11 @@ from chasqui_core.backend import ChasquiBackend
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import coerce_backoff
 from chasqui_core.engine.connection import check as check_redis
+from chasqui_core.engine.connection import connect
+from chasqui_core.engine.dlq import retention
 from chasqui_core.engine.errors import InvalidQueueName, RedisConfigError
 from chasqui_core.engine.keys import validate_queue_name
+from chasqui_core.engine.recovery import record_death
 from chasqui_core.engine.retry import RetryPolicy
 from chasqui_core.engine.worker import Worker
 from chasqui_core.outbox import OutboxRelay
@@ -34,7 +38,7 @@ from chasqui_core.schedules import configured as configured_schedules
 from chasqui_core.schedules import afire as fire_schedule
 from chasqui_core.services import background
 from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, STOPPED_EXIT_CODE, SupervisedChild, Supervisor,
-                                     SupervisorConfig, child_command, cpu_count)
+                                     SupervisorConfig, child_command, cpu_count, describe_exit)
 from chasqui_core.task_runner import build_registry
 
 WORKER_OPTIONS = ("concurrency", "batch_size", "max_attempts", "backoff", "visibility_timeout", "poll_interval",
@@ -75,9 +79,6 @@ def _outbox_relay() -> OutboxRelay | None:
 
 def _publish_retention(conf, queues: list[str], stderr) -> None:
     """Write the queues' DLQ retention rules where their workers trim by them (engine/dlq/retention.py)."""
-    from chasqui_core.engine.connection import connect
-    from chasqui_core.engine.dlq import retention
-
     try:
         client = connect(conf.redis_url)
         try:
@@ -87,6 +88,41 @@ def _publish_retention(conf, queues: list[str], stderr) -> None:
     except Exception as exc:  # Redis is not up yet: the worker waits for it; the rules stay as last published
         stderr.write(f"warning: could not publish the DLQ retention rules ({type(exc).__name__}: {exc}); "
                      "the rules last published stay in force")
+
+
+class DeathRecorder:
+    """The supervisor's report of a child that ended: its worker's death, recorded on each of its queues.
+
+    Made on the first exit (the supervisor needs no Redis otherwise), with
+    short timeouts: a Redis that does not answer delays a child's
+    replacement by seconds at most, and its runs are then lost contact.
+    """
+
+    def __init__(self, url: str, queues: list[str]) -> None:
+        self.url = url
+        self.queues = list(queues)
+        self.client = None
+
+    def __call__(self, pid: int, code: int) -> None:
+        if self.client is None:
+            self.client = connect(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        record_death(self.client, self.queues, host=socket.gethostname(), pid=pid, how=describe_exit(code),
+                     supervisor_pid=os.getpid())
+
+
+async def _serve(worker: Worker, child: SupervisedChild | None) -> None:
+    """Run the worker, and tell a supervisor once it reads its queues (Redis reached, readers started).
+
+    Ready means reading, not merely loaded: the supervisor stops the process a
+    successor replaces only then, so the queues are never left unread between them.
+    """
+    run = asyncio.ensure_future(worker.run())
+    if child is not None:
+        while worker.runner is None and not run.done():
+            await asyncio.wait({run}, timeout=0.01)
+        if not run.done():
+            child.ready()
+    await run
 
 
 class Command(BaseCommand):
@@ -116,12 +152,13 @@ class Command(BaseCommand):
                                  "supervises them: it restarts those that die, reloads them one by one on SIGHUP "
                                  "and stops them all on SIGTERM (default 1: one worker, no supervisor)")
         parser.add_argument("--max-jobs", type=int,
-                            help="Replace a worker process after it has run this many jobs (it finishes its running "
-                                 "jobs first). Starts a supervisor, even with --processes 1")
+                            help="Replace a worker process after it has run this many jobs (it works on until its "
+                                 "successor reads, then finishes its running jobs). Starts a supervisor, even with "
+                                 "--processes 1")
         parser.add_argument("--max-memory", type=int, metavar="MB",
                             help="Replace a worker process once its resident memory reaches this many MB (checked "
-                                 "every 2 s; it finishes its running jobs first). Starts a supervisor, even with "
-                                 "--processes 1")
+                                 "every 2 s; it works on until its successor reads, then finishes its running "
+                                 "jobs). Starts a supervisor, even with --processes 1")
 
     def handle(self, *args, **options) -> None:
         try:
@@ -204,10 +241,10 @@ class Command(BaseCommand):
         _publish_retention(conf, options["queues"], self.stderr)
         relay = _outbox_relay()
         audits = background.OperationAudits(options["queues"])  # DLQ operations' audit entries, when they end
-        if child is not None:
-            child.ready()
+        if child is not None:  # at a limit, ask for a successor and work on until it reads
+            worker.ask_successor = child.ask_successor
         try:
-            asyncio.run(worker.run())
+            asyncio.run(_serve(worker, child))
         finally:
             audits.stop()
             if relay is not None:
@@ -238,6 +275,7 @@ class Command(BaseCommand):
             command=tuple(child_command(sys.argv[0], arguments)),
             processes=processes,
             shutdown_timeout=options["shutdown_timeout"] or default_shutdown_timeout,
+            on_child_exit=DeathRecorder(chasqui_settings().redis_url, options["queues"]),
         )
         _configure_logging()
         self.stdout.write(f"Chasqui supervisor {os.getpid()}: {processes} worker process(es) for queues "

@@ -1,14 +1,15 @@
-"""One task whose runs the tests can follow from outside the worker processes: which process, when."""
+"""Tasks whose runs the tests can follow from outside the worker processes: which process, when."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from django.tasks import task
 
 from chasqui_core.engine.connection import connect
-from tests.supervisor.app import DONE, QUEUE, STARTED
+from tests.supervisor.app import DONE, HANG_TIMEOUT, HUNG, QUEUE, STARTED, TICKS
 
 _client = None
 
@@ -25,3 +26,14 @@ async def nap(key: str, seconds: float) -> None:
     _redis().rpush(STARTED, f"{key}:{os.getpid()}")
     await asyncio.sleep(seconds)
     _redis().rpush(DONE, f"{key}:{os.getpid()}")
+
+
+@task(queue_name=QUEUE)
+def tick(key: str) -> None:
+    _redis().rpush(TICKS, f"{key}:{os.getpid()}:{time.time()}")
+
+
+@task(queue_name=QUEUE, timeout=HANG_TIMEOUT, max_attempts=1)
+def hang() -> None:
+    _redis().rpush(HUNG, os.getpid())
+    time.sleep(600)  # its thread cannot be stopped; the process exits without it
