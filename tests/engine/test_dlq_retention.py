@@ -76,3 +76,17 @@ def test_bad_rules_are_refused_in_words(rule, message):
     with pytest.raises(ValueError, match=None) as caught:
         Retention.from_dict(rule, "settings.CHASQUI['DLQ_RETENTION']['emails']")
     assert message in str(caught.value) and "DLQ_RETENTION" in str(caught.value)
+
+
+@pytest.mark.parametrize(("most", "left"), [(35, 30), (20, 20)])
+def test_a_count_and_an_age_together_keep_what_both_allow(redis, most, left):
+    day = retention.DAY_MS
+    pipe = redis.pipeline(transaction=False)
+    for i in range(10):
+        pipe.xadd(KEYS.dlq, fields_for(dead_job()), id=f"{now_ms() - 10 * day + i}-0")  # ten days old
+    pipe.execute()
+    recent, _ = bulk_dead(redis, 30)
+    assert DLQIndex(redis, Q).rebuild().ready
+    assert retention.trim(redis, Q, Retention(max_entries=most, max_age_days=7)) == 40 - left
+    assert [d.entry_id for d in DeadLetters(redis, Q).page(limit=100).items] == recent[::-1][:left]
+    assert_index_matches(redis)

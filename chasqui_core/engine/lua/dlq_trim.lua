@@ -28,16 +28,25 @@ end
 if excess == 0 and not cutoff then
   return 0
 end
+-- only what must go is read: the oldest entries over the count, then those older than the cutoff
+local rows = {}
+if excess > 0 then
+  rows = redis.call('XRANGE', dlq, '-', '+', 'COUNT', math.min(most, excess))
+end
+if cutoff and #rows < most then
+  local from = '-'
+  if #rows > 0 then
+    from = '(' .. rows[#rows][1]
+  end
+  local old = redis.call('XRANGE', dlq, from, '(' .. string.format('%.0f', cutoff) .. '-0', 'COUNT', most - #rows)
+  for _, row in ipairs(old) do
+    rows[#rows + 1] = row
+  end
+end
 local removal = dlq_removal(dlq)
 local trimmed = 0
-local rows = redis.call('XRANGE', dlq, '-', '+', 'COUNT', most)
 for _, row in ipairs(rows) do
-  local id = row[1]
-  local at = tonumber(string.match(id, '^(%d+)'))
-  if trimmed >= excess and not (cutoff and at < cutoff) then
-    break
-  end
-  if dlq_take(removal, id) then
+  if dlq_take(removal, row[1]) then
     trimmed = trimmed + 1
   end
 end
