@@ -43,6 +43,9 @@ _pack = msgpack.Packer(use_bin_type=False).pack
 SIZE_ENV = "CHASQUI_BENCH_CONSOLE_SIZE"
 """Where ``python -m bench --console-size N`` puts the size."""
 
+SKIP_OPS_ENV = "CHASQUI_BENCH_CONSOLE_SKIP_OPS"
+"""Set to 1 to leave out ``bench/console_ops.py``'s rows (free-text replay and search on a DLQ of their own)."""
+
 REAL_DEAD = 2_000
 """Dead jobs a real worker produces before the rest of the DLQ is built through settle.lua."""
 
@@ -349,11 +352,14 @@ def index_memory_mb(client, queue: str) -> float:
 
 
 def extra_measurements(ctx, built: Built) -> list[Measurement]:
-    """The rest of issue 29's goals: bulk replay and search (bench/console_ops.py, on a DLQ of their own), and a
-    first failure's way to the overview (bench/console_live.py, run alone: ``python -m bench.console_live``)."""
-    from . import console_ops
+    """The rest of the goals: bulk replay by an indexed filter on this DLQ (bench/console_bulk.py), bulk replay by
+    free text and search (bench/console_ops.py, on a DLQ of their own), and a first failure's way to the overview
+    (bench/console_live.py, run alone: ``python -m bench.console_live``)."""
+    from . import console_bulk, console_ops
 
-    result: list[Measurement] = console_ops.run(ctx, built)
+    result: list[Measurement] = console_bulk.run(ctx, built, RARE_TASK)
+    if os.environ.get(SKIP_OPS_ENV) != "1":
+        result += console_ops.run(ctx, built)
     return result
 
 

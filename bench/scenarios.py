@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from . import (ceiling, cluster, console_ops, console_scale, consumer, django_path, dlq_page, latency, memory, peers,
-               producer, promoter)
+from . import (ceiling, cluster, console_bulk, console_ops, console_scale, consumer, django_path, dlq_page, latency,
+               memory, peers, producer, promoter)
 from .results import Measurement
 
 
@@ -122,6 +122,13 @@ def _console_goals(size: int) -> dict[str, Goal]:
         goals[cs.label(size, f"{cs.GOAL_COUNT} ({case})")] = Goal("< 1 s")
     for state in ("dead", "delayed", "waiting", "finished"):
         goals[cs.label(size, f"{cs.GOAL_FIND} ({state})")] = Goal("< 100 ms")
+    bulk = console_bulk
+    goals[bulk.label(size, bulk.INLINE)] = Goal("< 1 s, only the matching entries read")
+    goals[bulk.label(size, bulk.STOP)] = Goal("says how many of how many, truthfully")
+    goals[bulk.label(size, bulk.SECOND_FIRST)] = Goal("< 1 s")
+    goals[bulk.label(size, bulk.SECOND_RATE)] = Goal("≥ 10,000 entries/s")
+    for case in (bulk.FIND_REPLAYED, bulk.FIND_UNKNOWN):
+        goals[bulk.label(size, case)] = Goal("< 100 ms")
     ops = console_ops
     goals[ops.label(ops.OPS_SIZE, ops.CONFIRM)] = Goal("< 1 s")
     goals[ops.label(ops.OPS_SIZE, ops.FIRST_PROGRESS)] = Goal("< 1 s")

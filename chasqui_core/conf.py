@@ -23,6 +23,8 @@ from django.dispatch import receiver
 from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
 from chasqui_core.engine import idempotency, redact
 from chasqui_core.engine.connection import DEFAULT_URL, check_url
+from chasqui_core.engine.dlq.retention import Retention
+from chasqui_core.engine.keys import validate_queue_name
 from chasqui_core.engine.errors import RedisConfigError
 from chasqui_core.engine.limits import Limit, LimitError, parse_limits
 from chasqui_core.engine.signing import check_keys
@@ -78,6 +80,18 @@ class ChasquiSettings:
     """Rate and concurrency limits by queue name or task path: ``{"emails": {"rate": "20/s"},
     "shop.tasks.call_api": {"rate": "100/m", "concurrency": 2, "key": "customer_id"}}``. Enforced by the
     workers, in Redis, across every process (docs/flow-control.md)."""
+
+    DLQ_MAX_ENTRIES: int | None = None
+    """Every queue's DLQ keeps at most this many dead jobs, the newest (the oldest are trimmed); None: no count."""
+    DLQ_MAX_AGE_DAYS: float | None = None
+    """Every queue's DLQ keeps dead jobs this many days after they died; None: no age limit."""
+    DLQ_RETENTION: Mapping[str, Retention] = field(default_factory=dict)
+    """Per queue, overriding the two above key by key: ``{"emails": {"max_entries": 10_000, "max_age_days": 30}}``
+    (None for a key: no limit of that kind on that queue). See docs/settings.md."""
+
+    def dlq_retention(self, queue: str) -> Retention:
+        """The retention rule of ``queue``'s DLQ: its own entry in DLQ_RETENTION, else the defaults."""
+        return self.DLQ_RETENTION.get(queue) or Retention(self.DLQ_MAX_ENTRIES, self.DLQ_MAX_AGE_DAYS)
 
     SCHEDULES: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Repeatable jobs by name: ``{"nightly-report": {"task": "reports.tasks.nightly", "cron": "0 3 * * *",
@@ -205,6 +219,30 @@ _POSITIVE_INTS = ("CONCURRENCY", "BATCH_SIZE", "MAX_ATTEMPTS", "VISIBILITY_TIMEO
 _POSITIVE_NUMBERS = ("PROMOTER_POLL_INTERVAL", "SHUTDOWN_TIMEOUT")
 
 
+def _retention_rules(rules: Any, default: Retention) -> dict[str, Retention]:
+    """DLQ_RETENTION checked: queue names, known keys, sound values; each rule filled in from the defaults."""
+    name = "settings.CHASQUI['DLQ_RETENTION']"
+    if rules is None:
+        return {}
+    if not isinstance(rules, Mapping):
+        raise ImproperlyConfigured(f"{name} must be a dict of rules by queue name, e.g. "
+                                   "{'emails': {'max_entries': 10000, 'max_age_days': 30}}")
+    out: dict[str, Retention] = {}
+    for queue, rule in rules.items():
+        try:
+            validate_queue_name(queue)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}: {exc}") from None
+        where = f"{name}[{queue!r}]"
+        if isinstance(rule, Mapping):
+            rule = {"max_entries": default.max_entries, "max_age_days": default.max_age_days, **rule}
+        try:
+            out[queue] = Retention.from_dict(dict(rule) if isinstance(rule, Mapping) else rule, where)
+        except ValueError as exc:
+            raise ImproperlyConfigured(str(exc)) from None
+    return out
+
+
 def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
     raw = dict(getattr(settings, "CHASQUI", {}) if raw is None else raw)
     known = {f.name for f in fields(ChasquiSettings)}
@@ -258,6 +296,14 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
             raw["LIMITS"] = tuple(parse_limits(raw["LIMITS"] or {}))
         except LimitError as exc:
             raise ImproperlyConfigured(f"settings.CHASQUI['LIMITS']: {exc}") from None
+    for key, part in (("DLQ_MAX_ENTRIES", "max_entries"), ("DLQ_MAX_AGE_DAYS", "max_age_days")):
+        try:
+            Retention(**{part: raw.get(key)})
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"settings.CHASQUI[{key!r}]: {exc}") from None
+    default = Retention(raw.get("DLQ_MAX_ENTRIES"), raw.get("DLQ_MAX_AGE_DAYS"))
+    if "DLQ_RETENTION" in raw:
+        raw["DLQ_RETENTION"] = _retention_rules(raw["DLQ_RETENTION"], default)
     if "SIGNING_KEYS" in raw:
         keys = raw["SIGNING_KEYS"]
         try:

@@ -41,10 +41,13 @@ _COUNTERS = (
      "Jobs refused because their signature was missing or wrong (also counted as dead-lettered)."),
     ("deferred", "jobs_deferred", "Jobs that waited in the delayed set for room in a rate or concurrency limit "
      "(each wait counted; no attempt charged)."),
-    ("lost", "runs_lost", "Runs under way in a worker that stopped answering, taken back after the visibility timeout "
-     "(each charged to its job: two make a panic)."),
+    ("lost", "runs_lost", "Runs under way in a worker whose process died, taken back after the visibility timeout "
+     "(each charged to its job as a death: two make a panic)."),
+    ("lost_contact", "runs_lost_contact", "Runs under way in a worker that stopped answering with no death on "
+     "record, taken back after the visibility timeout (charged as a run, never as a death)."),
     ("recovered", "jobs_recovered", "Jobs taken back from a worker that stopped answering before they started "
      "(no attempt charged)."),
+    ("dlq_trimmed", "jobs_dlq_trimmed", "Dead-letter entries removed by the queue's retention rule, oldest first."),
 )
 
 _BUCKET_BOUNDS = [floatToGoString(ms / 1000) for ms in totals.DURATION_BOUNDS_MS] + ["+Inf"]

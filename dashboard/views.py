@@ -171,6 +171,7 @@ def dlq(request: HttpRequest, name: str) -> HttpResponse:
     reading = get_sampler().read([topic])
     ctx = {
         **_base(request, "dlq", name), **_live(topic), **fragments.dlq_context(reading, name),
+        "retention": dlq_service.dlq_retention(request.user, name, source="console"),
         "form": form, "filter_params": params, "filtered": bool(params),
         "view": view, "page": page, "groups": groups, "grouping": grouping, "error": error, "cursor": cursor,
         "tasks": _task_names(request), "filter_chips": filter_chips(request, name, params),

@@ -54,6 +54,12 @@ the delayed set's name and these two parts); it expires ``DELAYED_MARK_GRACE_MS`
 deleted when the job leaves the set, so a reader checks it against the set (lookup.py)."""
 DELAYED_MARK_GRACE_MS = 86_400_000
 """How long a delayed job's mark outlives the job's due time: a day, for a promoter that is down a while."""
+REPLAY_MARK = "rjob:"
+"""What follows a queue's prefix in a replayed job's mark: ``<prefix>rjob:<job id>`` holds ``"<band> <entry id>"``,
+the stream entry ``dlq_move.lua`` gave the job, so a lookup by id reads that entry rather than scanning the stream
+(the entry left the DLQ's index with the replay). It expires after ``REPLAY_MARK_TTL_MS``; a reader checks it."""
+REPLAY_MARK_TTL_MS = 86_400_000
+"""How long a replayed job's mark lives: a day."""
 
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}\Z")
@@ -164,6 +170,15 @@ class QueueKeys:
     def delayed_mark(self, job_id: str) -> str:
         """A delayed job's mark: its score in the delayed set, written with it (see ``DELAYED_MARK``)."""
         return f"{self.prefix}{DELAYED_MARK}{job_id}"
+
+    def replay_mark(self, job_id: str) -> str:
+        """A replayed job's mark: the stream entry the replay gave it (see ``REPLAY_MARK``)."""
+        return f"{self.prefix}{REPLAY_MARK}{job_id}"
+
+    @property
+    def replay_marks(self) -> str:
+        """The prefix of the queue's replay marks (what ``dlq_move.lua`` adds the job id to)."""
+        return f"{self.prefix}{REPLAY_MARK}"
 
     def alive(self, worker_id: str) -> str:
         """A worker's alive key on this queue: set with a TTL by each lease pass (recovery.py, lease.lua)."""

@@ -26,10 +26,10 @@ first, and stops where it finds the job:
    verbatim, so ``ZSCAN MATCH *<id>*`` filters on the server (about 0.7 µs a
    member).
 5. The dead-letter stream. Its index (``dlq/index.py``) maps job ids to
-   entries; it is read in the first round trip, and a job it names is
-   returned as dead after the stream's near search, without reading the
-   delayed set. When the index is ready and does not name the job, the DLQ
-   is not scanned. Otherwise (an index being rebuilt): its entries carry a
+   entries; it is read in the first round trip, and a job it names (and no
+   worker runs, and no mark shows in the delayed set) is returned as dead
+   before any stream or set is scanned: one more round trip. When the index is ready and does not name
+   the job, the DLQ is not scanned. Otherwise (an index being rebuilt): its entries carry a
    ``job_id`` field. A job dies
    after it is made, so for a ULID nothing older than its creation (less
    ``CLOCK_SKEW_MS``) is read; the rest is read from both ends at once, from
@@ -60,7 +60,7 @@ from .delayed import _glob_escape, by_mark
 from .dlq.entries import DeadJob, decode_entry
 from .dlq.index import DLQIndex, IndexKeys
 from .envelope import DecodeError, Job, decode
-from .keys import GROUP, QueueKeys
+from .keys import BANDS, GROUP, QueueKeys
 from .progress import Progress
 from .progress import decode as decode_progress
 from .results import decode_result
@@ -197,6 +197,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
         pipe.hget(IndexKeys.for_queue(k).jobs, job_id)
         pipe.get(k.delayed_mark(job_id))
         pipe.smembers(k.bands)
+        pipe.get(k.replay_mark(job_id))
     replies = pipe.execute()
     now = server_ms(replies[0])
     running: dict[str, Running] = {}
@@ -204,10 +205,13 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     marked: list[str] = []
     indexed: dict[str, bytes] = {}
     marks: dict[str, bytes] = {}
+    replayed: dict[str, bytes] = {}
     streams: dict[str, list[QueueKeys]] = {}
     """Each queue's streams, its own first, then its priority bands' (high, low)."""
     for i, k in enumerate(all_keys):
-        beats, blob, unique, dead_entry, mark, bands = replies[1 + 6 * i: 7 + 6 * i]
+        beats, blob, unique, dead_entry, mark, bands, replayed_to = replies[1 + 7 * i: 8 + 7 * i]
+        if replayed_to is not None:
+            replayed[k.queue] = replayed_to
         streams[k.queue] = sorted(k.band_keys(b.decode() if isinstance(b, bytes) else b for b in bands),
                                   key=lambda band: band.band != "")
         if dead_entry is not None:
@@ -252,15 +256,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
         else:
             search.note(f"the delayed set of {k.queue} at the job's mark: not there (it left the set)")
 
-    # 3. the stream near the job's creation
-    if search.created_ms is not None:
-        for k in all_keys:
-            for band in streams[k.queue]:
-                hit = _stream_near(search, band, search.created_ms)
-                if hit is not None:
-                    return _done(search, results.get(k.queue), _in_stream(search, band, *hit, running.get(k.queue)))
-
-    # the DLQ's index names the job's entry: no scan of the delayed set or the DLQ
+    # the DLQ's index names the job's entry (read in the first round trip): no stream, delayed set or DLQ is scanned
     if not running:
         for k in all_keys:
             if k.queue in indexed:
@@ -271,6 +267,28 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
                     search.note(f"the dead-letter index of {k.queue}: found")
                     return _done(search, results.get(k.queue), JobLookup(job_id, "dead", queue=k.queue,
                                                                          job=entry.job, dead=entry))
+
+    # the stream entry a replay gave the job, when its mark is there: checked, not trusted
+    for k in all_keys:
+        if k.queue in replayed:
+            band_name, _, new_entry = replayed[k.queue].decode().partition(" ")
+            if band_name not in BANDS:
+                continue
+            where = k.in_band(band_name)
+            rows = client.xrange(where.stream, new_entry, new_entry, count=1) if new_entry else []
+            hit = _match_stream(search, rows)
+            if hit is not None:
+                search.note(f"the stream of {_stream_name(where)} at the entry its replay gave it: found")
+                return _done(search, results.get(k.queue), _in_stream(search, where, *hit, running.get(k.queue)))
+            search.note(f"the stream of {_stream_name(where)} at the entry its replay gave it: gone (it ran since)")
+
+    # 3. the stream near the job's creation
+    if search.created_ms is not None:
+        for k in all_keys:
+            for band in streams[k.queue]:
+                hit = _stream_near(search, band, search.created_ms)
+                if hit is not None:
+                    return _done(search, results.get(k.queue), _in_stream(search, band, *hit, running.get(k.queue)))
 
     # 4. the delayed sets holding no mark of the job
     for k in unmarked:

@@ -32,9 +32,9 @@ _LUA_DIR = Path(__file__).with_name("lua")
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
          "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_search", "dlq_discard",
          "dlq_reindex", "control_send", "purge", "rollup",
-         "cancel", "delayed_find")
+         "cancel", "delayed_find", "dlq_trim", "dlq_fetch")
 
-WITH_DLQ_INDEX = frozenset({"settle", "dlq_move", "dlq_discard", "dlq_reindex"})
+WITH_DLQ_INDEX = frozenset({"settle", "dlq_move", "dlq_discard", "dlq_reindex", "dlq_trim"})
 """Scripts that write or remove dead-letter entries: ``lua/dlq_index.lua`` follows the prelude in each."""
 
 
@@ -110,6 +110,8 @@ class Scripts:
     rollup: ScriptCall
     cancel: ScriptCall
     delayed_find: ScriptCall
+    dlq_trim: ScriptCall
+    dlq_fetch: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:

@@ -28,13 +28,15 @@ from .connection import Client
 from .keys import QueueKeys
 
 FIELDS = ("enqueued", "fetched", "completed", "failed", "retried", "dlq", "replayed", "promoted", "skipped",
-          "bad_signature", "deferred", "purged", "lost", "recovered")
+          "bad_signature", "deferred", "purged", "lost", "lost_contact", "recovered", "dlq_trimmed")
 """The counters of ``<metrics>total``; ``fetched`` counts entries workers read from the streams, ``failed`` handler
 runs that raised (retried or dead), ``skipped`` jobs acknowledged without running because their idempotency key had
 completed, ``bad_signature`` jobs refused for a missing or wrong signature (also counted in ``dlq``), ``deferred``
 jobs put back in the delayed set to wait for room in a rate or concurrency limit (each wait counted), ``purged``
-waiting jobs an operator deleted (purge.py), ``lost`` runs under way in a worker that died (reclaim.lua: each is
-charged to its job), ``recovered`` entries taken back from a dead worker before they started (uncharged)."""
+waiting jobs an operator deleted (purge.py), ``lost`` runs under way in a worker whose process died (reclaim.lua:
+each is charged to its job as a death), ``lost_contact`` runs under way in a worker that stopped answering with no
+death on record (charged as a run, never as a death), ``recovered`` entries taken back from such a worker before
+they started (uncharged), ``dlq_trimmed`` dead jobs a DLQ's retention rule removed (dlq/retention.py)."""
 DLQ_REASON_PREFIX = "dlq:"
 """``dlq:<reason>`` counts the jobs dead-lettered for that reason (``dlq`` counts them all)."""
 

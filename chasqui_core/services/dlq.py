@@ -8,6 +8,7 @@ queue's workers sweep them, outside the web process.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +20,9 @@ from chasqui_core.engine.dlq.estimate import Estimate, estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.index import IndexState
 from chasqui_core.engine.dlq.replay import DeadLetters
+from chasqui_core.engine.dlq.retention import Retention
 from chasqui_core.engine.dlq.search import SearchPage, TextSearch
+from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.masking import masked_keys
 from chasqui_core.services.background import launch as launch_in_background
@@ -78,6 +81,34 @@ def coerce_filter(value: DLQFilter | Mapping[str, Any] | None) -> DLQFilter:
 
 def _dead_letters(queue: str) -> DeadLetters:
     return DeadLetters(redis_client(), queue)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionState:
+    """A DLQ's retention rule with what it means now, for the console and the API."""
+
+    rule: Retention
+    length: int
+    trimmed: int
+    """Entries the rule has trimmed since the DLQ began (the all-time ``dlq_trimmed`` counter)."""
+
+    @property
+    def near_limit(self) -> bool:
+        return self.rule.near_limit(self.length)
+
+
+def dlq_retention(actor, queue: str, *, source: Source = "api") -> RetentionState:
+    """The queue's DLQ retention rule (settings: DLQ_MAX_ENTRIES, DLQ_MAX_AGE_DAYS, DLQ_RETENTION), its length
+    and how many entries the rule trimmed."""
+    require(actor, access.VIEW, source)
+    queue = require_queue(queue)
+    keys = QueueKeys.for_queue(queue)
+    with engine_errors:
+        pipe = redis_client().pipeline(transaction=False)
+        pipe.xlen(keys.dlq)
+        pipe.hget(keys.totals, "dlq_trimmed")
+        length, trimmed = pipe.execute()
+    return RetentionState(chasqui_settings().dlq_retention(queue), int(length), int(trimmed or 0))
 
 
 def dlq_page(

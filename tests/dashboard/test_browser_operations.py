@@ -106,3 +106,44 @@ def test_search_fills_a_live_list_and_never_shows_a_secret(stack, redis):  # noq
             expect(page.locator(".search-hit")).to_have_count(0)
         finally:
             browser.close()
+
+
+def test_a_stopped_replay_says_how_many_of_how_many_and_a_second_run_moves_at_once(stack, redis):  # noqa: F811
+    """A filtered replay through the DLQ's index, stopped half way from its page, then run again."""
+    from playwright.sync_api import expect, sync_playwright
+
+    base = stack
+    bulk_dead(redis, QUEUE, 3000, task="tests.dashboard.e2e_app.tasks.render_invoice")  # older, not in the filter
+    dead_charges(redis, 2400)
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("dialog", lambda dialog: dialog.accept())
+            log_in(page, base, "olga", "olga-password", next_path=f"/queues/{QUEUE}/dlq/?task={CHARGE}")
+            page.click("button[value=replay-matching]")
+            expect(page.locator("h1[data-confirm-count]")).to_contain_text("Replay 2,400 entries?")
+            page.fill("input[name=rate]", "200")
+            page.click("button[data-confirm-button]")
+            page.wait_for_url(f"{base}/operations/**")
+            expect(page.locator("#op-progress")).to_have_attribute("data-status", "running", timeout=10_000)
+            page.locator("button[data-action=cancel-operation]").click()
+            expect(page.locator("#op-progress")).to_have_attribute("data-status", "cancelled", timeout=15_000)
+            done = int(page.locator("[data-done]").inner_text().replace(",", ""))
+            assert 0 < done < 2400
+            expect(page.locator("[data-total]")).to_have_text("2,400")  # of all that matched, not of those handled
+
+            page.goto(f"{base}/queues/{QUEUE}/dlq/?task={CHARGE}")
+            page.click("button[value=replay-matching]")
+            left = 2400 - done
+            expect(page.locator("h1[data-confirm-count]")).to_contain_text(f"Replay {left:,} entries?")
+            page.fill("input[name=rate]", "400")
+            page.click("button[data-confirm-button]")
+            page.wait_for_url(f"{base}/operations/**")
+            # the entries the first run replayed are gone from the index: the second moves from its first chunk
+            expect(page.locator("[data-done]")).not_to_have_text("0", timeout=5_000)
+            expect(page.locator("#op-progress")).to_have_attribute("data-status", "done", timeout=60_000)
+            expect(page.locator("#op-progress")).to_contain_text(f"{left:,} replayed")
+            assert redis.xlen(KEYS.dlq) == 3000
+        finally:
+            browser.close()

@@ -477,7 +477,7 @@ def test_sweeps_stop_when_asked_and_discard_matching(redis, dl):
     assert dl.count_matching(f) == 30
     progress.clear()
     assert dl.discard_matching(f, chunk=100, progress=lambda *p: progress.append(p)) == 30
-    assert progress[-1] == (30, 30) and len(progress) >= 1500 // 100
+    assert progress == [(0, 30), (30, 30)]  # through the index: one step for the 30, not a pass over 1,530
     assert dl.count_matching(f) == 0 and dl.count() == 1500
     assert dl.discard(unknown) == 0
     assert dl.discard_matching(DLQFilter(until_ms=1)) == 0 and dl.count() == 1500

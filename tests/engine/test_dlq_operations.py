@@ -96,6 +96,7 @@ def test_cancel_stops_between_chunks_and_what_is_done_stays_done(redis, ops):
     runner.join(20)
     [record] = result["r"]
     assert record.state == "cancelled" and 0 < record.done < 2000
+    assert (record.total, record.total_exact) == (2000, True)  # "N of 2,000 handled", not "N of N"
     assert redis.xlen(KEYS.stream) == record.count
     assert redis.xlen(KEYS.stream) + redis.xlen(KEYS.dlq) == 2000
 

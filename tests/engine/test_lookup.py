@@ -9,6 +9,7 @@ import pytest
 
 from chasqui_core.engine import delayed, lookup
 from chasqui_core.engine.envelope import Job, new_job_id, now_ms
+from chasqui_core.engine.dlq.index import DLQIndex
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.keys import DELAYED_MARK_GRACE_MS, GROUP, QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.queue import JobSpec, Queue
@@ -205,6 +206,34 @@ def test_a_dead_job_is_found_in_the_dlq(redis):
     found = find(redis, job.id)
     assert found.state == "dead" and found.queue == Q
     assert found.dead is not None and found.dead.entry_id == entry and found.job.args == [7, 8]
+
+
+def test_a_dead_job_the_index_names_is_found_before_any_stream_is_read(redis):
+    """Thousands of jobs made about when the dead one was wait in the stream: the index is asked first."""
+    queue = Queue(Q, redis_client=redis)
+    job = dead_job(args=(7, 8))
+    queue.add_bulk([JobSpec(TASK, [i]) for i in range(3 * lookup.CHUNK)])
+    entry = add_dead(redis, Q, job)
+    assert DLQIndex(redis, Q).rebuild().ready
+    found = find(redis, job.id)
+    assert (found.state, found.dead.entry_id) == ("dead", entry)
+    assert found.scanned == 0 and any("dead-letter index of lookups: found" in n for n in found.searched)
+
+
+def test_a_replayed_job_is_found_at_the_entry_its_replay_gave_it(redis):
+    """A replayed job's entry is far from its id's time and no longer in the DLQ's index: its replay mark
+    leads to it, and a mark whose entry is gone (the job ran since) is checked, not believed."""
+    queue = Queue(Q, redis_client=redis)
+    job = dead_job(args=(7, 8))
+    entry = add_dead(redis, Q, job)
+    queue.add_bulk([JobSpec(TASK, [i]) for i in range(lookup.NEAR + 2 * lookup.CHUNK)])
+    assert DeadLetters(redis, Q).replay([entry]) == 1
+    found = find(redis, job.id)
+    assert found.state == "waiting" and found.job.args == [7, 8] and found.job.replays == 1
+    assert found.scanned <= 1 and any("the entry its replay gave it: found" in n for n in found.searched)
+    redis.xdel(KEYS.stream, found.stream_entry)
+    gone = find(redis, job.id)
+    assert gone.state is None and any("gone (it ran since)" in n for n in gone.searched)
 
 
 def test_a_dead_job_made_long_before_it_died_is_found(redis):

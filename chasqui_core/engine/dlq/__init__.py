@@ -21,5 +21,8 @@ The modules, in the order they build on each other:
 - ``filter``: ``DLQFilter``, which dead jobs to show or act on
 - ``index``: ``DLQIndex``, the counts and entry sets the scripts keep as they write and remove entries
 - ``browse``: ``DLQReader``: pages, counts, lookups and error groups
+- ``selection``: what a bulk replay or discard acts on, chunk by chunk, through the index when it can
 - ``replay``: ``DeadLetters``: everything ``DLQReader`` reads, plus replay and discard
+- ``operations``: replays and discards by filter run by workers, with their progress in Redis
+- ``retention``: how much of a DLQ is kept (at most N entries, D days), and the trim that keeps it so
 """

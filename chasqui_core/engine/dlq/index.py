@@ -36,7 +36,7 @@ from typing import Any
 from ..connection import Client
 from ..keys import DLQ_INDEX_VERSION, QueueKeys
 from ..scripts import Scripts
-from .entries import Row, decode_entry, field_text, format_id, parse_id
+from .entries import Row, StreamId, decode_entry, field_text, format_id, id_after, id_of, parse_id
 from .filter import DLQFilter
 from .fingerprint import error_group, fingerprint_id
 
@@ -425,6 +425,88 @@ class DLQIndex:
         return Groups(out, int(total_groups), max(0, int(indexed or 0) - shown))
 
     # --- walking --------------------------------------------------------------------------------------
+
+    def oldest_first(self, f: DLQFilter, start: StreamId | None, hi: StreamId | None,
+                     chunk: int) -> Iterator[tuple[list[bytes], StreamId]]:
+        """The ids the filter's indexed values match, oldest first, from ``start`` (inclusive) to ``hi``.
+
+        What a bulk replay or discard acts on: only the ids of the smallest
+        of the filter's sets are read (and checked against the others), never
+        an entry, so a filter matching 7 entries of a million reads 7 ids.
+        Each step yields the ids kept and the last id it walked (the next
+        step starts after it, whether or not that id was kept); entries the
+        caller removes meanwhile do not disturb the walk. The time range and
+        text of ``f`` are the caller's to apply beyond ``start`` and ``hi``.
+        """
+        dims = self.dimensions(f)
+        if not dims or any(size == 0 for _, size in dims):
+            return
+        dims.sort(key=lambda d: d[1])
+        lo = _ms_range(f)[0]
+        top = score_of(hi) if hi is not None else None
+        if start is not None and (lo is None or score_of(start) > lo):
+            lo = None
+        else:
+            start = None
+        for walked in self._ascend(dims[0][0], start, lo, top, chunk):
+            kept = self._intersect(walked, dims[1:])
+            yield [eid for _, eid in kept], id_of(walked[-1][1])
+
+    def _ascend(self, keys: list[str], start: StreamId | None, lo: int | None, hi: int | None,
+                chunk: int) -> Iterator[list[Position]]:
+        """The ids of a union of sorted sets in stream order (oldest first), from ``start`` or score ``lo``.
+
+        Members sharing a score (the SEQ_SLOTS-th entry of a millisecond
+        and those after it) are in byte order in Redis, not in the stream's;
+        so a step that stops on such a score leaves it to the next step, which
+        reads it whole, and each step orders its ids by id.
+        """
+        cursor = start
+        while True:
+            pipe = self.client.pipeline(transaction=False)
+            low = _low(lo) if cursor is None else f"({score_of(cursor)}"
+            for key in keys:
+                if cursor is not None:
+                    s = score_of(cursor)
+                    pipe.zrangebyscore(key, s, s, withscores=True)
+                pipe.zrangebyscore(key, low, _high(hi), start=0, num=chunk, withscores=True)
+            replies = pipe.execute()
+            found: dict[bytes, int] = {}
+            bound = None
+            step = 1 if cursor is None else 2
+            for k in range(len(keys)):
+                if cursor is not None:
+                    for member, score in replies[k * step]:
+                        if id_of(member) >= cursor and (hi is None or score <= hi):
+                            found[member] = int(score)
+                above = replies[k * step + step - 1]
+                for member, score in above:
+                    found[member] = int(score)
+                last = int(above[-1][1]) if above else 0
+                if len(above) == chunk and last % SEQ_SLOTS == SEQ_SLOTS - 1:
+                    # cut short on a shared score: it may have more members, and in byte order
+                    bound = last if bound is None else min(bound, last)
+            keep = [(score, member) for member, score in found.items() if bound is None or score < bound]
+            if not keep and bound is not None:  # a whole step of one score: read that score whole
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.zrangebyscore(key, bound, bound, withscores=True)
+                for reply in pipe.execute():
+                    for member, score in reply:
+                        if cursor is None or id_of(member) >= cursor:
+                            keep.append((int(score), member))
+                keep = list(dict.fromkeys(keep))
+            keep.sort(key=lambda pos: (pos[0], id_of(pos[1])))
+            batch = keep[:chunk]
+            if batch:
+                yield batch
+            if bound is None and len(keep) <= chunk and all(len(r) < chunk for r in replies[step - 1::step]):
+                return
+            nxt = id_after(id_of(batch[-1][1]))
+            if nxt is None:
+                return
+            cursor = nxt
+
 
     def _walk(self, keys: list[str], start: Position | None, lo: int | None, hi: int | None,
               chunk: int) -> Iterator[list[Position]]:

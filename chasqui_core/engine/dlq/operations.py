@@ -4,10 +4,14 @@ A request (console, API, CLI) only records an operation: a hash
 ``{chasqui:<q>}:op:<id>`` with its definition and progress, and its id in the
 queue's set of unfinished operations. Every worker of the queue looks at that
 set (``OperationsLoop``, one more long-lived part of the worker) and one of
-them claims the operation (``op_claim.lua``) and sweeps the DLQ, oldest
-first, one chunk per call. After each chunk it writes its progress (done,
-count, the cursor where the sweep goes on) with ``op_update.lua``, which is
-also its heartbeat and tells it whether someone asked to cancel.
+them claims the operation (``op_claim.lua``) and sweeps the entries it
+matches, oldest first, one chunk per call (``selection.chunks``: through the
+DLQ's index for a filter on task, reason, error class or group, so only the
+matching entries are read). It first counts what it has left to do where
+the index can tell without reading entries, so its total is exact from the
+start and a stop reports "N of M". After each chunk it writes its progress
+(done, count, the cursor where the sweep goes on) with ``op_update.lua``,
+which is also its heartbeat and tells it whether someone asked to cancel.
 
 A worker that dies mid-way stops heartbeating; once its operation has been
 silent for ``STALE_AFTER_MS`` another worker claims it and carries on from the
@@ -45,9 +49,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..connection import Client, connect
 from ..keys import QueueKeys
 from ..scripts import Scripts
-from .entries import DeadJob, Row, decode_entry, format_id, id_after, id_of, parse_id
+from .entries import DeadJob, format_id, parse_id
 from .filter import DLQFilter
+from . import retention
 from .replay import DeadLetters
+from .selection import chunks, matching_total
 
 logger = logging.getLogger("chasqui.operations")
 
@@ -221,7 +227,7 @@ class Operations:
         self.client.hset(key, "cancel", "1")
         owner = f"canceller:{op_id}"
         if self._claim(op_id, owner, stale_ms=STALE_AFTER_MS) == 1:  # nobody was running it
-            self._update(op_id, owner, "cancelled", total_exact="1")
+            self._update(op_id, owner, "cancelled")
         return self.get(op_id)
 
     # --- what runners call ---------------------------------------------------------------------
@@ -247,7 +253,7 @@ class Operations:
             return None
         try:
             if record.cancel:
-                self._update(op_id, owner, "cancelled", total_exact="1", total=record.done)
+                self._update(op_id, owner, "cancelled", total=max(record.total, record.done))
             else:
                 self._sweep(record, owner, should_stop or (lambda: False), chunk)
         except _LostClaim:
@@ -279,50 +285,59 @@ class Operations:
         if bounds is None or (edges is None and not hi_text):
             self._update(op_id, owner, "done", total=done, total_exact="1")
             return
+        fields: dict[str, Any] = {}
         if hi_text:
             hi = parse_id(hi_text)
         else:
             # Only the entries present now: jobs that die during a long sweep are left for an operator to look at.
             assert edges is not None
             hi = min(bounds[1], edges[1])
-            self._update(op_id, owner, "running", hi=format_id(hi))
+            fields["hi"] = format_id(hi)
         lo = parse_id(record.cursor) if record.cursor else bounds[0]
+        left = matching_total(dl, sel, lo, hi)
+        total = max(record.total, done)
+        if left is not None:  # known without reading entries: the figures are exact from the start
+            total = done + left
+            fields.update(total=total, total_exact="1")
+        if fields:
+            self._update(op_id, owner, "running", **fields)
+        stopped = _Stop(self, op_id, owner, total)
         pace = _Pace(record.rate)
         burst = max(1, int(record.rate * PACE_SLICE_S)) if record.rate else chunk
-        for rows in dl._scan_oldest(lo, hi, chunk):
+        for step in chunks(dl, sel, lo, hi, chunk, decode=record.kind == "replay"):
             if should_stop():
                 self._update(op_id, owner, "pending", done=done, count=count)
                 return
-            matched = dl._select(sel, rows)
-            nxt = id_after(id_of(rows[-1][0]))
-            for start in range(0, len(matched), burst):
-                part = matched[start : start + burst]
-                count += self._act(dl, record, part)
-                done += len(part)
-                pace.moved(len(part))
-                last = start + burst >= len(matched)
-                cursor = format_id(nxt) if last and nxt is not None else format_id(id_of(rows[0][0]))
+            for start in range(0, len(step.ids), burst):
+                ids = step.ids[start : start + burst]
+                dead = step.dead[start : start + burst] if step.dead is not None else None
+                count += self._act(dl, record, ids, dead)
+                done += len(ids)
+                pace.moved(len(ids))
+                last = start + burst >= len(step.ids)
+                cursor = (step.cursor or step.start) if last else step.start
                 if self._update(op_id, owner, "running", done=done, count=count, cursor=cursor):
-                    self._update(op_id, owner, "cancelled", total=done, total_exact="1")
+                    stopped.cancelled(done)
                     return
                 if not pace.wait(lambda: self._update(op_id, owner, "running") or should_stop()):
                     if should_stop():
                         self._update(op_id, owner, "pending")
                     else:
-                        self._update(op_id, owner, "cancelled", total=done, total_exact="1")
+                        stopped.cancelled(done)
                     return
-            if not matched and nxt is not None and self._update(op_id, owner, "running", cursor=format_id(nxt)):
-                self._update(op_id, owner, "cancelled", total=done, total_exact="1")
+            if not step.ids and step.cursor is not None and self._update(op_id, owner, "running",
+                                                                         cursor=step.cursor):
+                stopped.cancelled(done)
                 return
         self._update(op_id, owner, "done", done=done, count=count, total=done, total_exact="1")
 
-    def _act(self, dl: DeadLetters, record: OperationRecord, matched: list[tuple[Row, DeadJob | None]]) -> int:
-        if not matched:
+    def _act(self, dl: DeadLetters, record: OperationRecord, ids: list[str], dead: list[DeadJob] | None) -> int:
+        if not ids:
             return 0
         if record.kind == "replay":
-            dead = [d if d is not None else decode_entry(self.queue, *row) for row, d in matched]
+            assert dead is not None
             return dl._move(dead, record.reset_attempts, record.run_at_ms)
-        return dl.discard([row[0].decode() for row, _ in matched])
+        return dl._discard(ids)
 
     # --- the scripts ---------------------------------------------------------------------------
 
@@ -342,6 +357,21 @@ class Operations:
         if reply < 0:
             raise _LostClaim(op_id)
         return reply == 1
+
+
+class _Stop:
+    """Ends a sweep that was asked to stop, saying how many of how many it handled.
+
+    The total stays what it was (exact when the sweep could count its
+    matches, else the estimate): "30,800 of 100,000", never "30,800 of
+    30,800". It grows only if more were handled than estimated.
+    """
+
+    def __init__(self, ops: Operations, op_id: str, owner: str, total: int) -> None:
+        self.ops, self.op_id, self.owner, self.total = ops, op_id, owner, total
+
+    def cancelled(self, done: int) -> None:
+        self.ops._update(self.op_id, self.owner, "cancelled", total=max(self.total, done))
 
 
 class _Pace:
@@ -391,7 +421,8 @@ def run_pending(
 
 
 class OperationsLoop:
-    """The worker's part that runs its queues' operations, in a thread of its own with a sync client.
+    """The worker's part that runs its queues' operations, in a thread of its own with a sync client; it also
+    trims its queues' DLQs to their retention rules every ``retention.TRIM_EVERY_S``.
 
     Sweeps are blocking work (scripts of a few milliseconds, decoding and
     encoding envelopes), so they stay off the worker's event loop and never
@@ -420,7 +451,11 @@ class OperationsLoop:
             def stopping() -> bool:
                 return stop.is_set() or self.stopping.is_set()
 
+            trimmed_at = 0.0
             while not stopping():
+                if time.monotonic() - trimmed_at >= retention.TRIM_EVERY_S:
+                    trimmed_at = time.monotonic()
+                    self._trim(client)
                 ran = False
                 for o in ops:
                     op_id = o.claim_next(self.owner)
@@ -440,3 +475,14 @@ class OperationsLoop:
                     stop.wait(POLL_S)
         finally:
             client.close()
+
+    def _trim(self, client: Client) -> None:
+        """Trim each queue's DLQ to its retention rule (``retention.py``); a failure waits for the next pass."""
+        for queue in self.queues:
+            try:
+                removed = retention.trim(client, queue, retention.read(client, queue))
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                logger.warning("trimming the DLQ of %s: Redis unavailable (%s)", queue, exc)
+                return
+            if removed:
+                logger.info("trimmed %d dead job(s) from the DLQ of %s (its retention rule)", removed, queue)

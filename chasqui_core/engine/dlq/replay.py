@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..connection import Client
+from ..keys import REPLAY_MARK_TTL_MS
 from ..scripts import Scripts
 from .browse import DLQReader, check_positive
-from .entries import DeadJob, Row, decode_entry, format_id, parse_id
+from .entries import DeadJob, decode_entry, format_id, parse_id
 from .filter import DLQFilter
-from .index import has_dimensions
+from .selection import chunks, matching_total
 
 MOVE_CHUNK = 500
 """Entries replayed or deleted per call when acting on a list of ids."""
@@ -106,11 +107,11 @@ class DeadLetters(DLQReader):
         """``replay`` every entry that matches, oldest first, one call per chunk; see ``_sweep``."""
         _check_run_at(run_at_ms)
 
-        def act(matched: list[tuple[Row, DeadJob | None]]) -> int:
-            dead = [d if d is not None else decode_entry(self.queue, *row) for row, d in matched]
+        def act(ids: list[str], dead: list[DeadJob] | None) -> int:
+            assert dead is not None
             return self._move(dead, reset_attempts, run_at_ms)
 
-        return self._sweep(filter, act, chunk, progress, should_stop)
+        return self._sweep(filter, act, chunk, progress, should_stop, decode=True)
 
     def discard_matching(
         self,
@@ -122,18 +123,18 @@ class DeadLetters(DLQReader):
     ) -> int:
         """``discard`` every entry that matches, oldest first, one call per chunk; see ``_sweep``."""
 
-        def act(matched: list[tuple[Row, DeadJob | None]]) -> int:
-            return self._discard([row[0] for row, _ in matched])
+        def act(ids: list[str], dead: list[DeadJob] | None) -> int:
+            return self._discard(ids)
 
-        return self._sweep(filter, act, chunk, progress, should_stop)
+        return self._sweep(filter, act, chunk, progress, should_stop, decode=False)
 
     def _move(self, dead: list[DeadJob], reset_attempts: bool, run_at_ms: int | None) -> int:
-        argv: list[Any] = []
+        argv: list[Any] = [self.keys.replay_marks, REPLAY_MARK_TTL_MS]
         when = "" if run_at_ms is None else str(run_at_ms)
         for d in dead:
             if d.job is not None:
-                argv += (d.entry_id, _replayed(d, reset_attempts), when)
-        if not argv:
+                argv += (d.entry_id, _replayed(d, reset_attempts), when, d.job.id)
+        if len(argv) == 2:
             return 0
         return int(self._scripts.dlq_move(keys=[self.keys.dlq, self.keys.stream, self.keys.delayed, self.keys.totals],
                                           args=argv))
@@ -141,20 +142,23 @@ class DeadLetters(DLQReader):
     def _sweep(
         self,
         filter: DLQFilter,
-        act: Callable[[list[tuple[Row, DeadJob | None]]], int],
+        act: Callable[[list[str], list[DeadJob] | None], int],
         chunk: int,
         progress: Callable[[int, int], None] | None,
         should_stop: Callable[[], bool] | None,
+        *,
+        decode: bool,
     ) -> int:
-        """Act on every matching entry, oldest first, one chunk per call.
+        """Act on every matching entry, oldest first, one chunk per call (``selection.chunks``).
 
-        Only entries present when the sweep starts are considered (the scan
+        Only entries present when the sweep starts are considered (the sweep
         stops at the newest id seen then), so jobs that die during a long
-        sweep are left for the operator to look at. ``progress(done, total)``
-        is called once before the first chunk and after each one; ``done``
-        counts matching entries handled, including ones someone else removed
-        meanwhile and undecodable ones a replay must leave behind.
-        ``should_stop`` is asked before each chunk.
+        sweep are left for the operator to look at. A filter on an indexed
+        value reads only the matching entries, through the index.
+        ``progress(done, total)`` is called once before the first chunk and
+        after each one; ``done`` counts matching entries handled, including
+        ones someone else removed meanwhile and undecodable ones a replay
+        must leave behind. ``should_stop`` is asked before each chunk.
         """
         if not isinstance(filter, DLQFilter):
             raise TypeError(
@@ -169,26 +173,18 @@ class DeadLetters(DLQReader):
                 progress(0, 0)
             return 0
         lo, hi = bounds[0], min(bounds[1], edges[1])
-        if f is None:
-            total = self.count()
-        elif lo > hi:
-            total = 0
-        elif has_dimensions(f) and f.error_text is None and self.index.advance().ready:
-            total = self.index.count(f)
-        else:
+        total = matching_total(self, f, lo, hi)
+        if total is None:  # free text, or an index being rebuilt: counted by reading the range
             total = self._count_in(f, lo, hi, max(chunk, 1000))
         done = acted = 0
         if progress is not None:
             progress(0, total)
-        if lo > hi:
-            return 0
-        for rows in self._scan_oldest(lo, hi, chunk):
+        for step in chunks(self, f, lo, hi, chunk, decode=decode):
             if should_stop is not None and should_stop():
                 break
-            matched = self._select(f, rows)
-            if matched:
-                acted += act(matched)
-                done += len(matched)
+            if step.ids:
+                acted += act(step.ids, step.dead)
+                done += len(step.ids)
             if progress is not None:
-                progress(done, total)
+                progress(done, max(total, done))
         return acted

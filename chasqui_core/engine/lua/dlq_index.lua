@@ -1,5 +1,5 @@
 -- The dead-letter index: helpers for the scripts that write or remove DLQ
--- entries (settle.lua, dlq_move.lua, dlq_discard.lua, dlq_reindex.lua).
+-- entries (settle.lua, dlq_move.lua, dlq_discard.lua, dlq_reindex.lua, dlq_trim.lua).
 --
 -- scripts.py squeezes this file onto those scripts' first line after the
 -- prelude, as it does the prelude (comment lines dropped, code lines joined),

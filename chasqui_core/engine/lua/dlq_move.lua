@@ -7,10 +7,13 @@
 -- KEYS[1] dlq   KEYS[2] stream   KEYS[3] delayed   KEYS[4] all-time totals (counts "replayed")
 --         (KEYS[2] is the default band's stream: a prioritised job goes back to its
 --         band's stream, prelude's band_stream)
--- ARGV triples: dlq entry id, payload to publish, run at epoch ms ("" = now)
+-- ARGV[1] the replay marks' key prefix ({chasqui:<q>}:rjob:)   ARGV[2] their lifetime (ms)
+-- ARGV[3..] quadruples: dlq entry id, payload to publish, run at epoch ms ("" = now), job id
 -- Returns the number of entries moved.
 --
--- A job sent to the delayed set gets its mark there (mark_delayed).
+-- A job sent to the delayed set gets its mark there (mark_delayed); a job sent
+-- to a stream gets a replay mark, <prefix><job id> = "<band> <stream entry id>",
+-- so a lookup by id reads its new entry instead of scanning the stream for it.
 --
 -- Calls server_ms and mark_delayed from prelude.lua; dlq_removal, dlq_take and dlq_removal_flush from
 -- dlq_index.lua.
@@ -19,10 +22,15 @@ local dlq, stream, delayed = KEYS[1], KEYS[2], KEYS[3]
 local removal = dlq_removal(dlq)
 local moved = 0
 local now
-for i = 1, #ARGV, 3 do
+local marks, life = ARGV[1], ARGV[2]
+for i = 3, #ARGV, 4 do
   if dlq_take(removal, ARGV[i]) then
     if ARGV[i + 2] == '' then
-      redis.call('XADD', band_stream(stream, band_of(ARGV[i + 1])), '*', 'j', ARGV[i + 1])
+      local band = band_of(ARGV[i + 1])
+      local eid = redis.call('XADD', band_stream(stream, band), '*', 'j', ARGV[i + 1])
+      if ARGV[i + 3] ~= '' then
+        redis.call('SET', marks .. ARGV[i + 3], band .. ' ' .. eid, 'PX', life)
+      end
     else
       local at = tonumber(ARGV[i + 2])
       redis.call('ZADD', delayed, at, ARGV[i + 1])

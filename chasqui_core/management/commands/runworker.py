@@ -27,6 +27,7 @@ from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.backoff import coerce_backoff
 from chasqui_core.engine.connection import check as check_redis
 from chasqui_core.engine.connection import connect
+from chasqui_core.engine.dlq import retention
 from chasqui_core.engine.errors import InvalidQueueName, RedisConfigError
 from chasqui_core.engine.keys import validate_queue_name
 from chasqui_core.engine.recovery import record_death
@@ -74,6 +75,19 @@ def _outbox_relay() -> OutboxRelay | None:
         if isinstance(backend, ChasquiBackend) and backend.outbox:
             return OutboxRelay(backend.queue).start()
     return None
+
+
+def _publish_retention(conf, queues: list[str], stderr) -> None:
+    """Write the queues' DLQ retention rules where their workers trim by them (engine/dlq/retention.py)."""
+    try:
+        client = connect(conf.redis_url)
+        try:
+            retention.publish(client, {queue: conf.dlq_retention(queue) for queue in queues})
+        finally:
+            client.close()
+    except Exception as exc:  # Redis is not up yet: the worker waits for it; the rules stay as last published
+        stderr.write(f"warning: could not publish the DLQ retention rules ({type(exc).__name__}: {exc}); "
+                     "the rules last published stay in force")
 
 
 class DeathRecorder:
@@ -224,6 +238,7 @@ class Command(BaseCommand):
                           + "".join(f", limit on {limit.scope}: {limit.describe()}" for limit in worker.limits.limits
                                     if limit.scope in options["queues"] or limit.scope in registry))
         self.stdout.flush()
+        _publish_retention(conf, options["queues"], self.stderr)
         relay = _outbox_relay()
         audits = background.OperationAudits(options["queues"])  # DLQ operations' audit entries, when they end
         if child is not None:  # at a limit, ask for a successor and work on until it reads
