@@ -257,6 +257,23 @@ class Housekeeping:
         """The longest-running jobs (task, job id, started at ms), at most CURRENT_JOBS_SHOWN of them."""
         return [[d.job.task, d.job.id, d.started] for d in self.w.held.running()[:CURRENT_JOBS_SHOWN]]
 
+    async def announce_stop(self) -> None:
+        """Put this process's end on record before its last runs finish: a run of it found lost from now on was
+        lost with its exit (a crash while it winds down, or a supervisor gone, whose children stop by themselves
+        and that can no longer record their deaths), so the reclaim charges it as a death, not lost contact.
+        Runs that end as they should leave no mark to charge, so the record costs them nothing. Best effort:
+        with Redis away, those runs count as lost contact, as before."""
+        w = self.w
+        if not w.in_flight:
+            return
+        try:
+            pipe = w.client.pipeline(transaction=False)
+            for k in w.keys:
+                add_death_record(pipe, k, w.id, f"stopping with {w.in_flight} run(s) under way", now_ms())
+            await asyncio.wait_for(pipe.execute(), timeout=2.0)
+        except Exception:
+            pass
+
     async def unregister(self) -> None:
         """Leave the workers list and drop the alive key; the start journal too, unless runs are still under way:
         then this process ends with them, and says so (a death record), so that another worker reclaims their

@@ -406,6 +406,7 @@ class Worker:
     async def _shut_down(self, settler_task: asyncio.Task[None], readers: list[asyncio.Task[None]],
                          leaders: list[asyncio.Task[None]], chores: list[asyncio.Task[None]]) -> None:
         logger.info("worker %s stopping", self.id)
+        await self.housekeeping.announce_stop()
         while not all(r.done() for r in readers):  # cut blocked reads short rather than wait out BLOCK
             for reader in self.readers:
                 await reader.unblock()

@@ -165,3 +165,27 @@ def test_a_worker_cut_off_past_its_visibility_timeout_is_lost_contact_not_a_deat
     [(cls, worker)] = rerun_seen.errors
     assert cls == "LostContact" and worker.split(":")[1] == str(cut.pid)
 
+
+
+@pytest.mark.timeout(90)
+def test_a_run_lost_in_a_process_that_crashed_while_it_stopped_is_charged_a_death(redis, workers):
+    """A stopping worker puts its end on record before its last runs finish (a supervisor that is gone can no
+    longer do it for its children, which stop by themselves): a run of it lost in a crash while it winds down is
+    charged as a death, not as lost contact."""
+    queue = "c-stopping"
+    q = Queue(queue, redis_client=redis)
+    job = q.add("die_on_signal", kwargs={"key": "c-stopping:now"})
+    proc = workers.start(queue, visibility_ms=1000, concurrency=2, shutdown_timeout=20)
+    wait_for(lambda: read_runs(redis), 20, "the job to start")
+    proc.send_signal(signal.SIGTERM)  # a graceful stop: it waits for the run
+    keys = QueueKeys.for_queue(queue)
+    [worker_id] = [w.decode() for w in redis.hkeys(keys.workers) if w.decode().split(":")[1] == str(proc.pid)]
+    wait_for(lambda: redis.exists(keys.died(worker_id)), 10, "the stopping worker's end on record")
+    redis.set("c-stopping:now", 1)  # the run now kills the process while it winds down
+    proc.wait(20)
+    workers.start(queue, visibility_ms=1000, concurrency=2)
+    wait_for(lambda: len(read_runs(redis)) == 2 and settled(redis, queue), 30, "the job to run again")
+    second = read_runs(redis)[1]
+    assert second.job_id == job.job_id and second.attempt == 2
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(QueueKeys.for_queue(queue).metrics + "total").items()}
+    assert totals.get("lost") == 1 and not totals.get("lost_contact"), totals

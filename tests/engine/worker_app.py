@@ -139,6 +139,16 @@ def _build_registry(client):
         time.sleep(pause)
         os._exit(1)
 
+    def die_on_signal(ctx, key: str, log: str = RUNS_KEY, **_):
+        """On its first run, waits until ``key`` exists in Redis, then kills the process; later runs succeed."""
+        record(ctx, log)
+        if run_number(ctx, log) > 1:
+            return
+        deadline = time.monotonic() + 30
+        while not client.exists(key) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os._exit(1)
+
     def retry_after(ctx, seconds: float, n: int = 1, log: str = RUNS_KEY, **_):
         record(ctx, log)
         if run_number(ctx, log) <= n:
@@ -173,7 +183,7 @@ def _build_registry(client):
     for name, fn in [("noop", noop), ("echo", echo), ("slow", slow), ("block", block), ("fail_n_times", fail_n_times),
                      ("unrecoverable", unrecoverable), ("foreign_unrecoverable", foreign_unrecoverable),
                      ("die", die), ("obedient", obedient), ("hog", hog), ("die_after", die_after),
-                     ("noted", noted)]:
+                     ("noted", noted), ("die_on_signal", die_on_signal)]:
         registry.register(name, fn, takes_context=True)
     registry.register("retry_after", retry_after, takes_context=True, backoff="retry_after")
     # the middle layer of the retry budget: task defaults, below the job's own options
