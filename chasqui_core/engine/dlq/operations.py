@@ -48,6 +48,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..connection import Client, connect
 from ..keys import QueueKeys
+from ..log_budget import LogBudget
 from ..scripts import Scripts
 from .entries import DeadJob, format_id, parse_id
 from .filter import DLQFilter
@@ -435,6 +436,7 @@ class OperationsLoop:
         """The worker id claims are made in."""
         self.queues = queues
         self.stopping = stopping
+        self._away = LogBudget(logger, "operations passes skipped while Redis could not be reached", per_second=1)
 
     async def run(self) -> None:
         stop = threading.Event()
@@ -458,7 +460,13 @@ class OperationsLoop:
                     self._trim(client)
                 ran = False
                 for o in ops:
-                    op_id = o.claim_next(self.owner)
+                    try:
+                        op_id = o.claim_next(self.owner)
+                    except (RedisConnectionError, RedisTimeoutError) as exc:  # Redis restarting: not an error of ours
+                        if self._away.allow():
+                            logger.warning("operations on %s: Redis cannot be reached (%s); trying again", o.queue,
+                                           exc)
+                        break
                     if op_id is not None:
                         ran = True
                         record = o.run(op_id, self.owner, should_stop=stopping)
