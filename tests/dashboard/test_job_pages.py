@@ -171,3 +171,25 @@ def test_a_jobs_page_shows_its_priority(viewer, redis):
     html = c.get(f"/jobs/{urgent.job_id}/").content.decode()
     assert 'data-priority="40"' in html and "(high band)" in html
     assert 'data-priority="0"' in c.get(f"/jobs/{plain.job_id}/").content.decode()
+
+
+def test_a_dead_jobs_page_shows_its_last_progress_as_history_and_no_pending_result(viewer, redis):
+    from chasqui_core.engine import progress, results
+    from chasqui_core.engine.keys import QueueKeys
+
+    job = dead_job()
+    add_dead(redis, Q, job)
+    keys = QueueKeys.for_queue(Q)
+    # what its life left: a progress report from its last run, and the result record written at enqueue
+    redis.set(keys.progress + job.id, progress.encode(40.0, "charging card", 1_700_000_000_000))
+    redis.set(keys.result + job.id, results.encode_result(job_id=job.id, task=job.task, status="READY", args=[],
+                                                          kwargs={}, enqueued_at=1_700_000_000_000))
+    c = _client(viewer)
+    for html in (c.get(f"/jobs/{job.id}/").content.decode(),
+                 c.get(f"/jobs/{job.id}/", HTTP_HX_REQUEST="true").content.decode()):
+        assert 'data-live-state="dead"' in html and "hx-trigger" not in html  # not polled: nothing is under way
+        assert "data-progress>" not in html and "progress-bar" not in html, "a stale report shown as current"
+        assert "Last progress reported before it died" in html and "charging card" in html
+    page = c.get(f"/jobs/{job.id}/").content.decode()
+    assert "no return value yet" not in page
+    assert "data-no-result>No return value: the job died (" in page
