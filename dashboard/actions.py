@@ -8,7 +8,7 @@ the outcome into a message on the next page.
 
 from __future__ import annotations
 
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -110,13 +110,19 @@ def delayed_run(request: HttpRequest, name: str) -> HttpResponse:
 
 @console_action
 def delayed_cancel(request: HttpRequest, name: str) -> HttpResponse:
+    """Remove a delayed job for good (the queue page's Cancel); the job's own page cancels through ``job_cancel``."""
     job_id = request.POST.get("job_id", "")
+    queue_page = reverse("chasqui_console:queue", args=[name])
     try:
         delayed_service.cancel_delayed(request.user, name, job_id, source=SOURCE)
         messages.success(request, f"Delayed job {job_id} is cancelled: it will not run.")
     except (NotFound, InvalidInput) as exc:
         messages.error(request, str(exc))
-    return _back(request, reverse("chasqui_console:queue", args=[name]))
+        return _back(request, queue_page)
+    if job_id and urlsplit(request.POST.get("next", "")).path == reverse("chasqui_console:job", args=[job_id]):
+        # its page would answer "no job in any queue" (a 404), after searching every queue for it
+        return HttpResponseRedirect(f"{queue_page}#delayed")
+    return _back(request, queue_page)
 
 
 # --- cancelling a job ----------------------------------------------------------------------------

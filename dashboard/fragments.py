@@ -2,9 +2,9 @@
 
 A fragment is a run of top-level elements, each with an ``id`` and
 ``hx-swap-oob``: the websocket extension and the polling fallback both swap
-each element into the page in place of the one with the same id. The same
-templates render the first paint of each page, so a page looks the same
-before and after its first live update.
+each element into the page in place of the one with the same id. A page's
+first paint holds placeholders with those ids (``parts/live_pending.html``):
+reading the counter history on the request path made every page slow.
 
 Fragments go to every tab watching a topic, whoever its user is: they hold
 numbers, charts and worker names, never a button (buttons depend on the

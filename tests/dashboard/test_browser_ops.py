@@ -259,3 +259,67 @@ def test_the_history_range_picker_switches_in_place_from_the_keyboard(env, redis
             assert page.evaluate("window.__sameDocument") is True, "the panel was swapped, the page not reloaded"
         finally:
             browser.close()
+
+
+def test_the_figures_arrive_on_pages_whose_first_paint_has_placeholders(env, redis, tmp_path):
+    """The pages do not read the live figures on the request; the socket's first message fills them in place."""
+    from playwright.sync_api import expect, sync_playwright
+
+    queue = Queue(QUEUE, redis_client=redis)
+    for n in range(4):
+        queue.add(CHARGE, [n])
+    with serve(env, log_path=tmp_path / "daphne.log") as base, sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+            log_in(page, base, "vera", "vera-password", next_path="/")
+            for path, figure, value in (("/", f"#queue-row-{QUEUE} [data-col=stream]", "4"),
+                                        (f"/queues/{QUEUE}/", "#q-cards [data-metric=stream]", "4"),
+                                        (f"/queues/{QUEUE}/dlq/", "#dlq-live [data-metric=dlq]", "0")):
+                response = page.goto(f"{base}{path}")
+                assert b"data-live-pending" in response.body(), f"{path}: the figures were drawn on the request"
+                expect(page.locator(figure)).to_have_text(value, timeout=15_000)
+                expect(page.locator("[data-live-pending]")).to_have_count(0)
+                expect(page.locator("#live-pill")).to_have_text("Live")
+        finally:
+            browser.close()
+
+
+def test_the_workers_table_fits_1400_pixels_with_a_long_worker_id(env, redis, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.api.helpers import heartbeat
+
+    long_id = "ip-172-31-44-120.eu-west-1.compute.internal:48213:9f2c1a"
+    heartbeat(redis, [QUEUE, "emails", "webhooks"], long_id, in_flight=12, processed=1_234_567)
+    heartbeat(redis, [QUEUE], "web-1:4100:0000")
+    with serve(env, log_path=tmp_path / "daphne.log") as base, sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+            log_in(page, base, "olga", "olga-password", next_path="/workers/")
+            expect(page.locator("tr[data-worker]")).to_have_count(2)
+            page.screenshot(path=str(tmp_path / "workers-1400.png"))
+            fit = page.evaluate("""() => {
+              const wrap = document.querySelector('#worker-list .table-wrap') || document.querySelector('.table-wrap');
+              const box = wrap.getBoundingClientRect();
+              const out = {scrolls: wrap.scrollWidth > wrap.clientWidth, cut: [], ids: []};
+              for (const row of document.querySelectorAll('tr[data-worker]')) {
+                for (const b of row.querySelectorAll('button')) {
+                  const r = b.getBoundingClientRect(), td = b.closest('td').getBoundingClientRect();
+                  if (r.right > box.right + 0.5 || r.right > td.right + 0.5) out.cut.push(b.textContent.trim());
+                }
+                const id = row.querySelector('[data-worker-id]');
+                const a = id.querySelector('a');
+                out.ids.push([a.textContent, a.getBoundingClientRect().right <= id.getBoundingClientRect().right + 0.5,
+                              id.scrollWidth <= id.clientWidth]);
+              }
+              return out;
+            }""")
+            assert not fit["scrolls"], "the table is wider than its box"
+            assert fit["cut"] == [], f"buttons cut off: {fit['cut']}"
+            assert len(fit["ids"]) == 2 and all(shown and whole for _, shown, whole in fit["ids"]), fit["ids"]
+            assert {text for text, _, _ in fit["ids"]} == {long_id, "web-1:4100:0000"}
+            expect(page.locator("button[data-action=stop]")).to_have_count(2)
+        finally:
+            browser.close()

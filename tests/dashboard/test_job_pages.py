@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from urllib.parse import unquote
 
 import pytest
 from django.test import Client
 
 from chasqui_core.engine.envelope import new_job_id
+from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.masking import MASK
 from tests.helpers import TASK, add_dead, dead_job
@@ -171,3 +173,61 @@ def test_a_jobs_page_shows_its_priority(viewer, redis):
     html = c.get(f"/jobs/{urgent.job_id}/").content.decode()
     assert 'data-priority="40"' in html and "(high band)" in html
     assert 'data-priority="0"' in c.get(f"/jobs/{plain.job_id}/").content.decode()
+
+
+def test_a_dead_jobs_page_shows_its_last_progress_as_history_and_no_pending_result(viewer, redis):
+    from chasqui_core.engine import progress, results
+    from chasqui_core.engine.keys import QueueKeys
+
+    job = dead_job()
+    add_dead(redis, Q, job)
+    keys = QueueKeys.for_queue(Q)
+    # what its life left: a progress report from its last run, and the result record written at enqueue
+    redis.set(keys.progress + job.id, progress.encode(40.0, "charging card", 1_700_000_000_000))
+    redis.set(keys.result + job.id, results.encode_result(job_id=job.id, task=job.task, status="READY", args=[],
+                                                          kwargs={}, enqueued_at=1_700_000_000_000))
+    c = _client(viewer)
+    for html in (c.get(f"/jobs/{job.id}/").content.decode(),
+                 c.get(f"/jobs/{job.id}/", HTTP_HX_REQUEST="true").content.decode()):
+        assert 'data-live-state="dead"' in html and "hx-trigger" not in html  # not polled: nothing is under way
+        assert "data-progress>" not in html and "progress-bar" not in html, "a stale report shown as current"
+        assert "Last progress reported before it died" in html and "charging card" in html
+    page = c.get(f"/jobs/{job.id}/").content.decode()
+    assert "no return value yet" not in page
+    assert "data-no-result>No return value: the job died (" in page
+
+
+def test_cancelling_a_delayed_job_from_its_page_lands_on_its_page_which_follows_it_to_the_dlq(operator, redis,
+                                                                                            redis_url):
+    from chasqui_core.engine.registry import HandlerRegistry
+    from tests.helpers import worker_running
+
+    added = Queue(Q, redis_client=redis).add(TASK, [1, 2], delay=3_600_000)
+    page = f"/jobs/{added.job_id}/"
+    c = _client(operator)
+    response = c.post(f"/jobs/{added.job_id}/cancel/", {"next": page})
+    assert response.status_code == 302 and response["Location"] == page
+    landed = c.get(page)
+    html = landed.content.decode()
+    assert landed.status_code == 200, "the page of the job just cancelled must not be a 404"
+    assert "is cancelled: it will not run" in html and "data-cancel-requested" in html
+    assert redis.zcard(QueueKeys.for_queue(Q).delayed) == 0  # it will not wait its hour
+    ran = []
+    registry = HandlerRegistry()
+    registry.register(TASK, lambda a, b: ran.append((a, b)))
+    with worker_running(redis_url, [Q], registry):  # the worker refuses it at pickup
+        deadline = time.monotonic() + 30
+        while 'data-state="dead"' not in (html := c.get(page).content.decode()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert 'data-state="dead"' in html and "data-cancelled" in html, "the page says where the job went"
+    assert ran == []
+
+
+def test_the_queue_pages_cancel_of_a_delayed_job_still_removes_it_and_never_lands_on_a_404(operator, redis):
+    added = Queue(Q, redis_client=redis).add(TASK, [1, 2], delay=3_600_000)
+    c = _client(operator)
+    # a form that names the job's page as where to come back (an old page's form): it would be a 404 now
+    response = c.post(f"/queues/{Q}/delayed/cancel/", {"job_id": added.job_id, "next": f"/jobs/{added.job_id}/"})
+    assert response.status_code == 302 and response["Location"] == f"/queues/{Q}/#delayed"
+    assert "is cancelled: it will not run" in c.get(response["Location"]).content.decode()
+    assert redis.zcard(QueueKeys.for_queue(Q).delayed) == 0

@@ -14,11 +14,14 @@ from chasqui_core.engine.dlq.fingerprint import fingerprint_id
 from django.utils import timezone
 
 from chasqui_core.engine.envelope import Job, decode, now_ms
+from chasqui_core.engine import metrics as metrics_mod
 from chasqui_core.engine.keys import QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.masking import MASK
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services import background
+from dashboard import readings as readings_mod
+from dashboard import sampler as sampler_mod
 
 from tests.api.helpers import heartbeat
 from tests.helpers import add_dead, bulk_dead, dead_job
@@ -150,6 +153,14 @@ def test_changes_are_posts_with_a_csrf_token(operator, redis):
     assert redis.exists(KEYS.paused)
 
 
+@pytest.fixture(autouse=True)
+def _live_fragments_keep_the_tests_connection(monkeypatch):
+    """The live figures come from ``/live/<topic>/`` here. The sampler closes old database connections after
+    rendering (it runs outside requests); the test client keeps the test's transaction on one connection across
+    requests, as it does by disconnecting that call from the request signals."""
+    monkeypatch.setattr(sampler_mod, "close_old_connections", lambda: None)
+
+
 # --- queues -------------------------------------------------------------------------------
 
 
@@ -157,7 +168,7 @@ def test_overview_lists_every_queue_with_its_figures(viewer, redis):
     for _i in range(3):
         add_dead(redis, "billing", welcome_failure(task="billing.tasks.charge", messages=("declined",)))
     Queue("billing", redis_client=redis).add("billing.tasks.charge", [1])
-    html = _client(viewer).get("/").content.decode()
+    html = _client(viewer).get("/live/overview/").content.decode()  # the figures arrive live, not on the page
     row = re.search(r'<tr id="queue-row-billing".*?</tr>', html, re.S)[0]
     assert re.search(r'data-col="dlq"><a [^>]*>3</a>', row)
     assert re.search(r'data-col="stream">1<', row)
@@ -170,7 +181,7 @@ def test_the_queue_page_shows_each_worker_with_memory_and_running_jobs_and_lost_
     heartbeat(redis, [Q], "w-busy", in_flight=1, rss_kb=150 * 1024,
               current=[("emails.tasks.send_welcome", "01JBUSYJOB000000000000000", now - 95_000)])
     heartbeat(redis, [Q], "w-gone", age_ms=300_000)
-    html = _client(viewer).get(f"/queues/{Q}/").content.decode()
+    html = _client(viewer).get(f"/live/queue/{Q}/").content.decode()
     busy = re.search(r'<tr class="">\s*<td[^>]*title="w-busy".*?</tr>\s*<tr class="current-jobs">.*?</tr>', html, re.S)
     assert busy, "the busy worker's row and its running jobs are missing"
     assert "150 MiB" in busy[0] and "emails.tasks.send_welcome" in busy[0]
@@ -463,7 +474,7 @@ def test_pages_of_a_dlq_with_200000_entries(viewer, redis):
     first = c.get(f"/queues/{Q}/dlq/").content.decode()
     page1 = _entries(first)
     assert page1 == newest_first[:50]
-    assert "200,000" in first
+    assert "200,000" in c.get(f"/live/dlq/{Q}/").content.decode()
     cursor = re.search(r'href="\?cursor=([^"]+)" rel="next"', first)[1]
     second = c.get(f"/queues/{Q}/dlq/?cursor={cursor}").content.decode()
     page2 = _entries(second)
@@ -475,6 +486,35 @@ def test_pages_of_a_dlq_with_200000_entries(viewer, redis):
 
 
 # --- live figures on the pages ------------------------------------------------------------------
+
+
+LIVE_PARTS = {"/": ("ov-cards", "ov-queues", "ov-charts"), f"/queues/{Q}/": ("q-cards", "q-charts", "q-workers"),
+              f"/queues/{Q}/dlq/": ("dlq-live",)}
+"""Each page with live figures, and the ids of the parts its first live fragment fills."""
+
+
+def test_pages_render_without_reading_the_counter_history_and_the_live_fragment_fills_them(viewer, redis,
+                                                                                          monkeypatch):
+    add_dead(redis, Q, welcome_failure())
+    c = _client(viewer)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a page read the counter history on its request path")
+
+    with monkeypatch.context() as m:
+        m.setattr(metrics_mod, "multi_series", refuse)
+        m.setattr(readings_mod.Reader, "read", refuse)
+        pages = {path: c.get(path) for path in LIVE_PARTS}
+    topics = {"/": "overview", f"/queues/{Q}/": f"queue/{Q}", f"/queues/{Q}/dlq/": f"dlq/{Q}"}
+    for path, ids in LIVE_PARTS.items():
+        assert pages[path].status_code == 200, path
+        html = pages[path].content.decode()
+        live = c.get(f"/live/{topics[path]}/").content.decode()
+        for part in ids:
+            assert re.search(rf'<div class="live-pending" id="{part}" data-live-pending', html), (path, part)
+            assert re.search(rf'id="{part}" hx-swap-oob="true"', live), (path, part)
+        assert "data-live-pending" not in live
+    assert re.search(r'data-metric="dlq">1<', c.get(f"/live/dlq/{Q}/").content.decode())
 
 
 def _server_second(redis) -> int:
@@ -489,14 +529,14 @@ def test_a_retry_spike_is_flagged_on_the_overview_and_the_queue(viewer, redis):
     for back in range(1, 200):
         redis.hincrby(f"{seconds}{now - back}", "retried", 40 if back <= 12 else (1 if back % 10 == 0 else 0))
     c = _client(viewer)
-    overview = c.get("/").content.decode()
+    overview = c.get("/live/overview/").content.decode()
     row = re.search(r'<tr id="queue-row-billing".*?</tr>', overview, re.S)[0]
     assert "badge-spike" in row
     assert "Spike: " in overview and "retries/s over the last 10 s" in overview
     assert 'class="area spike"' in overview
     calm = re.search(r'<tr id="queue-row-emails".*?</tr>', overview, re.S)[0]
     assert "badge-spike" not in calm
-    queue_page = c.get("/queues/billing/").content.decode()
+    queue_page = c.get("/live/queue/billing/").content.decode()
     assert "retry spike" in queue_page
 
 
@@ -575,13 +615,12 @@ def test_the_queue_page_shows_each_priority_bands_waiting_jobs(viewer, redis):
             queue.add("emails.tasks.send", [i], priority=priority)
     c = _client(viewer)
     Queue("billing", redis_client=redis).add("billing.tasks.charge", [1])
-    assert 'data-metric="bands"' not in c.get("/queues/billing/").content.decode(), "no bands, no breakdown"
-    for url in (f"/queues/{Q}/", f"/live/queue/{Q}/"):
-        html = c.get(url).content.decode()
-        assert re.search(r'data-metric="stream">9<', html), url
-        bands = re.search(r'data-metric="bands">(.*?)</div>', html, re.S)
-        assert bands, url
-        assert re.sub(r"<[^>]+>", "", bands[1]) == "waiting: 9 (high 3, default 4, low 2)"
+    assert 'data-metric="bands"' not in c.get("/live/queue/billing/").content.decode(), "no bands, no breakdown"
+    html = c.get(f"/live/queue/{Q}/").content.decode()
+    assert re.search(r'data-metric="stream">9<', html)
+    bands = re.search(r'data-metric="bands">(.*?)</div>', html, re.S)
+    assert bands
+    assert re.sub(r"<[^>]+>", "", bands[1]) == "waiting: 9 (high 3, default 4, low 2)"
 
 
 def test_the_purge_confirmation_counts_every_band(operator, redis):
@@ -605,14 +644,14 @@ def test_the_figures_show_runs_lost_jobs_recovered_and_dead_letters_per_reason(v
     redis.hset(QueueKeys.for_queue("billing").totals, mapping={"lost": 3, "recovered": 12, "fetched": 1500,
                                                                "dlq": 4, "dlq:panic": 1, "dlq:retries_exhausted": 3})
     redis.hset(QueueKeys.for_queue(Q).totals, mapping={"lost": 2, "dlq": 2, "dlq:panic": 2})
-    html = _client(viewer).get("/queues/billing/").content.decode()
+    html = _client(viewer).get("/live/queue/billing/").content.decode()
     cards = re.search(r'<section class="cards" id="q-cards".*?</section>', html, re.S)[0]
     assert re.search(r'data-metric="lost">3<', cards)
     assert re.search(r'data-metric="recovered">12<', cards) and re.search(r'data-metric="fetched">1,500<', cards)
     assert re.search(r'data-metric="dlq-total">4<', cards)
     assert re.search(r'<span data-reason="panic">panic 1</span>, <span data-reason="retries_exhausted">'
                      r'retries_exhausted 3</span>', cards)
-    overview = _client(viewer).get("/").content.decode()
+    overview = _client(viewer).get("/live/overview/").content.decode()
     total = re.search(r'<section class="cards" id="ov-cards".*?</section>', overview, re.S)[0]
     assert re.search(r'data-metric="lost">5<', total), "every queue's, added up"
     assert re.search(r'<span data-reason="panic">panic 3</span>', total)

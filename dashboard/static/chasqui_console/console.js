@@ -16,6 +16,7 @@
   var state = document.documentElement.dataset.live || "static";
 
   function setState(next) {
+    var wasPolling = state === "poll" || state === "off";
     state = next;
     document.documentElement.dataset.live = next;
     var pill = document.getElementById("live-pill");
@@ -23,6 +24,9 @@
       pill.dataset.state = next;
       pill.textContent = LABELS[next] || next;
     }
+    // The page's first paint has placeholders for its live parts: fill them now, not two seconds later.
+    var poller = document.querySelector("[data-poller]");
+    if (poller && window.htmx && !wasPolling && (next === "poll" || next === "off")) window.htmx.trigger(poller, "chasqui-poll");
   }
 
   window.chasquiShouldPoll = function () {
