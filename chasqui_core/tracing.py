@@ -23,11 +23,13 @@ try:
     from opentelemetry import trace as _trace
 except ImportError:  # the otel extra is not installed
     _trace = None
+    _tracer = None
+else:
+    # A proxy until the project installs its provider, then that provider's tracer: safe to make once.
+    _tracer = _trace.get_tracer("chasqui")
 
 META_KEY = "otel"
 """Where a job's envelope meta holds the enqueuer's trace context (a small dict of strings)."""
-
-TRACER_NAME = "chasqui"
 
 QUEUE, TASK, JOB_ID, ATTEMPT, OUTCOME, COUNT = (
     "chasqui.queue", "chasqui.task", "chasqui.job_id", "chasqui.attempt", "chasqui.outcome", "chasqui.count")
@@ -41,16 +43,16 @@ def enabled() -> bool:
 @contextmanager
 def enqueue_span(queue: str, task: str, count: int = 1) -> Iterator[tuple[Any, dict[str, str]]]:
     """A producer span around one enqueue (or one batch), and the carrier to put in each job's meta."""
-    assert _trace is not None
-    tracer = _trace.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(f"chasqui enqueue {task}", kind=_trace.SpanKind.PRODUCER) as span:
+    assert _trace is not None and _tracer is not None
+    with _tracer.start_as_current_span(f"chasqui enqueue {task}", kind=_trace.SpanKind.PRODUCER) as span:
         if span.is_recording():
             span.set_attribute(QUEUE, queue)
             span.set_attribute(TASK, task)
             if count > 1:
                 span.set_attribute(COUNT, count)
         carrier: dict[str, str] = {}
-        _propagate.inject(carrier)
+        if span.get_span_context().is_valid:  # else no SDK is installed: nothing to carry
+            _propagate.inject(carrier)
         yield span, carrier
 
 
@@ -68,11 +70,10 @@ def enqueued(span: Any, job_ids: list[str]) -> None:
 @contextmanager
 def run_span(queue: str, task: str, job_id: str, attempt: int, meta: Mapping[str, Any]) -> Iterator[Any]:
     """A consumer span around one run, the child of the enqueue whose context the job carries."""
-    assert _trace is not None
+    assert _trace is not None and _tracer is not None
     carrier = meta.get(META_KEY)
     parent = _propagate.extract(carrier) if isinstance(carrier, Mapping) else None
-    tracer = _trace.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(
+    with _tracer.start_as_current_span(
         f"chasqui run {task}", context=parent, kind=_trace.SpanKind.CONSUMER,
         attributes={QUEUE: queue, TASK: task, JOB_ID: job_id, ATTEMPT: attempt},
         record_exception=False, set_status_on_exception=False,
