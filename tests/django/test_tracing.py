@@ -25,20 +25,22 @@ DEFAULT = QueueKeys.for_queue("default")
 EXPORTER = InMemorySpanExporter()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _provider():
-    """One provider for the process (OpenTelemetry takes the first it is given and keeps it)."""
+@pytest.fixture(autouse=True)
+def tracer(monkeypatch):
+    """An SDK provider for this test only: the process's global provider is left alone, so no other test
+    sees spans or trace context in its jobs."""
+    global EXPORTER
+    EXPORTER = InMemorySpanExporter()  # a provider's shutdown stops its exporter for good
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
-    trace.set_tracer_provider(provider)
-    if trace.get_tracer_provider() is not provider:
-        pytest.skip("another tracer provider was installed first in this process")
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("chasqui"))
+    yield provider.get_tracer("test")
+    provider.shutdown()
 
 
 @pytest.fixture(autouse=True)
 def _clean(fresh_backend):
     sample_tasks.RUNS.clear()
-    EXPORTER.clear()
 
 
 def _spans(prefix: str) -> list:
@@ -50,8 +52,7 @@ def _queued_meta(redis) -> dict:
     return decode(fields[b"job"] if b"job" in fields else next(iter(fields.values()))).meta
 
 
-def test_a_run_is_the_child_of_the_enqueue_and_of_the_request_that_made_it(redis, redis_url):
-    tracer = trace.get_tracer("test")
+def test_a_run_is_the_child_of_the_enqueue_and_of_the_request_that_made_it(redis, redis_url, tracer):
     with tracer.start_as_current_span("POST /signup") as request_span:
         result = sample_tasks.add.enqueue(1, 2)
     assert tracing.META_KEY in _queued_meta(redis)  # the context travels in the job itself
