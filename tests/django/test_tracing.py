@@ -144,3 +144,18 @@ def test_without_the_package_nothing_is_traced_and_enqueue_works():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.django_db
+def test_a_replayed_job_runs_under_the_enqueue_that_made_it(redis, redis_url):
+    from chasqui_core.services import dlq as dlq_service
+
+    sample_tasks.gives_up.enqueue()
+    _drain(redis_url, until=lambda: redis.xlen(DEFAULT.dlq) == 1 and len(_spans("chasqui run")) == 1)
+    [(entry_id, _)] = redis.xrange(DEFAULT.dlq)
+    assert dlq_service.replay(None, "default", ids=[entry_id.decode()], source="cli") == 1
+    _drain(redis_url, until=lambda: len(_spans("chasqui run")) == 2)
+    [enqueue] = _spans("chasqui enqueue")
+    runs = _spans("chasqui run")
+    assert [s.attributes["chasqui.outcome"] for s in runs] == ["failed", "failed"]
+    assert {s.parent.span_id for s in runs} == {enqueue.context.span_id}
