@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
 def judge_again(directory: str) -> int:
     """The table and the discrepancies of a kept run, judged again from its ``evidence.json`` and ledgers."""
     from .record import load
-    from .verdict import judge, report_discrepancies, table
+    from .verdict import judge, report_discrepancies, report_notes, table
 
     try:
         verdict = judge(load(directory))
@@ -135,6 +135,8 @@ def judge_again(directory: str) -> int:
               file=sys.stderr)
         return 2
     say(table(verdict, [k.name for k in KINDS]))
+    if verdict.notes:
+        say("\n" + report_notes(verdict))
     if not verdict.ok:
         say("\n" + report_discrepancies(verdict))
     counts = ", ".join(f"{what} {n}" for what, n in sorted(verdict.counts().items()))
@@ -322,7 +324,7 @@ class Soak:
 
     def report(self, verdict) -> None:
         """The faults, the table, the offenders, and one summary line."""
-        from .verdict import report_discrepancies, table
+        from .verdict import report_discrepancies, report_notes, table
 
         say("\nFaults injected:")
         for f in self.injector.done:
@@ -340,6 +342,8 @@ class Soak:
         counts = verdict.counts()
         if counts:
             say("\nDiscrepancies by kind:\n" + "\n".join(f"  {what:<32} {n}" for what, n in sorted(counts.items())))
+        if verdict.notes:
+            say("\n" + report_notes(verdict))
         if not verdict.ok:
             say("\n" + report_discrepancies(verdict))
         jobs = sum(r.enqueued for r in verdict.rows.values())

@@ -59,9 +59,12 @@ which the network faults cut the workers off from Redis.
   off from Redis, *lost contact charged*: lost contact is not a death.
 - *The ledger's start is the task function's first line*; the engine
   counts a run from a moment earlier (its own bookkeeping and Django's
-  wrapper run first). A process killed inside that moment, microseconds
-  wide, would be charged by the engine and not seen by the ledger: a false
-  alarm possible in principle. The false panics the soak has reported so
+  wrapper run first). A process killed inside that moment is charged by the
+  engine and not seen by the ledger. Where a worker process died, on record,
+  while the charged attempt was due, that death is the evidence: the
+  finding is reported as a *note* (``charged before its first line``) and
+  does not fail the soak; a charge with no death while it was due is an
+  *attempt without a run*, and does. The false panics the soak has reported so
   far were confirmed by tests/engine/test_start_journal.py, which records
   runs its own way; read a discrepancy against the ledger lines printed
   with it.
@@ -150,12 +153,20 @@ class Evidence:
     """(start, end) times, ``time.time()``, during which the network faults cut every worker off from Redis."""
 
 
+NOTED = frozenset({"charged before its first line"})
+"""What the verdict reports with its evidence but does not fail on: the engine counts a run from the moment it
+calls the handler, the ledger from the task's first line, and a process that died in between (on record, while
+the attempt was due) is the evidence of a run the ledger could not see. Reported so that a reader can check."""
+
+
 @dataclass(slots=True)
 class Verdict:
     rows: dict[str, Row]
     discrepancies: list[Discrepancy]
     problems: list[str]
     """Discrepancies that belong to no one job (a queue not drained, a torn ledger line)."""
+    notes: list[Discrepancy] = field(default_factory=list)
+    """Findings explained by evidence on record (``NOTED``): shown, never a failure."""
 
     @property
     def ok(self) -> bool:
@@ -347,6 +358,7 @@ def judge(ev: Evidence) -> Verdict:
     ledger = ev.ledger
     rows = {name: Row(name) for name in ev.kinds}
     found: list[Discrepancy] = []
+    notes: list[Discrepancy] = []
     problems: list[str] = []
 
     dead_by_job: dict[str, list[DeadEntry]] = {}
@@ -372,6 +384,9 @@ def judge(ev: Evidence) -> Verdict:
                        f"dead-letter entry {d.entry_id} on {d.queue}: {d.reason}, {d.error_class}: {d.error[:120]}"
                        + (f" (entry delivered {d.deliveries} times)" if d.deliveries else "")) for d in dead]
             lines = tuple(text for _, text in sorted(story, key=lambda item: item[0]))
+            if what in NOTED:
+                notes.append(Discrepancy(what, job_id, kind_name or "?", detail, lines))
+                return
             found.append(Discrepancy(what, job_id, kind_name or "?", detail, lines))
             if kind_name in rows:
                 rows[kind_name].discrepancies += 1
@@ -516,7 +531,7 @@ def judge(ev: Evidence) -> Verdict:
         problems.append(f"a ledger line is not a whole record: {text!r}")
     for rec in ledger.orphan_ends:
         problems.append(f"a ledger end line has no start line: {rec!r}")
-    return Verdict(rows, found, problems)
+    return Verdict(rows, found, problems, notes)
 
 
 def table(verdict: Verdict, order: Iterable[str]) -> str:
@@ -552,6 +567,21 @@ def _cells(row: Row) -> tuple:
     dead = ", ".join(f"{reason} {n}" for reason, n in sorted(row.dead.items())) or "-"
     return (row.kind, row.enqueued, row.replays, row.succeeded, dead, row.max_runs, row.lost_runs, row.unsettled,
             row.discrepancies)
+
+
+def report_notes(verdict: Verdict, per_kind: int = 3) -> str:
+    """The first few findings of each kind the evidence explains (``NOTED``), with their ledger lines."""
+    out: list[str] = []
+    shown: Counter = Counter()
+    for d in verdict.notes:
+        shown[d.what] += 1
+        if shown[d.what] <= per_kind:
+            out.append(f"NOTE ({d.what}): job {d.job_id} ({d.kind}): {d.detail}")
+            out += [f"    {line}" for line in d.lines] or ["    (no ledger line)"]
+    for what, n in sorted(shown.items()):
+        if n > per_kind:
+            out.append(f"... and {n - per_kind} more {what}")
+    return "\n".join(out)
 
 
 def report_discrepancies(verdict: Verdict, per_kind: int = 3) -> str:

@@ -270,7 +270,7 @@ class Runner:
             admitted = set(taken.admitted)
             for d in limited:
                 if d not in admitted:  # parked (or no longer pending here): nothing more to do with it
-                    self.held.remove(d)
+                    self._release(d)
         if taken.earliest_ms >= 0:
             self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
         await self._start(keys, taken.admitted)
@@ -315,20 +315,30 @@ class Runner:
             return
         admitted = set(taken.admitted)
         for d in late:
-            if d not in admitted and self.held.remove(d) and d.slots:  # parked: let go, its slots given back
+            if d not in admitted and self._release(d) and d.slots:  # parked: let go, its slots given back
                 self._give_back(d)
         if taken.earliest_ms >= 0:
             self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
-        dispatch = False
+        dispatch = alone = False
         for d in taken.admitted:
             if self._stop.is_set() or d.taken_back:
                 self._requeue(d)
+            elif d is self._alone:  # the suspect, late to run alone: it runs alone now
+                if d.handler.is_async:
+                    self._inbox.append(d)
+                    alone = True
+                else:
+                    self._to_lane(d)
+            elif self._isolating:  # a suspect waits or runs alone: this one waits too
+                self._isolate(d)
             elif d.handler.is_async:
                 self._inbox.append(d)
                 dispatch = True
             else:
                 self._to_lane(d)
-        if dispatch:
+        if alone:
+            self._dispatch(alone=True)
+        elif dispatch:
             self._dispatch()
 
     def _give_back(self, d: Delivery) -> None:
@@ -371,7 +381,7 @@ class Runner:
         for d in admitted:
             requested = record.get(d.job.id)
             if requested is not None:
-                self.held.remove(d)
+                self._release(d)
                 self.outcomes.cancelled_unstarted(d, requested)
             else:
                 kept.append(d)
@@ -391,7 +401,7 @@ class Runner:
                     d.task.cancel()
             else:
                 self._inbox.remove(d)
-                if self.held.remove(d) and d.slots:
+                if self._release(d) and d.slots:
                     self._give_back(d)
                 self.outcomes.cancelled_unstarted(d, requested)
         else:  # told through its context; a thread that has not started it puts it back (sync_lane.py)
@@ -451,11 +461,15 @@ class Runner:
                 self._to_lane(d)
         self._dispatch()
 
-    def _ran_alone(self, d: Delivery) -> None:
-        """The suspect running alone is done (its outcome, or given back): the next may go."""
+    def _release(self, d: Delivery) -> bool:
+        """Let a delivery go from the worker's hands (its outcome handed on, given back, parked or let go);
+        False when it was gone already. The suspect running alone that leaves lets the next one go."""
+        if not self.held.remove(d):
+            return False
         if d is self._alone:
             self._alone = None
             self._loop.call_soon(self._run_alone)
+        return True
 
     def _to_lane(self, d: Delivery) -> None:
         if self._lane is None:
@@ -479,7 +493,7 @@ class Runner:
             if d.taken_back:  # let go while its key was checked: another worker's now
                 continue
             if by is not None:
-                if self.held.remove(d) and d.slots:
+                if self._release(d) and d.slots:
                     self._give_back(d)
                 try:
                     self.outcomes.skipped(d, by)
@@ -617,10 +631,8 @@ class Runner:
         if d.journaled:  # struck at once, before anything else (journal.py); a sync run's thread struck its own
             d.journaled = False
             self.journal.finished_one(d.keys.stream, d.entry_id)
-        if not self.held.remove(d):
+        if not self._release(d):
             return  # written already (a sync run that passed its timeout, reporting at last), or let go
-        if self._alone is not None:
-            self._ran_alone(d)
         if d.slots:
             self._give_back(d)
         if d.timeout is not None:
@@ -639,17 +651,13 @@ class Runner:
             self.outcomes.internal(d, "recording the outcome", exc)
 
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
-        if self.held.remove(d) and d.slots:
+        if self._release(d) and d.slots:
             self._give_back(d)
-        if self._alone is not None:
-            self._ran_alone(d)
         self.outcomes.internal(d, doing, exc)
 
     def _requeue(self, d: Delivery) -> None:
-        if not self.held.remove(d):
+        if not self._release(d):
             return  # another worker took it back (``let_go``): it is theirs to run now
-        if self._alone is not None:
-            self._ran_alone(d)
         if d.slots:
             self._give_back(d)
         self.outcomes.requeue(d)
@@ -662,7 +670,7 @@ class Runner:
         let_go = []
         for entry_id in entry_ids:
             d = self.held.get(ref_of(keys.stream, entry_id))
-            if d is None or not self.held.remove(d):
+            if d is None or not self._release(d):
                 continue  # settled meanwhile, or let go already
             d.taken_back = True
             let_go.append(d)
@@ -701,6 +709,8 @@ class Runner:
         """Time out sync runs past their deadline: write their outcome, and give up their thread."""
         while True:
             await asyncio.sleep(DEADLINE_TICK_S)
+            if self._isolating and self._alone is None:  # the last run ended by a path that did not say so
+                self._run_alone()
             if not self._timed_sync:
                 continue
             now = now_ms()

@@ -497,8 +497,9 @@ def test_an_attempt_charged_without_a_run_while_a_process_died_is_named_for_it()
     assert what(b.judge()) == [("attempt without a run", "once-2")]
     b.process_died(KILLED_PID, 3, killed=True)
     verdict = b.judge()
-    assert what(verdict) == [("charged before its first line", "once-2")]
-    assert "attempt(s) 1 were charged" in verdict.discrepancies[0].detail
+    assert what(verdict) == [] and verdict.ok, "a death while it was due is the evidence: noted, not failed"
+    assert [(n.what, n.job_id) for n in verdict.notes] == [("charged before its first line", "once-2")]
+    assert "attempt(s) 1 were charged" in verdict.notes[0].detail
 
 
 def test_a_process_that_stopped_cleanly_is_not_dead():

@@ -137,7 +137,7 @@ async def test_a_repeated_settle_call_counts_nothing_twice(redis, redis_url):
 def test_runs_lost_and_jobs_recovered_from_a_dead_worker_are_in_the_totals(redis, redis_url):
     """A worker that died holding six entries, running one: what reclaim did is in the totals, not in the raw hash
     only."""
-    from tests.engine.test_accounting import ghost_reads, recorder, running
+    from tests.engine.test_accounting import bury, ghost_reads, recorder, running
     from tests.engine.worker_app import wait_for
 
     runs, registry, make = recorder()
@@ -147,12 +147,13 @@ def test_runs_lost_and_jobs_recovered_from_a_dead_worker_are_in_the_totals(redis
     for _ in range(6):
         q.add("t")
     ghost_reads(redis, keys, "ghost", running=1)  # it had started the first of the six it fetched
+    bury(redis, keys, "ghost")  # its death on record, as its supervisor writes it: the run is lost, not cut off
     time.sleep(0.3)
     with running(redis_url, [keys.queue], registry, visibility_timeout_ms=250):
         wait_for(lambda: len(runs) == 6, 10, "all six jobs to run")
         wait_for(lambda: totals.read_totals(redis, [keys.queue])[keys.queue].counters["completed"] == 6, 5,
                  "their outcomes")
     got = totals.read_totals(redis, [keys.queue])[keys.queue]
-    assert (got.counters["lost"], got.counters["recovered"]) == (1, 5)
+    assert (got.counters["lost"], got.counters["lost_contact"], got.counters["recovered"]) == (1, 0, 5)
     assert got.counters["fetched"] >= 6, "the live worker read all six again"
     assert got.dead_lettered == {}

@@ -97,9 +97,7 @@ local function dlq_index_flush(b)
   end
   local p = b.p
   for key, z in pairs(b.zsets) do
-    for s = 1, #z, 4000 do
-      redis.call('ZADD', p .. key, unpack(z, s, math.min(s + 3999, #z)))
-    end
+    call_in_chunks('ZADD', p .. key, z, 4000)
   end
   local n = p .. 'n'
   if redis.call('HINCRBY', n, 'all', b.n) == b.n and redis.call('HSETNX', p .. 'v', 'version', DLQ_INDEX_VERSION) == 1
@@ -118,9 +116,7 @@ local function dlq_index_flush(b)
       redis.call('HINCRBY', p .. 'ft:' .. fp, task, c)
     end
   end
-  for s = 1, #b.jobs, 4000 do
-    redis.call('HSET', p .. 'jobs', unpack(b.jobs, s, math.min(s + 3999, #b.jobs)))
-  end
+  call_in_chunks('HSET', p .. 'jobs', b.jobs, 4000)
 end
 
 local function dlq_removal(dlq)
@@ -166,9 +162,7 @@ local function dlq_removal_flush(b)
   end
   local p = b.p
   for key, z in pairs(b.zsets) do
-    for s = 1, #z, 4000 do
-      redis.call('ZREM', p .. key, unpack(z, s, math.min(s + 3999, #z)))
-    end
+    call_in_chunks('ZREM', p .. key, z, 4000)
   end
   local n = p .. 'n'
   b.counts['all'] = b.n
@@ -206,7 +200,5 @@ local function dlq_removal_flush(b)
       redis.call('HDEL', p .. 'jobs', unpack(gone))
     end
   end
-  for s = 1, #b.legacy, 4000 do
-    redis.call('HDEL', p .. 'legacy', unpack(b.legacy, s, math.min(s + 3999, #b.legacy)))
-  end
+  call_in_chunks('HDEL', p .. 'legacy', b.legacy, 4000)
 end

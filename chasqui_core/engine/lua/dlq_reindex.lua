@@ -37,9 +37,7 @@ if ARGV[1] == 'reset' or ARGV[1] == 'start' then
       drop[#drop + 1] = p .. 'f:' .. fp
       drop[#drop + 1] = p .. 'ft:' .. fp
     end
-    for s = 1, #drop, 1000 do
-      redis.call('UNLINK', unpack(drop, s, math.min(s + 999, #drop)))
-    end
+    call_in_chunks('UNLINK', nil, drop, 1000)
   end
   redis.call('HSET', v, 'version', ARGV[2], 'cursor', '0-0')
   return 1
@@ -73,9 +71,7 @@ for i = 4, #ARGV, 5 do
   end
 end
 dlq_index_flush(batch)
-for s = 1, #legacy, 4000 do
-  redis.call('HSET', p .. 'legacy', unpack(legacy, s, math.min(s + 3999, #legacy)))
-end
+call_in_chunks('HSET', p .. 'legacy', legacy, 4000)
 if ARGV[3] == '' then
   redis.call('HDEL', v, 'cursor')
 else

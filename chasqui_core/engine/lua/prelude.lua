@@ -14,6 +14,11 @@
 -- server_ms()
 --   The server's clock in epoch milliseconds: the clock of every delayed-set
 --   score and counter bucket, whoever's clock the caller has.
+-- call_in_chunks(command, key, items, size)
+--   redis.call(command, key, ...) with the flat list `items` in slices of at
+--   most `size` (keep it even for lists of pairs), since Lua's unpack has a
+--   stack limit; with key nil, the items alone (UNLINK). Returns the sum of
+--   the replies (XACK's count); calls nothing for an empty list.
 -- bump_counters(mprefix, now, counts)
 --   Add to the queue's per-second and per-minute counters at server time
 --   `now` (ms). mprefix is the queue's counters prefix ({chasqui:<q>}:m:);
@@ -51,6 +56,21 @@
 local function server_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function call_in_chunks(command, key, items, size)
+  local total = 0
+  for s = 1, #items, size do
+    local e = math.min(s + size - 1, #items)
+    local reply
+    if key then
+      reply = redis.call(command, key, unpack(items, s, e))
+    else
+      reply = redis.call(command, unpack(items, s, e))
+    end
+    if type(reply) == 'number' then total = total + reply end
+  end
+  return total
 end
 
 local function bump_counters(mprefix, now, counts)

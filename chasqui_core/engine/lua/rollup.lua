@@ -33,9 +33,7 @@ for i = 0, n - 1 do
     for k = 1, #durations do
       fields[#fields + 1] = durations[k]
     end
-    for c = 1, #fields, 1000 do  -- unpack has a stack limit: a thousand at a time
-      redis.call('HSET', key, unpack(fields, c, math.min(c + 999, #fields)))
-    end
+    call_in_chunks('HSET', key, fields, 1000)
     redis.call('EXPIRE', key, ttl)
     written = written + 1
   end

@@ -63,7 +63,7 @@
 -- task, reason, error class and fingerprint, the entry's id under each, its
 -- job id), so the console reads them without scanning; see dlq_index.lua.
 --
--- Calls server_ms, bump_counters, durations_key and mark_delayed from prelude.lua; dlq_index_batch, dlq_index_put and
+-- Calls server_ms, call_in_chunks, bump_counters, durations_key and mark_delayed from prelude.lua; dlq_index_batch, dlq_index_put and
 -- dlq_index_flush from dlq_index.lua.
 
 local stream, delayed, dlq, events, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -83,18 +83,26 @@ local function settle(id)
   return false
 end
 
--- XDEL the ids and drop their journal marks, in chunks to stay clear of Lua's unpack limit
+-- XDEL the ids and drop their journal marks
 local function delete(ids)
-  for s = 1, #ids, 4000 do
-    redis.call('XDEL', stream, unpack(ids, s, math.min(s + 3999, #ids)))
-    redis.call('HDEL', running, unpack(ids, s, math.min(s + 3999, #ids)))
-  end
+  call_in_chunks('XDEL', stream, ids, 4000)
+  call_in_chunks('HDEL', running, ids, 4000)
 end
 
 -- dead jobs per reason, for the dlq:<reason> counters
 local reasons = {}
 local function count_reason(reason)
   reasons[reason] = (reasons[reason] or 0) + 1
+end
+
+-- the one way a job enters the dead-letter queue here: its entry, its place in the index, its event, its count
+local function dead_letter(source_id, payload, reason, task, job_id, error_class, error, fp, fp_text, duration)
+  local eid = redis.call('XADD', dlq, '*', 'j', payload, 'reason', reason, 'task', task, 'job_id', job_id,
+    'source_id', source_id, 'error_class', error_class, 'error', error, 'fp', fp)
+  dlq_index_put(index, eid, task, reason, error_class, fp, fp_text, job_id)
+  redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', job_id, 'task', task,
+    'reason', reason, 'error_class', error_class, 'error', error, 'duration_ms', duration)
+  count_reason(reason)
 end
 
 
@@ -104,8 +112,7 @@ local c = tonumber(ARGV[i]); i = i + 1
 if c > 0 then
   local ids = {}
   for id in string.gmatch(ARGV[i], '%S+') do ids[#ids + 1] = id end
-  -- chunk to stay clear of Lua's unpack limit
-  for s = 1, #ids, 4000 do
+  for s = 1, #ids, 4000 do  -- XACK names its group before the ids: chunked here rather than by call_in_chunks
     local e = math.min(s + 3999, #ids)
     completed = completed + redis.call('XACK', stream, group, unpack(ids, s, e))
     redis.call('XDEL', stream, unpack(ids, s, e))
@@ -150,13 +157,9 @@ if n > 0 then
       if settle(id) then
         jobs = jobs or cmsgpack.unpack(record)
         local job_id, task, duration = jobs[k][1], jobs[k][2], jobs[k][5]
-        local eid = redis.call('XADD', dlq, '*', 'j', payload, 'reason', 'internal', 'task', task, 'job_id', job_id,
-          'source_id', id, 'error_class', 'InvalidRetry', 'error', why, 'fp', INVALID_RETRY_FP)
-        dlq_index_put(index, eid, task, 'internal', 'InvalidRetry', INVALID_RETRY_FP, INVALID_RETRY_TEXT, job_id)
-        redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', job_id, 'task', task,
-          'reason', 'internal', 'error_class', 'InvalidRetry', 'error', why, 'duration_ms', duration)
+        dead_letter(id, payload, 'internal', task, job_id, 'InvalidRetry', why, INVALID_RETRY_FP, INVALID_RETRY_TEXT,
+          duration)
         internal = internal + 1
-        count_reason('internal')
       end
     elseif settle(id) then
       local at = now + delay
@@ -168,9 +171,7 @@ if n > 0 then
       scheduled[#scheduled + 1] = k
     end
   end
-  for s = 1, #due, 4000 do  -- one ZADD for the batch (in chunks, for Lua's unpack limit)
-    redis.call('ZADD', delayed, unpack(due, s, math.min(s + 3999, #due)))
-  end
+  call_in_chunks('ZADD', delayed, due, 4000)  -- one ZADD for the batch
   if retried > 0 then  -- one events entry for the batch, as for completions
     if retried < n then  -- keep the entries of the retries scheduled
       jobs = jobs or cmsgpack.unpack(record)
@@ -190,15 +191,10 @@ if d > 0 then
   for j = 1, #r, 11 do
     local id = r[j]
     if settle(id) then
-      local eid = redis.call('XADD', dlq, '*', 'j', r[j + 1], 'reason', r[j + 2], 'task', r[j + 3],
-        'job_id', r[j + 4], 'source_id', id, 'error_class', r[j + 5], 'error', r[j + 6], 'fp', r[j + 9])
-      dlq_index_put(index, eid, r[j + 3], r[j + 2], r[j + 5], r[j + 9], r[j + 10], r[j + 4])
+      dead_letter(id, r[j + 1], r[j + 2], r[j + 3], r[j + 4], r[j + 5], r[j + 6], r[j + 9], r[j + 10], r[j + 8])
       dead = dead + 1
       failed_dead = failed_dead + (tonumber(r[j + 7]) or 0)
       if r[j + 2] == 'bad_signature' then bad_signature = bad_signature + 1 end
-      count_reason(r[j + 2])
-      redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', r[j + 4], 'task', r[j + 3],
-        'reason', r[j + 2], 'error_class', r[j + 5], 'error', r[j + 6], 'duration_ms', r[j + 8])
     end
   end
 end

@@ -13,6 +13,7 @@ every command (Channels' ``runworker`` included) with that fix when it is not.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -243,6 +244,10 @@ class Command(BaseCommand):
         audits = background.OperationAudits(options["queues"])  # DLQ operations' audit entries, when they end
         if child is not None:  # at a limit, ask for a successor and work on until it reads
             worker.ask_successor = child.ask_successor
+        # What start-up made (Django, the project's apps and tasks) lives as long as the process: out of the
+        # cyclic collector's sight, its full passes stop walking it between jobs.
+        gc.collect()
+        gc.freeze()
         try:
             asyncio.run(_serve(worker, child))
         finally:
