@@ -5,7 +5,7 @@ from ninja import Query, Router
 
 from .auth import needs
 from .errors import CHANGE, READ
-from .schemas import CancelledOut, DelayedJobOut, DelayedPageOut, JobId, RunNowOut
+from .schemas import CancelledOut, DelayedCursor, DelayedJobOut, DelayedPageOut, JobId, QueueName, RunNowOut
 from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services.common import MAX_PAGE
 
@@ -16,8 +16,8 @@ router = Router(tags=["delayed"])
             auth=needs("view_queues"))
 def list_delayed(
     request: HttpRequest,
-    queue: str,
-    cursor: str | None = Query(None, max_length=200, description="next_cursor of the previous page."),
+    queue: QueueName,
+    cursor: DelayedCursor | None = Query(None, max_length=200, description="next_cursor of the previous page."),
     limit: int = Query(50, ge=1, le=MAX_PAGE, description="Items per page."),
 ):
     """Soonest first; pass ``next_cursor`` back as ``cursor`` for the next page. Needs view_queues."""
@@ -27,14 +27,14 @@ def list_delayed(
 
 @router.get("/{queue}/delayed/{job_id}", response={200: DelayedJobOut, **READ}, summary="One delayed job",
             auth=needs("view_queues"))
-def get_delayed(request: HttpRequest, queue: str, job_id: JobId):
+def get_delayed(request: HttpRequest, queue: QueueName, job_id: JobId):
     """Needs view_queues."""
     return DelayedJobOut.from_job(delayed_service.delayed_job(request.auth, queue, job_id))
 
 
 @router.post("/{queue}/delayed/{job_id}/cancel", response={200: CancelledOut, **CHANGE},
              summary="Cancel a delayed job", auth=needs("discard_jobs"))
-def cancel_delayed(request: HttpRequest, queue: str, job_id: JobId):
+def cancel_delayed(request: HttpRequest, queue: QueueName, job_id: JobId):
     """Remove the job for good; 404 when it already ran or was cancelled. Needs discard_jobs."""
     delayed_service.cancel_delayed(request.auth, queue, job_id, source="api")
     return CancelledOut(job_id=job_id, cancelled=True)
@@ -42,7 +42,7 @@ def cancel_delayed(request: HttpRequest, queue: str, job_id: JobId):
 
 @router.post("/{queue}/delayed/{job_id}/run-now", response={200: RunNowOut, **CHANGE},
              summary="Run a delayed job now", auth=needs("enqueue_jobs"))
-def run_delayed_now(request: HttpRequest, queue: str, job_id: JobId):
+def run_delayed_now(request: HttpRequest, queue: QueueName, job_id: JobId):
     """Move the job to the stream at once. Needs enqueue_jobs."""
     entry_id = delayed_service.run_delayed_now(request.auth, queue, job_id, source="api")
     return RunNowOut(job_id=job_id, entry_id=entry_id)

@@ -16,10 +16,12 @@ from .schemas import (
     DLQQuery,
     DLQSearchOut,
     DLQSearchQuery,
+    EntryId,
     ErrorGroupOut,
     GroupsOut,
     OneReplayIn,
     OperationOut,
+    QueueName,
     ReplayIn,
 )
 from chasqui_core.engine.dlq.filter import DLQFilter
@@ -43,7 +45,7 @@ def _bulk_response(result: int | Operation):
 
 @router.get("/{queue}/dlq", response={200: DLQPageOut, **READ}, summary="Page through dead jobs",
             auth=needs("view_queues"))
-def list_dead(request: HttpRequest, queue: str, q: Query[DLQPageQuery]):
+def list_dead(request: HttpRequest, queue: QueueName, q: Query[DLQPageQuery]):
     """Newest first, filtered by task, reason, error class, error text, error group (``fingerprint``) and
     time range; pass ``next_cursor`` back as ``cursor`` for older entries. Needs view_queues."""
     page = dlq_service.dlq_page(request.auth, queue, filter=_filter(q), cursor=q.cursor, limit=q.limit)
@@ -53,7 +55,7 @@ def list_dead(request: HttpRequest, queue: str, q: Query[DLQPageQuery]):
 
 @router.get("/{queue}/dlq/groups", response={200: GroupsOut, **READ}, summary="Dead jobs grouped by error",
             auth=needs("view_queues"))
-def dead_groups(request: HttpRequest, queue: str, q: Query[DLQQuery]):
+def dead_groups(request: HttpRequest, queue: QueueName, q: Query[DLQQuery]):
     """Groups by fingerprint (exception class + message with ids and numbers normalised), with count and
     first/last seen, biggest first. Over the whole DLQ (or a time range of it) the DLQ's index answers: the 200
     biggest groups, and `other_entries` in the rest, so the counts add up. Other filters group the newest
@@ -65,7 +67,7 @@ def dead_groups(request: HttpRequest, queue: str, q: Query[DLQQuery]):
 
 @router.post("/{queue}/dlq/replay", response={200: BulkOut, 202: BulkOut, **WITH_BODY},
              summary="Replay dead jobs by ids or by filter", auth=needs("replay_jobs"))
-def replay(request: HttpRequest, queue: str, payload: ReplayIn):
+def replay(request: HttpRequest, queue: QueueName, payload: ReplayIn):
     """Give ``ids`` or a ``filter`` (``{"fingerprint": ...}`` is one error group). Filters matching more
     than a few thousand entries run in the background: the answer is 202 with an operation to poll at
     /api/operations/{id}. Needs replay_jobs."""
@@ -79,7 +81,7 @@ def replay(request: HttpRequest, queue: str, payload: ReplayIn):
 
 @router.post("/{queue}/dlq/discard", response={200: BulkOut, 202: BulkOut, **WITH_BODY},
              summary="Discard dead jobs by ids or by filter", auth=needs("discard_jobs"))
-def discard(request: HttpRequest, queue: str, payload: BulkIn):
+def discard(request: HttpRequest, queue: QueueName, payload: BulkIn):
     """Delete for good. Same ``ids``/``filter`` rules and background behaviour as replay.
     Needs discard_jobs."""
     result = dlq_service.discard(
@@ -91,7 +93,7 @@ def discard(request: HttpRequest, queue: str, payload: BulkIn):
 
 @router.get("/{queue}/dlq/search", response={200: DLQSearchOut, **READ}, summary="Search every dead job for text",
             auth=needs("view_queues"))
-def search_dead(request: HttpRequest, queue: str, q: Query[DLQSearchQuery]):
+def search_dead(request: HttpRequest, queue: QueueName, q: Query[DLQSearchQuery]):
     """Entries whose job id, task, error or arguments hold ``q`` (case-insensitive, secrets masked first),
     newest first. One request reads for about half a second (hundreds of thousands of entries); while
     ``next_cursor`` is not null, pass it back as ``cursor`` to search further. Needs view_queues."""
@@ -102,14 +104,14 @@ def search_dead(request: HttpRequest, queue: str, q: Query[DLQSearchQuery]):
 
 @router.get("/{queue}/dlq/{entry_id}", response={200: DeadJobOut, **READ}, summary="One dead job",
             auth=needs("view_queues"))
-def get_dead(request: HttpRequest, queue: str, entry_id: str):
+def get_dead(request: HttpRequest, queue: QueueName, entry_id: EntryId):
     """The entry with its arguments and whole error history (tracebacks included). Needs view_queues."""
     return DeadJobOut.from_dead(dlq_service.dlq_entry(request.auth, queue, entry_id))
 
 
 @router.post("/{queue}/dlq/{entry_id}/replay", response={200: BulkOut, **WITH_BODY}, summary="Replay one dead job",
              auth=needs("replay_jobs"))
-def replay_one(request: HttpRequest, queue: str, entry_id: str, payload: OneReplayIn | None = None):
+def replay_one(request: HttpRequest, queue: QueueName, entry_id: EntryId, payload: OneReplayIn | None = None):
     """404 when the entry is gone (replayed or discarded already). Needs replay_jobs."""
     options = payload or OneReplayIn()
     require(request.auth, "replay_jobs")
@@ -121,7 +123,7 @@ def replay_one(request: HttpRequest, queue: str, entry_id: str, payload: OneRepl
 
 @router.post("/{queue}/dlq/{entry_id}/discard", response={200: BulkOut, **CHANGE}, summary="Discard one dead job",
              auth=needs("discard_jobs"))
-def discard_one(request: HttpRequest, queue: str, entry_id: str):
+def discard_one(request: HttpRequest, queue: QueueName, entry_id: EntryId):
     """404 when the entry is gone already. Needs discard_jobs."""
     require(request.auth, "discard_jobs")
     dlq_service.dlq_entry(request.auth, queue, entry_id)

@@ -6,7 +6,7 @@ from ninja.responses import Status
 
 from .auth import needs
 from .errors import CHANGE, READ, WITH_BODY
-from .schemas import CancelJobOut, EnqueueIn, EnqueueOut, JobId, JobOut, TaskOut, _dt
+from .schemas import CancelJobOut, EnqueueIn, EnqueueOut, JobId, JobOut, QueueName, TaskOut, _dt
 from chasqui_core.services import jobs as jobs_service
 
 router = Router(tags=["jobs"])
@@ -22,7 +22,7 @@ def list_tasks(request: HttpRequest):
 
 @router.post("/queues/{queue}/jobs", response={201: EnqueueOut, **WITH_BODY}, summary="Enqueue a task",
              auth=needs("enqueue_jobs"))
-def enqueue(request: HttpRequest, queue: str, payload: EnqueueIn):
+def enqueue(request: HttpRequest, queue: QueueName, payload: EnqueueIn):
     """Enqueue a registered task by name, with args, kwargs and per-job options (delay, attempts,
     backoff, job_id, priority). Arguments must fit the task's signature. Needs enqueue_jobs."""
     result = jobs_service.enqueue(

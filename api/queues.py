@@ -7,8 +7,8 @@ from ninja import Query, Router
 
 from .auth import needs
 from .errors import CHANGE, READ
-from .schemas import (HistoryOut, LimitBucketOut, LimitListOut, LimitOut, MetricsOut, PurgeOut, QueueListOut,
-                      QueueStatsOut, SwitchOut, TaskFiguresOut, TotalsOut, _dt)
+from .schemas import (HistoryOut, LimitBucketOut, LimitListOut, LimitOut, MetricsOut, MetricsWindow, PurgeOut,
+                      QueueListOut, QueueName, QueueStatsOut, SwitchOut, TaskFiguresOut, TotalsOut, _dt)
 from chasqui_core.engine.metrics import FIELDS
 from chasqui_core.services import queues as queues_service
 
@@ -24,13 +24,13 @@ def list_queues(request: HttpRequest):
 
 
 @router.get("/{queue}", response={200: QueueStatsOut, **READ}, summary="One queue's stats", auth=needs("view_queues"))
-def get_queue(request: HttpRequest, queue: str):
+def get_queue(request: HttpRequest, queue: QueueName):
     """Live stats of one queue. Needs view_queues."""
     return QueueStatsOut(**_stats(queues_service.queue_detail(request.auth, queue)))
 
 
 @router.post("/{queue}/pause", response={200: SwitchOut, **CHANGE}, summary="Pause a queue", auth=needs("pause_queues"))
-def pause_queue(request: HttpRequest, queue: str):
+def pause_queue(request: HttpRequest, queue: QueueName):
     """Workers stop reading the queue within a heartbeat; jobs keep arriving and nothing is lost.
     Needs pause_queues."""
     changed = queues_service.pause(request.auth, queue, source="api")
@@ -39,7 +39,7 @@ def pause_queue(request: HttpRequest, queue: str):
 
 @router.post("/{queue}/resume", response={200: SwitchOut, **CHANGE}, summary="Resume a queue",
              auth=needs("pause_queues"))
-def resume_queue(request: HttpRequest, queue: str):
+def resume_queue(request: HttpRequest, queue: QueueName):
     """Workers read the queue again. Needs pause_queues."""
     changed = queues_service.resume(request.auth, queue, source="api")
     return SwitchOut(queue=queue, paused=False, changed=changed)
@@ -47,7 +47,7 @@ def resume_queue(request: HttpRequest, queue: str):
 
 @router.post("/{queue}/purge", response={200: PurgeOut, **CHANGE}, summary="Empty a queue's waiting jobs",
              auth=needs("discard_jobs"))
-def purge_queue(request: HttpRequest, queue: str):
+def purge_queue(request: HttpRequest, queue: QueueName):
     """Delete the queue's waiting jobs: those no worker was handed yet. Jobs a worker holds (running, or
     fetched and about to run), the delayed set and the DLQ are left alone; jobs added after the purge began
     are kept. Deleted jobs are counted as ``purged`` in the queue's totals. Needs discard_jobs."""
@@ -58,9 +58,9 @@ def purge_queue(request: HttpRequest, queue: str):
             auth=needs("view_queues"))
 def queue_metrics(
     request: HttpRequest,
-    queue: str,
+    queue: QueueName,
     resolution: Literal["second", "minute"] = Query("second"),
-    window: int | None = Query(None, ge=1, le=3720, description="Number of points (default: an hour or a day)."),
+    window: MetricsWindow | None = Query(None),
 ):
     """Per-second counters for the last hour (``resolution=second``, up to 3720 points) or per-minute
     for the last day (``resolution=minute``, up to 1500): enqueued, completed, failed, retried, dlq,
@@ -72,7 +72,7 @@ def queue_metrics(
 
 @router.get("/{queue}/totals", response={200: TotalsOut, **READ}, summary="All-time counters",
             auth=needs("view_queues"))
-def queue_totals(request: HttpRequest, queue: str):
+def queue_totals(request: HttpRequest, queue: QueueName):
     """Every all-time counter of the queue, and its dead-lettered jobs per reason: what an operator needs to see
     that runs were lost or jobs taken back from a worker that stopped answering. Needs view_queues."""
     counted = queues_service.queue_totals(request.auth, queue)
@@ -81,7 +81,7 @@ def queue_totals(request: HttpRequest, queue: str):
 
 @router.get("/{queue}/limits", response={200: LimitListOut, **READ}, summary="Rate and concurrency limits",
             auth=needs("view_queues"))
-def queue_limits(request: HttpRequest, queue: str):
+def queue_limits(request: HttpRequest, queue: QueueName):
     """The queue's own limit and the task limits its jobs have met, each with what it holds now: runs
     (concurrency slots), starts within the rate's window and jobs waiting for room, in all and for the
     busiest buckets. Needs view_queues."""
@@ -96,7 +96,7 @@ def queue_limits(request: HttpRequest, queue: str):
 
 @router.get("/{queue}/history", response={200: HistoryOut, **READ}, summary="Failures and run time per task",
             auth=needs("view_queues"))
-def queue_history(request: HttpRequest, queue: str, range: Literal["1h", "24h", "7d"] = Query("1h")):
+def queue_history(request: HttpRequest, queue: QueueName, range: Literal["1h", "24h", "7d"] = Query("1h")):
     """Failed runs over the last hour (per minute), day (per 15 minutes) or week (per hour), and each task's
     runs, failures, mean and p50 / p95 run time since the range's start (read against the snapshot taken
     nearest after it: ``since``). Needs view_queues."""

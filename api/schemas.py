@@ -16,8 +16,11 @@ from ninja import Field, Schema
 from pydantic import AfterValidator, WithJsonSchema
 
 from chasqui_core.engine import job_ids
+from chasqui_core.engine.delayed import CURSOR_PATTERN as DELAYED_CURSOR_PATTERN
 from chasqui_core.engine.dlq.browse import ErrorGroup
-from chasqui_core.engine.dlq.entries import REASONS, DeadJob
+from chasqui_core.engine.dlq.entries import ID_PATTERN as ENTRY_ID_PATTERN, REASONS, DeadJob
+from chasqui_core.engine.keys import QUEUE_NAME_PATTERN
+from chasqui_core.engine.metrics import RESOLUTIONS
 from chasqui_core.engine.priority import job_priority
 from chasqui_core.masking import mask, mask_text
 from chasqui_core.models import AuditEntry, Operation
@@ -33,6 +36,18 @@ MAX_DELAY_MS = 10 * 365 * 24 * 3600 * 1000
 
 Limit = Field(50, ge=1, le=MAX_PAGE, description=f"Items per page, 1 to {MAX_PAGE}.")
 Cursor = Field(None, max_length=200, description="The next_cursor of the previous page; omit for the first page.")
+AUDIT_CURSOR_PATTERN = r"^[0-9]{1,18}$"
+"""What services.audit takes as a cursor: an entry's id."""
+
+METRICS_WINDOW_MAX = min(r.max_window for r in RESOLUTIONS.values())
+MetricsWindow = Annotated[int, WithJsonSchema({
+    "type": "integer", "minimum": 1, "maximum": METRICS_WINDOW_MAX,
+    "description": f"Number of points (default: an hour or a day): up to {METRICS_WINDOW_MAX} at either resolution, "
+                   f"up to {RESOLUTIONS['second'].max_window} at resolution=second.",
+})]
+"""The most points the schema promises is what holds at every resolution: in OpenAPI a query parameter's
+bounds cannot depend on another parameter's value. The engine checks the bound of the resolution asked for,
+and says it in words."""
 
 
 def _dt(ms: int | None) -> datetime | None:
@@ -53,6 +68,34 @@ JobId = Annotated[str, AfterValidator(job_ids.check), WithJsonSchema({
 })]
 """A job id as the API takes it: the engine's own check (job_ids.check), so the error says what is wrong in
 words, and its pattern in the schema, so the schema allows exactly what the check does."""
+
+QueueName = Annotated[str, WithJsonSchema({
+    "type": "string", "minLength": 1, "maxLength": 100, "pattern": QUEUE_NAME_PATTERN,
+    "description": "A queue's name: 1 to 100 letters, digits, '_', '-' or '.'.",
+})]
+"""A queue in a path: the schema publishes the engine's rule; a name outside it is answered as a queue not
+found (404), by the service, as it always was."""
+
+EntryId = Annotated[str, WithJsonSchema({
+    "type": "string", "pattern": ENTRY_ID_PATTERN, "maxLength": 39,
+    "description": "A dead-letter entry id, '<milliseconds>-<sequence>', for example '1700000000000-0'.",
+})]
+"""A dead-letter entry id or cursor: checked by the engine (entries.parse_id, an error in words), published as
+the pattern of what it takes."""
+
+
+AuditCursor = Annotated[str, WithJsonSchema({"type": "string", "pattern": AUDIT_CURSOR_PATTERN})]
+DelayedCursor = Annotated[str, WithJsonSchema({"type": "string", "pattern": DELAYED_CURSOR_PATTERN})]
+"""A cursor as the schema publishes it; what it holds is checked where it is read, in words."""
+
+
+Moment = Annotated[datetime, WithJsonSchema({
+    "type": "string", "format": "date-time", "pattern": r"^(19[89][0-9]|2[0-9]{3})-",
+    "description": "ISO 8601, in the years 1980 to 2999 (no zone means UTC).",
+})]
+"""A time a job died or is to run: the service refuses times before 1970 or past what a clock can hold, in
+words; the schema states a range of years well inside both, which a date-time's format cannot."""
+
 
 class ErrorOut(Schema):
     detail: str = Field(description="What went wrong, in words.")
@@ -313,12 +356,12 @@ class DLQQuery(Schema):
     fingerprint: str | None = Field(None, max_length=1000,
                                     description="One error group: its fingerprint_id as /dlq/groups or an entry "
                                                 "gives it (the fingerprint's text is accepted too).")
-    since: datetime | None = Field(None, description="Died at or after (ISO 8601; no zone means UTC).")
-    until: datetime | None = Field(None, description="Died before (ISO 8601; no zone means UTC).")
+    since: Moment | None = Field(None, description="Died at or after (ISO 8601; no zone means UTC).")
+    until: Moment | None = Field(None, description="Died before (ISO 8601; no zone means UTC).")
 
 
 class DLQPageQuery(DLQQuery):
-    cursor: str | None = Cursor
+    cursor: EntryId | None = Cursor
     limit: int = Limit
 
 
@@ -415,22 +458,46 @@ class GroupsOut(Schema):
     other_entries: int = Field(description="Entries in the groups not listed: with the listed counts, the total.")
 
 
+def _ids_or_filter(*by_filter_only: str):
+    """The schema of a body that takes ``ids`` or a ``filter``, exactly one, as the service insists; with ids,
+    none of ``by_filter_only`` either. Written into the schema by hand: a model's fields cannot say that one
+    excludes another, and without it a client reading the schema would send both, or neither, and be refused.
+    Null is left out of these fields' types for the same reason: the service reads null as "not given"."""
+    def extra(schema: dict[str, Any]) -> None:
+        props = schema["properties"]
+        for name in ("ids", "filter", *by_filter_only):
+            options = props[name].pop("anyOf", None)
+            if options:
+                props[name].update(next(o for o in options if o.get("type") != "null"))
+            props[name].pop("default", None)
+        schema["oneOf"] = [
+            {"required": ["ids"], "not": {"anyOf": [{"required": [n]} for n in ("filter", *by_filter_only)]}},
+            {"required": ["filter"], "not": {"required": ["ids"]}},
+        ]
+    return extra
+
+
 class BulkIn(Schema):
-    ids: list[str] | None = Field(None, min_length=1, max_length=MAX_IDS,
-                                  description="Entry ids to act on; or give a filter instead.")
+    model_config = {"json_schema_extra": _ids_or_filter()}
+
+    ids: list[EntryId] | None = Field(None, min_length=1, max_length=MAX_IDS,
+                                      description="Entry ids to act on; or give a filter instead.")
     filter: FilterIn | None = Field(None, description="Act on every entry matching; {} matches the whole DLQ.")
 
 
 class ReplayIn(BulkIn):
+    model_config = {"json_schema_extra": _ids_or_filter("rate")}
+
     reset_attempts: bool = Field(True, description="True: a fresh retry budget. False: exactly one more attempt.")
-    run_at: datetime | None = Field(None, description="Replay at this time instead of now (ISO 8601).")
-    rate: int | None = Field(None, ge=1, description="By filter only: replay at most this many jobs per second, "
-                                                     "so the workers are not flooded (always runs in the background).")
+    run_at: Moment | None = Field(None, description="Replay at this time instead of now (ISO 8601).")
+    rate: int | None = Field(None, ge=1, le=1_000_000,
+                             description="By filter only: replay at most this many jobs per second, "
+                                         "so the workers are not flooded (always runs in the background).")
 
 
 class OneReplayIn(Schema):
     reset_attempts: bool = True
-    run_at: datetime | None = None
+    run_at: Moment | None = None
 
 
 # --- operations ----------------------------------------------------------------------------------
@@ -467,7 +534,7 @@ class OperationOut(Schema):
 class DLQSearchQuery(Schema):
     q: str = Field(min_length=1, max_length=200, description="Text to find (case-insensitive) in the job id, "
                                                            "task, errors or arguments (secrets masked).")
-    cursor: str | None = Field(None, description="``next_cursor`` of the previous answer, to go on.")
+    cursor: EntryId | None = Field(None, description="``next_cursor`` of the previous answer, to go on.")
     limit: int = Field(50, ge=1, le=200)
 
 
@@ -569,7 +636,7 @@ class AuditQuery(Schema):
     source: Literal["api", "console", "cli"] | None = None
     since: datetime | None = None
     until: datetime | None = None
-    cursor: str | None = Cursor
+    cursor: AuditCursor | None = Cursor
     limit: int = Limit
 
 

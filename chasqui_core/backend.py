@@ -31,7 +31,7 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
 
-from chasqui_core import outbox
+from chasqui_core import outbox, tracing
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine import idempotency
 from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
@@ -237,6 +237,19 @@ _SLOTS = _slot_setters()
 _new = object.__new__
 
 
+def _traced(options: dict[str, Any], carrier: dict[str, str]) -> dict[str, Any]:
+    """A task's job options with the enqueue's trace context in the job's meta (a copy: the plan is shared)."""
+    return {**options, "meta": tracing.with_carrier(options["meta"], carrier)}
+
+
+def _count(calls: Iterable[Any]) -> int:
+    """How many calls a batch has, when that is known without consuming it (else 0: not said)."""
+    try:
+        return len(calls)  # type: ignore[arg-type]
+    except TypeError:
+        return 0
+
+
 def ms_to_datetime(ms: int | None) -> datetime | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms else None
 
@@ -390,9 +403,18 @@ class ChasquiBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args, kwargs) -> TaskResult:
         """One job: ``enqueue_many``'s checks and semantics without a batch's bookkeeping."""
+        if tracing.enabled():
+            with tracing.enqueue_span(task.queue_name, task.module_path) as (span, carrier):
+                result = self._enqueue(task, args, kwargs, carrier)
+                tracing.enqueued(span, [result.id])
+                return result
+        return self._enqueue(task, args, kwargs, None)
+
+    def _enqueue(self, task: Task, args, kwargs, carrier: dict[str, str] | None) -> TaskResult:
         plan = self._plan(task)
         queue = plan.queue
-        job = queue.build(JobSpec(plan.task_path, args, kwargs, **plan.options))
+        options = plan.options if carrier is None else _traced(plan.options, carrier)
+        job = queue.build(JobSpec(plan.task_path, args, kwargs, **options))
         result = self._result(task, job.job_id, args, kwargs)
         if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
             self._defer(queue, task, [job], [result])
@@ -410,8 +432,17 @@ class ChasquiBackend(BaseTaskBackend):
         ``transaction.atomic()`` the batch waits for the commit (or goes
         through the outbox) exactly as a single ``enqueue`` does.
         """
+        if tracing.enabled():
+            with tracing.enqueue_span(task.queue_name, task.module_path, _count(calls)) as (span, carrier):
+                results = self._enqueue_many(task, calls, _one, carrier)
+                tracing.enqueued(span, [r.id for r in results[:1]])
+                return results
+        return self._enqueue_many(task, calls, _one, None)
+
+    def _enqueue_many(self, task: Task, calls: Iterable[tuple[Any, Any]], _one: bool,
+                      carrier: dict[str, str] | None) -> list[TaskResult]:
         with nullcontext() if _one else _gc_paused():
-            queue, built, checked = self._build(task, calls, _one)
+            queue, built, checked = self._build(task, calls, _one, carrier)
             if not built:
                 return []
             if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
@@ -442,14 +473,16 @@ class ChasquiBackend(BaseTaskBackend):
 
         transaction.on_commit(send)
 
-    def _build(self, task: Task, calls: Iterable[tuple[Any, Any]],
-               one: bool) -> tuple[Queue, list[BuiltJob], list[tuple[Any, Any]]]:
+    def _build(self, task: Task, calls: Iterable[tuple[Any, Any]], one: bool,
+               carrier: dict[str, str] | None = None) -> tuple[Queue, list[BuiltJob], list[tuple[Any, Any]]]:
         """Validate and encode every call (validated now, even when sent later: bad input fails in the caller).
 
         Returns the task's queue, the encoded jobs and each call's checked ``(args, kwargs)``, in order.
         """
         plan = self._plan(task)
         queue, options = plan.queue, plan.options
+        if carrier is not None:
+            options = _traced(options, carrier)
         spec = JobSpec(plan.task_path, (), {}, **options)
         built: list[BuiltJob] = []
         checked: list[tuple[Any, Any]] = []
@@ -510,7 +543,17 @@ class ChasquiBackend(BaseTaskBackend):
         if self.enqueue_on_commit or self.outbox or self.result_ttl:
             # these touch the database or the transaction: Django's sync side does it
             return await sync_to_async(self.enqueue_many, thread_sensitive=True)(task, list(calls), _one=_one)
-        queue, built, checked = self._build(task, calls, _one)
+        if tracing.enabled():
+            calls = list(calls)
+            with tracing.enqueue_span(task.queue_name, task.module_path, len(calls)) as (span, carrier):
+                results = await self._aenqueue_many(task, calls, _one, carrier)
+                tracing.enqueued(span, [r.id for r in results[:1]])
+                return results
+        return await self._aenqueue_many(task, calls, _one, None)
+
+    async def _aenqueue_many(self, task: Task, calls: Iterable[tuple[Any, Any]], _one: bool,
+                             carrier: dict[str, str] | None) -> list[TaskResult]:
+        queue, built, checked = self._build(task, calls, _one, carrier)
         results = self._ready_results(task, built, checked)
         if built:
             await queue.aadd_built_many(built)

@@ -56,6 +56,9 @@ class ChasquiSettings:
     """Filtered DLQ operations touching more entries than this run in the background."""
     ENQUEUE_RETRY_SECONDS: float = 5.0
     """How long enqueue() keeps retrying while Redis is unavailable (restart, failover); 0 turns retries off."""
+    OPENTELEMETRY: bool = True
+    """Spans for enqueues and runs when opentelemetry-api is installed (django-chasqui[otel]); False: none,
+    and no trace context in the jobs (chasqui_core/tracing.py)."""
     MASKED_KEYS: tuple[str, ...] = ()
     """More key names whose values are masked (case-insensitive, substring match), on top of the built-in
     list in chasqui_core.engine.redact.SECRET_KEYS (password, pwd, token, api_key, private_key, session,
@@ -258,6 +261,9 @@ def load(raw: dict[str, Any] | None = None) -> ChasquiSettings:
     for key in _POSITIVE_NUMBERS:
         if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], (int, float)) or raw[key] <= 0):
             raise ImproperlyConfigured(f"settings.CHASQUI[{key!r}] must be a number above 0, got {raw[key]!r}")
+    if "OPENTELEMETRY" in raw and not isinstance(raw["OPENTELEMETRY"], bool):
+        raise ImproperlyConfigured(
+            f"settings.CHASQUI['OPENTELEMETRY'] must be True or False, got {raw['OPENTELEMETRY']!r}")
     if "ENQUEUE_RETRY_SECONDS" in raw:
         value = raw["ENQUEUE_RETRY_SECONDS"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:

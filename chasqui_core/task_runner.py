@@ -38,6 +38,7 @@ from chasqui_core.backend import (ChasquiBackend, ChasquiTask, discover_tasks, m
 from chasqui_core.engine.errors import JobCancelled
 from chasqui_core.engine.registry import HandlerRegistry, JobContext
 from chasqui_core.engine.tracebacks import class_path, format_exception
+from chasqui_core import tracing
 from chasqui_core.task_signals import TaskSignal
 
 _started = TaskSignal(task_started, ChasquiBackend)
@@ -63,10 +64,25 @@ def task_handler(task: ChasquiTask):
     if iscoroutinefunction(func):
         def run_async(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
             """The coroutine the worker awaits: watched for failures only, unless a receiver wants more."""
+            if tracing.enabled():
+                return traced(ctx, args, kwargs)
+            return untraced(ctx, args, kwargs)
+
+        def untraced(ctx: JobContext, args: Any, kwargs: Any) -> Any:
             started = _started.wanted(RUNNING)
             if takes_context or started or _finished.wanted(SUCCESSFUL):
                 return observed(ctx, started, args, kwargs)
             return guarded(ctx, args, kwargs)
+
+        async def traced(ctx: JobContext, args: Any, kwargs: Any) -> Any:
+            with _run_span(task, ctx) as span:
+                try:
+                    value = await untraced(ctx, args, kwargs)
+                except BaseException as exc:
+                    tracing.ended(span, _outcome(ctx, exc), exc)
+                    raise
+                tracing.ended(span, "succeeded")
+                return value
 
         async def guarded(ctx: JobContext, args: Any, kwargs: Any) -> Any:
             """The common case: nothing to send unless the run fails for good."""
@@ -107,6 +123,18 @@ def task_handler(task: ChasquiTask):
         return run_async
 
     def run_sync(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
+        if not tracing.enabled():
+            return run_untraced(ctx, args, kwargs)
+        with _run_span(task, ctx) as span:
+            try:
+                value = run_untraced(ctx, args, kwargs)
+            except BaseException as exc:
+                tracing.ended(span, _outcome(ctx, exc), exc)
+                raise
+            tracing.ended(span, "succeeded")
+            return value
+
+    def run_untraced(ctx: JobContext, args: Any, kwargs: Any) -> Any:
         check_connections()
         try:
             result = context = None
@@ -130,6 +158,19 @@ def task_handler(task: ChasquiTask):
             check_connections()
 
     return run_sync
+
+
+def _run_span(task: ChasquiTask, ctx: JobContext):
+    """The run's span, a child of the enqueue that the job's meta names (see chasqui_core/tracing.py)."""
+    job = ctx.job
+    return tracing.run_span(ctx.queue, task.module_path, job.id, job.attempt + 1, job.meta)
+
+
+def _outcome(ctx: JobContext, exc: BaseException) -> str:
+    """How a run that raised ``exc`` ends, in a span's words: cancelled, retrying, or failed for good."""
+    if isinstance(exc, (JobCancelled, asyncio.CancelledError)) or ctx.cancelled:
+        return "cancelled"
+    return "retrying" if isinstance(exc, Exception) and ctx.will_retry(exc) else "failed"
 
 
 # --- the TaskResult a run shows ------------------------------------------------------

@@ -67,3 +67,44 @@ def env_list(
         else:
             return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_int(name: str, default: int, *, environ: Mapping[str, str] | None = None) -> int:
+    """Read a whole number, 0 or more; unset or empty means ``default``."""
+    value = _environ(environ).get(name)
+    if value is None or not value.strip():
+        return default
+    try:
+        number = int(value.strip())
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise ImproperlyConfigured(f"Environment variable {name}={value!r} is not a whole number, 0 or more.")
+    return number
+
+
+def smtp_mailer(url: str, name: str = "SMTP_URL") -> dict:
+    """A MAILERS entry for the SMTP server ``url`` names, or an error naming ``name`` and what it should be.
+
+    ``smtp://`` upgrades with STARTTLS, ``smtps://`` speaks TLS from the start; ``smtp+plain://`` sends in
+    the clear, and says so in its scheme, for a relay on the same host or network.
+    """
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(url)
+    tls = {"smtp": {"use_tls": True}, "smtps": {"use_ssl": True}, "smtp+plain": {}}.get(parts.scheme)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if tls is None or not parts.hostname or port == -1:
+        raise ImproperlyConfigured(
+            f"Environment variable {name} must look like smtp://user:password@host:587, smtps://host:465 or "
+            f"smtp+plain://host:25, got one with scheme {parts.scheme!r} and host {parts.hostname!r}")
+    options: dict = {"host": parts.hostname, **tls}
+    if port is not None:
+        options["port"] = port
+    if parts.username:
+        options["username"] = unquote(parts.username)
+        options["password"] = unquote(parts.password or "")
+    return {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": options}

@@ -15,7 +15,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_list, env_str
+from config.env import env_bool, env_int, env_list, env_str, smtp_mailer
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -35,6 +35,21 @@ if not SECRET_KEY:
     SECRET_KEY = _INSECURE_DEV_SECRET_KEY
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+
+# HTTPS=true: the site is served over HTTPS only (what `manage.py check --deploy` asks of a production site):
+# plain HTTP is redirected, cookies are sent over HTTPS only, and browsers are told to use nothing else for
+# HSTS_SECONDS (a year by default; this cannot be taken back from browsers that saw it before it expires).
+HTTPS = env_bool("HTTPS", False)
+if HTTPS:
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("HSTS_SECONDS", 365 * 24 * 3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("HSTS_PRELOAD", True)
+    if env_list("CHASQUI_TRUSTED_PROXIES"):
+        # TLS ends at the trusted proxy, which says so: else every request would be redirected forever.
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # Unset means "no external server": the run command starts an embedded Valkey
 # and passes its URL to the processes it spawns in their REDIS_URL, so every
@@ -210,9 +225,10 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
-# The demo "sends" email to the console of the worker that runs the task.
+# The demo "sends" email to the console of the worker that runs the task, unless SMTP_URL names a server:
+# smtp://user:password@host:587 (STARTTLS), smtps://...:465 (TLS from the start), smtp+plain://host:25.
 # (MAILERS replaces the EMAIL_BACKEND setting deprecated in Django 6.1.)
-MAILERS = {
+MAILERS = {"default": smtp_mailer(env_str("SMTP_URL"))} if env_str("SMTP_URL") else {
     "default": {"BACKEND": "django.core.mail.backends.console.EmailBackend"},
 }
 DEFAULT_FROM_EMAIL = "Chasqui <noreply@chasqui.localhost>"

@@ -74,6 +74,11 @@ def _format_score(score: float) -> str:
     return str(int(score)) if score.is_integer() else repr(score)
 
 
+CURSOR_PATTERN = r"^-?[0-9]{1,20}(\.[0-9]{1,20})?(e[+-]?[0-9]{1,2})?:[0-9]{1,9}$"
+"""The cursors ``page`` hands out, as a JSON Schema pattern: every cursor it matches is one ``_parse_cursor``
+takes and Redis reads as a finite score (the API's schema publishes it)."""
+
+
 def _parse_cursor(cursor: str) -> tuple[str, int]:
     """A cursor is "<score>:<entries of that score already returned>"."""
     bad = ValueError(f"Cursor {cursor!r} is not one returned by a previous page; start again without a cursor")

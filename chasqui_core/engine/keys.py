@@ -62,7 +62,9 @@ REPLAY_MARK_TTL_MS = 86_400_000
 """How long a replayed job's mark lives: a day."""
 
 
-_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}\Z")
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,100}$"
+"""What a queue name may be, as a JSON Schema pattern (the API's schema publishes it)."""
+_QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN[:-1] + r"\Z")
 
 
 def validate_queue_name(name: str) -> str:

@@ -23,6 +23,9 @@ MAX_PART = 2**64 - 1
 """The largest millisecond or sequence part a stream id can have."""
 
 _ENTRY_ID = re.compile(r"^(\d{1,20})-(\d{1,20})\Z")
+ID_PATTERN = r"^[0-9]{1,19}-[0-9]{1,19}$"
+"""Entry ids as the API's schema publishes them: a part of what ``parse_id`` takes, since any 19 digits fit in
+64 bits, so that an id the schema allows is never refused as out of range."""
 _WORKER_LOST = "WorkerLost"
 
 StreamId = tuple[int, int]

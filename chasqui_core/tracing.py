@@ -1,0 +1,91 @@
+"""OpenTelemetry spans for enqueues and runs, when opentelemetry-api is installed (``django-chasqui[otel]``).
+
+The enqueue's span context travels in the job's envelope meta (``META_KEY``, the W3C ``traceparent`` /
+``tracestate`` the configured propagator writes), so a run's span is a child of the span that enqueued it,
+and so of the request that did, across processes and retries: every run of a job, its retries and replays
+included, carries the same parent and is told apart by ``chasqui.attempt``.
+
+The import is tried once, here. Without the package, or with ``CHASQUI["OPENTELEMETRY"] = False``,
+``enabled()`` is one global read and a settings attribute, and the callers take their untraced path: no
+span, no context in the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from chasqui_core.conf import chasqui_settings
+
+try:
+    from opentelemetry import propagate as _propagate
+    from opentelemetry import trace as _trace
+except ImportError:  # the otel extra is not installed
+    _trace = None
+    _tracer = None
+else:
+    # A proxy until the project installs its provider, then that provider's tracer: safe to make once.
+    _tracer = _trace.get_tracer("chasqui")
+
+META_KEY = "otel"
+"""Where a job's envelope meta holds the enqueuer's trace context (a small dict of strings)."""
+
+QUEUE, TASK, JOB_ID, ATTEMPT, OUTCOME, COUNT = (
+    "chasqui.queue", "chasqui.task", "chasqui.job_id", "chasqui.attempt", "chasqui.outcome", "chasqui.count")
+
+
+def enabled() -> bool:
+    """Whether spans are made: the package is installed and the setting leaves them on."""
+    return _trace is not None and chasqui_settings().OPENTELEMETRY
+
+
+@contextmanager
+def enqueue_span(queue: str, task: str, count: int = 1) -> Iterator[tuple[Any, dict[str, str]]]:
+    """A producer span around one enqueue (or one batch), and the carrier to put in each job's meta."""
+    assert _trace is not None and _tracer is not None
+    with _tracer.start_as_current_span(f"chasqui enqueue {task}", kind=_trace.SpanKind.PRODUCER) as span:
+        if span.is_recording():
+            span.set_attribute(QUEUE, queue)
+            span.set_attribute(TASK, task)
+            if count > 1:
+                span.set_attribute(COUNT, count)
+        carrier: dict[str, str] = {}
+        if span.get_span_context().is_valid:  # else no SDK is installed: nothing to carry
+            _propagate.inject(carrier)
+        yield span, carrier
+
+
+def with_carrier(meta: Mapping[str, Any], carrier: dict[str, str]) -> dict[str, Any]:
+    """``meta`` with the trace context added (a copy: the task's shared options are left alone)."""
+    return {**meta, META_KEY: carrier} if carrier else dict(meta)
+
+
+def enqueued(span: Any, job_ids: list[str]) -> None:
+    """Name the job on the enqueue's span once its id is known (a batch's span names its first)."""
+    if job_ids and span.is_recording():
+        span.set_attribute(JOB_ID, job_ids[0])
+
+
+@contextmanager
+def run_span(queue: str, task: str, job_id: str, attempt: int, meta: Mapping[str, Any]) -> Iterator[Any]:
+    """A consumer span around one run, the child of the enqueue whose context the job carries."""
+    assert _trace is not None and _tracer is not None
+    carrier = meta.get(META_KEY)
+    parent = _propagate.extract(carrier) if isinstance(carrier, Mapping) else None
+    with _tracer.start_as_current_span(
+        f"chasqui run {task}", context=parent, kind=_trace.SpanKind.CONSUMER,
+        attributes={QUEUE: queue, TASK: task, JOB_ID: job_id, ATTEMPT: attempt},
+        record_exception=False, set_status_on_exception=False,
+    ) as span:
+        yield span
+
+
+def ended(span: Any, outcome: str, exc: BaseException | None = None) -> None:
+    """Record how the run ended: ``succeeded``, ``retrying``, ``failed`` (for good) or ``cancelled``."""
+    if not span.is_recording():
+        return
+    span.set_attribute(OUTCOME, outcome)
+    if exc is not None:
+        span.record_exception(exc)
+        span.set_status(_trace.Status(_trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:500]))
