@@ -42,6 +42,13 @@ CANCELLED_CLASS = class_path(JobCancelled())
 """The error class a cancelled job's history and stored result name."""
 
 
+def job_context(d: Delivery, attempt: int, outcome: str) -> dict[str, Any]:
+    """What a log record about a run carries (``record.chasqui``), for log handlers and error trackers to show
+    beside the message: which job, of which queue and task, its attempt, and what became of it."""
+    return {"job_id": d.job.id, "queue": d.keys.queue, "task": d.job.task, "attempt": attempt,
+            "outcome": outcome, "entry_id": d.entry_id.decode(errors="replace")}
+
+
 class Outcomes:
     """Turns what happened to each fetched job into the settler's batched writes."""
 
@@ -116,15 +123,21 @@ class Outcomes:
         if decision.retry:
             if self._retry_lines.allow():
                 logger.info("job %s (%s) failed on attempt %d: %s: %s; retrying in %d ms", job.id, job.task,
-                            runs_made, error_class, text, decision.delay_ms)
+                            runs_made, error_class, text, decision.delay_ms,
+                            extra={"chasqui": job_context(d, runs_made, "retrying")})
             self.settler.retry(d.keys, d.entry_id, decision.delay_ms, payload, job_id=job.id, task=job.task,
                                attempt=runs_made, error_class=error_class, error=text,
                                duration_ms=duration, result=stored)
         else:
-            if self._dead_lines.allow():
-                logger.warning("job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
-                               job.id, job.task, runs_made, error_class, text, decision.reason)
             cancelled = decision.reason == "cancelled"
+            if self._dead_lines.allow():
+                # failed for good: an ERROR with the exception, as error trackers (Sentry's logging integration)
+                # take them, and the job's context; a cancel is asked for, not an error
+                logger.log(logging.WARNING if cancelled else logging.ERROR,
+                           "job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
+                           job.id, job.task, runs_made, error_class, text, decision.reason,
+                           exc_info=None if cancelled else exc,
+                           extra={"chasqui": job_context(d, runs_made, decision.reason)})
             if cancelled:
                 self.cancelled.append((d.keys, d.entry_id, job.id))
             self.settler.dead(d.keys, d.entry_id, payload, decision.reason, job_id=job.id, task=job.task,

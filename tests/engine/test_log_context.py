@@ -1,0 +1,39 @@
+"""A run's failure reaches logging as error trackers take it: a job failed for good is an ERROR record with the
+exception and the job's context (``record.chasqui``), which Sentry's logging integration, for one, sends as an
+event with the traceback; a failure that will be retried is an INFO record with the same context."""
+
+from __future__ import annotations
+
+import logging
+
+from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.registry import HandlerRegistry
+from tests.engine.worker_app import wait_for
+from tests.helpers import worker_running
+
+
+class Boom(ValueError):
+    pass
+
+
+def test_a_job_failed_for_good_is_an_error_record_with_its_exception_and_context(redis, redis_url, caplog):
+    keys = QueueKeys.for_queue("log-context")
+    registry = HandlerRegistry()
+
+    def broken(n: int) -> None:
+        raise Boom(f"card {n} declined")
+
+    registry.register("t.broken", broken, max_attempts=2, backoff=1)
+    caplog.set_level(logging.INFO, logger="chasqui.worker")
+    job = Queue(keys.queue, url=redis_url).add("t.broken", [7])
+    with worker_running(redis_url, [keys.queue], registry):
+        wait_for(lambda: int(redis.xlen(keys.dlq)) == 1, 20, "the job to fail twice and be dead-lettered")
+    records = [r for r in caplog.records if getattr(r, "chasqui", None) and r.chasqui["job_id"] == job.job_id]
+    retried, dead = records
+    assert retried.levelno == logging.INFO and retried.exc_info is None
+    assert retried.chasqui == {"job_id": job.job_id, "queue": keys.queue, "task": "t.broken", "attempt": 1,
+                               "outcome": "retrying", "entry_id": job.entry_id}
+    assert dead.levelno == logging.ERROR and dead.chasqui["outcome"] == "retries_exhausted"
+    assert dead.chasqui["attempt"] == 2 and dead.exc_info is not None and isinstance(dead.exc_info[1], Boom)
+    assert "card 7 declined" in dead.getMessage()
