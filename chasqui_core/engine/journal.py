@@ -18,16 +18,19 @@ it settles too.
 When: a sync job's thread writes its mark just before the handler starts,
 so a job that kills the process at once is charged; async jobs are written
 once per dispatch, right after they started, and only those that did not
-finish at once (``Worker._dispatch`` says why after rather than before).
+finish at once (``Runner._dispatch`` says why after rather than before).
 
 The write must reach the server even if the process dies right after, and
 cost the hot path next to nothing. So it is fire-and-forget on a connection
 of its own with ``CLIENT REPLY OFF``: one ``send()``, and no reply to wait
 for or read. Once ``send()`` returns, the bytes are the kernel's: a process
 that dies right after still delivers them. A write that fails (Redis
-restarting) is dropped after one reconnect: a journal gap can only make a
-crash charge nothing, never lose a job (and the recovery count still catches
-a poison pill).
+restarting) is dropped after one reconnect, and never loses a job: a
+dropped start mark makes a crash charge nothing (the recovery count still
+catches a poison pill); a dropped strike leaves a finished run marked until
+its outcome's settle strikes it too, so a crash while Redis is away can
+still charge it. Only a journal kept outside Redis (read by the supervisor
+when a child dies) would close that window.
 
 The sync lane's threads write one mark per run. Python's own ``send``
 releases the GIL around the system call, and with ten threads waiting for
