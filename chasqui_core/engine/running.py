@@ -728,6 +728,9 @@ class Runner:
         lane = self._lane
         assert lane is not None  # only sync deliveries are watched
         lane.abandon(d)
+        # its run has ended as far as the job is concerned (its outcome is written now), though its thread never
+        # returns to strike its journal mark: strike it here, or a crash before the settle would charge a death
+        self.journal.finished_one(d.keys.stream, d.entry_id)
         self._outcome(d, exc, d.started, now - d.started, failed=True)
         lane.replace()  # another thread takes its place: the lane keeps its size until the process goes
         if self.recycles:

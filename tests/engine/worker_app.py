@@ -208,6 +208,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shutdown-timeout", type=float, default=25.0)
     p.add_argument("--cancel-grace", type=float, default=10.0)
     p.add_argument("--flush-interval", type=float, default=0.002, help="the settler's flush interval, seconds")
+    p.add_argument("--job-timeout", type=float, default=None, help="seconds a run may take (the worker's default)")
     p.add_argument("--record-url", default=None,
                    help="the server handlers record their runs on (default: --url); a test that restarts the "
                         "queue's server records elsewhere")
@@ -243,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         visibility_timeout_ms=args.visibility_ms, promoter_poll_interval=args.poll,
         promoter_lock_ttl_ms=args.lock_ttl_ms, shutdown_timeout=args.shutdown_timeout,
         signing_keys=args.signing_key, limits=json.loads(args.limits) if args.limits else None,
-        cancel_grace=args.cancel_grace, flush_interval=args.flush_interval, **options,
+        cancel_grace=args.cancel_grace, flush_interval=args.flush_interval, job_timeout=args.job_timeout, **options,
     )
     worker.run_sync()
     client.close()
