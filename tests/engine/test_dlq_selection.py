@@ -15,12 +15,14 @@ from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.dlq.selection import chunks, matching_total
 from chasqui_core.engine.envelope import decode
 from tests.engine.test_dlq import KEYS, Q, add_dead, bulk_dead, dead_job, fields_for
+from tests.helpers import info_per_server
 
 RARE = "shop.rare_refund"
 
 
 def sent_bytes(redis) -> int:
-    return int(redis.info("stats")["total_net_output_bytes"])
+    """Bytes the server (every master of a cluster) has sent since it started."""
+    return sum(int(info["total_net_output_bytes"]) for info in info_per_server(redis, "stats"))
 
 
 def stream_job_ids(redis) -> list[str]:
