@@ -131,13 +131,12 @@ class Outcomes:
         else:
             cancelled = decision.reason == "cancelled"
             if self._dead_lines.allow():
-                # failed for good: an ERROR with the exception, as error trackers (Sentry's logging integration)
-                # take them, and the job's context; a cancel is asked for, not an error
-                logger.log(logging.WARNING if cancelled else logging.ERROR,
-                           "job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
-                           job.id, job.task, runs_made, error_class, text, decision.reason,
-                           exc_info=None if cancelled else exc,
-                           extra={"chasqui": job_context(d, runs_made, decision.reason)})
+                # a WARNING, as before: under Django, the task framework's own logger (django.tasks) reports the
+                # failure at ERROR with its traceback, and a second ERROR here would make error trackers count
+                # each failure twice; this line carries the job's context for any handler that reads it
+                logger.warning("job %s (%s) failed on attempt %d: %s: %s; moved to the dead-letter queue (%s)",
+                               job.id, job.task, runs_made, error_class, text, decision.reason,
+                               extra={"chasqui": job_context(d, runs_made, decision.reason)})
             if cancelled:
                 self.cancelled.append((d.keys, d.entry_id, job.id))
             self.settler.dead(d.keys, d.entry_id, payload, decision.reason, job_id=job.id, task=job.task,
