@@ -315,8 +315,8 @@ class Runner:
             return
         admitted = set(taken.admitted)
         for d in late:
-            if d not in admitted and self._release(d) and d.slots:  # parked: let go, its slots given back
-                self._give_back(d)
+            if d not in admitted:  # parked: let go, its slots given back
+                self._release(d)
         if taken.earliest_ms >= 0:
             self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
         dispatch = alone = False
@@ -401,8 +401,7 @@ class Runner:
                     d.task.cancel()
             else:
                 self._inbox.remove(d)
-                if self._release(d) and d.slots:
-                    self._give_back(d)
+                self._release(d)
                 self.outcomes.cancelled_unstarted(d, requested)
         else:  # told through its context; a thread that has not started it puts it back (sync_lane.py)
             self.cancelling.add(d)
@@ -462,10 +461,13 @@ class Runner:
         self._dispatch()
 
     def _release(self, d: Delivery) -> bool:
-        """Let a delivery go from the worker's hands (its outcome handed on, given back, parked or let go);
-        False when it was gone already. The suspect running alone that leaves lets the next one go."""
+        """Let a delivery go from the worker's hands (its outcome handed on, given back, parked or let go), with
+        the concurrency slots it holds; False when it was gone already. The suspect running alone that leaves
+        lets the next one go."""
         if not self.held.remove(d):
             return False
+        if d.slots:
+            self._give_back(d)
         if d is self._alone:
             self._alone = None
             self._loop.call_soon(self._run_alone)
@@ -493,8 +495,7 @@ class Runner:
             if d.taken_back:  # let go while its key was checked: another worker's now
                 continue
             if by is not None:
-                if self._release(d) and d.slots:
-                    self._give_back(d)
+                self._release(d)
                 try:
                     self.outcomes.skipped(d, by)
                 except Exception as exc:  # whatever goes wrong touches this job only
@@ -633,8 +634,6 @@ class Runner:
             self.journal.finished_one(d.keys.stream, d.entry_id)
         if not self._release(d):
             return  # written already (a sync run that passed its timeout, reporting at last), or let go
-        if d.slots:
-            self._give_back(d)
         if d.timeout is not None:
             self._timed_sync.discard(d)
         self.stats.processed += 1
@@ -651,15 +650,12 @@ class Runner:
             self.outcomes.internal(d, "recording the outcome", exc)
 
     def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
-        if self._release(d) and d.slots:
-            self._give_back(d)
+        self._release(d)
         self.outcomes.internal(d, doing, exc)
 
     def _requeue(self, d: Delivery) -> None:
         if not self._release(d):
             return  # another worker took it back (``let_go``): it is theirs to run now
-        if d.slots:
-            self._give_back(d)
         self.outcomes.requeue(d)
 
     def let_go(self, keys: QueueKeys, entry_ids: list[bytes]) -> None:
@@ -674,8 +670,6 @@ class Runner:
                 continue  # settled meanwhile, or let go already
             d.taken_back = True
             let_go.append(d)
-            if d.slots:
-                self._give_back(d)
             if d.timeout is not None:
                 self._timed_sync.discard(d)
             if d.journaled:
