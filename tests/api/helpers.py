@@ -9,6 +9,9 @@ import json
 import time
 
 import msgpack
+import pytest
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
 from django.test import Client
 
 from chasqui_core.engine.envelope import Job, decode
@@ -16,7 +19,7 @@ from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.engine.queue import Queue
 from chasqui_core.models import ApiKey
 from tests.api.conformance import check_response
-from tests.helpers import TASK
+from tests.helpers import TASK, add_dead, bulk_dead
 
 
 class ApiClient:
@@ -85,3 +88,25 @@ def wait_for(predicate, timeout: float = 60.0, interval: float = 0.05):
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+@pytest.fixture(autouse=True)
+def keep_test_connection():
+    """Like Django's test client: requests must not close the test's database connection."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    yield
+    request_started.connect(close_old_connections)
+    request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def seeded_operator_key(operator, redis):
+    """An operator's API key, with something to find on queue ``default`` (dead, delayed, a worker), so generated
+    requests reach past "unknown queue"."""
+    bulk_dead(redis, "default", 5)
+    add_dead(redis, "default", kwargs={"password": "x"}, reason="unrecoverable")
+    add_delayed(redis, "default")
+    heartbeat(redis, ["default"], "w-fuzz")
+    _, key = ApiKey.issue(operator)
+    return key

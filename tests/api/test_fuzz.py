@@ -11,43 +11,23 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 
-from chasqui_core.models import ApiKey
 
-from tests.helpers import add_dead, bulk_dead
 
+from . import helpers
 from .conformance import published_schema
-from .helpers import add_delayed, heartbeat
+
+_keep_test_connection = helpers.keep_test_connection
+operator_key = helpers.seeded_operator_key
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def _keep_test_connection():
-    """Like Django's test client: requests must not close the test's database connection."""
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    yield
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
 
 
 # Loaded at collection: one generated test per operation of the live schema.
 schema = published_schema()
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
-
-@pytest.fixture
-def operator_key(operator, redis):
-    # Something to find, so generated requests reach past "unknown queue".
-    bulk_dead(redis, "default", 5)
-    add_dead(redis, "default", kwargs={"password": "x"}, reason="unrecoverable")
-    add_delayed(redis, "default")
-    heartbeat(redis, ["default"], "w-fuzz")
-    _, key = ApiKey.issue(operator)
-    return key
 
 
 @schema.parametrize()

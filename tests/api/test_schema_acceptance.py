@@ -17,12 +17,13 @@ from schemathesis import GenerationMode
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 
-from chasqui_core.models import ApiKey
 
-from tests.helpers import add_dead, bulk_dead
 
+from . import helpers
 from .conformance import SCHEMA_PATH
-from .helpers import add_delayed, heartbeat
+
+_keep_test_connection = helpers.keep_test_connection
+operator_key = helpers.seeded_operator_key
 
 pytestmark = pytest.mark.django_db
 
@@ -56,23 +57,6 @@ def _positive_schema():
 schema = _positive_schema()
 
 
-@pytest.fixture(autouse=True)
-def _keep_test_connection():
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    yield
-    request_started.connect(close_old_connections)
-    request_finished.connect(close_old_connections)
-
-
-@pytest.fixture
-def operator_key(operator, redis):
-    bulk_dead(redis, "default", 5)
-    add_dead(redis, "default", kwargs={"password": "x"}, reason="unrecoverable")
-    add_delayed(redis, "default")
-    heartbeat(redis, ["default"], "w-fuzz")
-    _, key = ApiKey.issue(operator)
-    return key
 
 
 @schema.parametrize()
