@@ -58,6 +58,9 @@ from .log_budget import LogBudget
 
 logger = logging.getLogger("chasqui.worker")
 
+UNSTRUCK_KEPT = 10_000
+"""At most this many unsent strikes are kept per server (a long outage: the settles strike the rest)."""
+
 SEND_TIMEOUT_S = 1.0
 """A server that stops reading must not block the event loop for long: the write is dropped instead."""
 
@@ -85,6 +88,8 @@ class StartJournal:
         self._lock = threading.Lock()
         """Taken on the slow path only (a connection to open, a TLS socket), never by a mark sent whole."""
         self._failures = LogBudget(logger, "start journal writes dropped (Redis unavailable)")
+        self._unstruck: dict[str | None, list[bytes]] = {}
+        """Strikes that could not be sent, by server: sent first once it answers again (``_send``)."""
 
     def use(self, stream: str, key: str, url: str | None = None) -> None:
         """Write the marks of ``stream``'s entries to hash ``key``, on the server ``url`` names (a cluster node;
@@ -107,8 +112,8 @@ class StartJournal:
     def finished_one(self, stream: str, entry_id: bytes) -> None:
         """Strike one run's mark the moment its handler returned (a sync lane thread, or the loop for an async run
         that waited): a process killed a moment later must not be charged a run that had ended."""
-        self._write(self._server.get(stream),
-                    b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[stream], len(entry_id), entry_id))
+        strike = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[stream], len(entry_id), entry_id)
+        self._write(self._server.get(stream), strike, strike)
 
     def ended_and_started(self, ended_stream: str, ended_id: bytes, stream: str, entry_id: bytes,
                           started_ms: int) -> None:
@@ -119,9 +124,9 @@ class StartJournal:
                                                                             entry_id, started_ms)
         server = self._server.get(ended_stream)
         if self._server.get(stream) == server:
-            self._write(server, end + start)
+            self._write(server, end + start, end)
         else:
-            self._write(server, end)
+            self._write(server, end, end)
             self._write(self._server.get(stream), start)
 
     def started(self, marks: dict[str, list[bytes]], started_ms: int) -> None:
@@ -135,7 +140,7 @@ class StartJournal:
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 
-    def _write(self, server: str | None, data: bytes) -> None:
+    def _write(self, server: str | None, data: bytes, strike: bytes = b"") -> None:
         """One whole command: in one GIL-holding send when the connection allows it, else under the lock."""
         fd = self._fds.get(server)
         if fd is not None and _send_holding_gil is not None:
@@ -145,29 +150,42 @@ class StartJournal:
                 if self._fds.get(server) == fd:
                     self._drop(server)
         with self._lock:
-            self._send(server, data)
+            self._send(server, data, strike)
 
-    def _send(self, server: str | None, data: bytes) -> None:
-        """Send on the slow path, under the lock: a whole command, reconnecting once."""
+    def _send(self, server: str | None, data: bytes, strike: bytes = b"") -> None:
+        """Send on the slow path, under the lock: a whole command, reconnecting once.
+
+        A strike (``strike``: the HDEL part of ``data``) that cannot be sent is kept and sent first once the
+        server answers again: a run that ended while Redis restarted must not stay marked running, or a crash
+        after the restart would charge it a death. A start mark is not kept: sent late, it would mark a run
+        that may have ended since."""
         sock = self._socks.get(server)
         if sock is not None:
             try:
-                sock.sendall(data)
+                unstruck = self._unstruck.get(server)
+                sock.sendall(b"".join(unstruck) + data if unstruck else data)
+                self._unstruck.pop(server, None)
                 return
             except Exception:  # a dead connection (Redis restarted): reconnect once, then drop
                 pass
         for attempt in (1, 2):
             try:
                 sock = self._open(server)
-                sock.sendall(data)
+                unstruck = self._unstruck.get(server)
+                sock.sendall(b"".join(unstruck) + data if unstruck else data)
+                self._unstruck.pop(server, None)
                 if not isinstance(sock, ssl.SSLSocket):
                     self._fds[server] = sock.fileno()  # only now: no thread's mark may interleave with this one
                 return
             except Exception as exc:
                 self._drop(server)
-                if attempt == 2 and self._failures.allow():
-                    logger.warning("start journal on %s: %s: %s; marks dropped (a crash now would charge those "
-                                   "jobs nothing)", masked(server or self._url or ""), type(exc).__name__, exc)
+                if attempt == 2:
+                    if strike and len(self._unstruck.get(server, ())) < UNSTRUCK_KEPT:
+                        self._unstruck.setdefault(server, []).append(strike)
+                    if self._failures.allow():
+                        logger.warning("start journal on %s: %s: %s; start marks dropped (a crash now would charge "
+                                       "those jobs nothing), ends kept until it answers", masked(server or self._url
+                                       or ""), type(exc).__name__, exc)
 
     def connect(self) -> None:
         """Open the connections now rather than on the first job (best effort: a failure waits for that job)."""
