@@ -25,7 +25,7 @@ if not os.environ.get("REDIS_URL") and os.environ.get("CHASQUI_TEST_CLUSTER") ==
 
     os.environ["REDIS_URL"] = session_cluster()
 elif not os.environ.get("REDIS_URL"):
-    from chasqui_core.engine.embedded import EmbeddedValkey
+    from chasqui_core.engine.store.embedded import EmbeddedValkey
 
     _server = EmbeddedValkey(tempfile.mkdtemp(prefix="chasqui-test-valkey-"), appendonly=False)
     os.environ["REDIS_URL"] = _server.start()

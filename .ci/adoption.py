@@ -313,7 +313,7 @@ def main() -> int:
 
         with step("start a private Valkey server"):
             sys.path.insert(0, str(ROOT))
-            from chasqui_core.engine.embedded import EmbeddedValkey
+            from chasqui_core.engine.store.embedded import EmbeddedValkey
 
             server = EmbeddedValkey(work / "valkey", appendonly=False)
             env["REDIS_URL"] = server.start()

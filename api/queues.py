@@ -9,7 +9,7 @@ from .auth import needs
 from .errors import CHANGE, READ
 from .schemas import (HistoryOut, LimitBucketOut, LimitListOut, LimitOut, MetricsOut, MetricsWindow, PurgeOut,
                       QueueListOut, QueueName, QueueStatsOut, SwitchOut, TaskFiguresOut, TotalsOut, _dt)
-from chasqui_core.engine.metrics import FIELDS
+from chasqui_core.engine.ops.metrics import FIELDS
 from chasqui_core.services import queues as queues_service
 
 router = Router(tags=["queues"])

@@ -15,13 +15,13 @@ from typing import Annotated, Any, Literal
 from ninja import Field, Schema
 from pydantic import AfterValidator, WithJsonSchema
 
-from chasqui_core.engine import job_ids
-from chasqui_core.engine.delayed import CURSOR_PATTERN as DELAYED_CURSOR_PATTERN
+from chasqui_core.engine.jobs import job_ids
+from chasqui_core.engine.timing.delayed import CURSOR_PATTERN as DELAYED_CURSOR_PATTERN
 from chasqui_core.engine.dlq.browse import ErrorGroup
 from chasqui_core.engine.dlq.entries import ID_PATTERN as ENTRY_ID_PATTERN, REASONS, DeadJob
-from chasqui_core.engine.keys import QUEUE_NAME_PATTERN
-from chasqui_core.engine.metrics import RESOLUTIONS
-from chasqui_core.engine.priority import job_priority
+from chasqui_core.engine.store.keys import QUEUE_NAME_PATTERN
+from chasqui_core.engine.ops.metrics import RESOLUTIONS
+from chasqui_core.engine.jobs.priority import job_priority
 from chasqui_core.masking import mask, mask_text
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services.common import MAX_PAGE

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from chasqui_core.engine.envelope import Job, new_job_id
+from chasqui_core.engine.jobs.envelope import Job, new_job_id
 
 from .resp import RawPipe, encode
 from .results import RATE, Measurement

@@ -18,10 +18,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from chasqui_core.engine.connection import connect
-from chasqui_core.engine.embedded import EmbeddedCluster, EmbeddedValkey, valkey_binary
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.store.connection import connect
+from chasqui_core.engine.store.embedded import EmbeddedCluster, EmbeddedValkey, valkey_binary
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
 
 from .child import Child
 from .consumer import check_settled

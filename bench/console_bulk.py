@@ -25,8 +25,8 @@ from chasqui_core.engine.dlq.estimate import estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.operations import Operations
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.envelope import new_job_id
-from chasqui_core.engine.lookup import find_job
+from chasqui_core.engine.jobs.envelope import new_job_id
+from chasqui_core.engine.ops.lookup import find_job
 
 from .console_ops import _runner
 from .results import Measurement

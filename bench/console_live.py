@@ -53,9 +53,9 @@ def _setup_django(url: str, interval: float) -> None:
 
 
 def _start_worker(url: str):
-    from chasqui_core.engine.registry import HandlerRegistry
-    from chasqui_core.engine.retry import RetryPolicy
-    from chasqui_core.engine.worker import Worker
+    from chasqui_core.engine.jobs.registry import HandlerRegistry
+    from chasqui_core.engine.settle.retry import RetryPolicy
+    from chasqui_core.engine.worker.worker import Worker
 
     def boom(n: int) -> None:
         raise ConnectionError(f"payment gateway timed out for order {n}")
@@ -99,8 +99,8 @@ def _commands(client) -> int:
 async def _run(url: str, bursts: int, jobs: int) -> tuple[list[float], dict[str, float]]:
     from channels.layers import get_channel_layer
 
-    from chasqui_core.engine.connection import connect
-    from chasqui_core.engine.queue import Queue
+    from chasqui_core.engine.store.connection import connect
+    from chasqui_core.engine.producer.queue import Queue
     from dashboard import sampler as sampler_mod
     from dashboard.topics import Topic
 

@@ -25,14 +25,14 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.store.connection import connect
 from chasqui_core.engine.dlq.estimate import estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.operations import POLL_S, Operations
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.dlq.search import TextSearch
-from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.jobs.envelope import Job, error_record, new_job_id, now_ms
+from chasqui_core.engine.store.keys import QueueKeys
 
 from .dlq_page import fill
 from .resp import RawPipe, encode

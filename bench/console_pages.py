@@ -40,7 +40,7 @@ def _setup_django(url: str, db_dir: str) -> None:
 
 def _fill(client, queues: list[str]) -> None:
     """Jobs waiting, delayed and dead in each queue, through the engine's own paths."""
-    from chasqui_core.engine.queue import Queue
+    from chasqui_core.engine.producer.queue import Queue
 
     from .console_scale import build_dead
 

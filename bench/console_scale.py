@@ -30,10 +30,10 @@ from typing import Any
 import msgpack
 
 from chasqui_core.engine.dlq.fingerprint import error_group
-from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
-from chasqui_core.engine.events import EVENTS_MAXLEN
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.jobs.envelope import Job, error_record, new_job_id, now_ms
+from chasqui_core.engine.jobs.events import EVENTS_MAXLEN
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.store.scripts import Scripts
 
 from .results import Measurement
 
@@ -70,7 +70,7 @@ are the only ``unrecoverable`` ones (the others ran out of retries)."""
 
 TRACEBACK = (
     "Traceback (most recent call last):\n"
-    '  File "/srv/app/.venv/lib/python3.12/site-packages/chasqui_core/engine/worker.py", line 360, in _execute\n'
+    '  File "/srv/app/.venv/lib/python3.12/site-packages/chasqui_core/engine/worker/worker.py", line 360, in _execute\n'
     "    result = await handler.fn(*args, **job.kwargs)\n"
     '  File "/srv/app/shop/tasks.py", line 42, in run\n'
     "    response = client.post(url, json=payload, timeout=5)\n"
@@ -175,11 +175,11 @@ def build_dead(client, queue: str, n: int, *, start: int = 0, chunk: int = 1000,
 
 def run_real_worker(url: str, queue: str, n: int) -> None:
     """A real worker runs ``n`` jobs that fail with the kinds above (no retries) until all are dead."""
-    from chasqui_core.engine.connection import connect
-    from chasqui_core.engine.queue import JobSpec, Queue
-    from chasqui_core.engine.registry import HandlerRegistry
-    from chasqui_core.engine.retry import RetryPolicy
-    from chasqui_core.engine.worker import Worker
+    from chasqui_core.engine.store.connection import connect
+    from chasqui_core.engine.producer.queue import JobSpec, Queue
+    from chasqui_core.engine.jobs.registry import HandlerRegistry
+    from chasqui_core.engine.settle.retry import RetryPolicy
+    from chasqui_core.engine.worker.worker import Worker
 
     errors = {"timeout": TimeoutError, "value": ValueError, "key": KeyError}
 
@@ -215,8 +215,8 @@ def run_real_worker(url: str, queue: str, n: int) -> None:
 
 
 def build(ctx, size: int) -> Built:
-    from chasqui_core.engine.queue import JobSpec, Queue
-    from chasqui_core.engine.results import encode_result
+    from chasqui_core.engine.producer.queue import JobSpec, Queue
+    from chasqui_core.engine.jobs.results import encode_result
 
     client, queue = ctx.client, ctx.queue
     real = min(REAL_DEAD, size // 10)
@@ -252,7 +252,7 @@ def build(ctx, size: int) -> Built:
 def _add_delayed(client, queue: str, n: int, at_ms: int) -> list[str]:
     """``n`` jobs in the delayed set, due from a day from now, through ``enqueue.lua`` (so each has its mark):
     bulk schedules of ``SAME_DUE`` jobs sharing one due time, a second apart."""
-    from chasqui_core.engine.queue import JobSpec, Queue
+    from chasqui_core.engine.producer.queue import JobSpec, Queue
 
     q = Queue(queue, redis_client=client)
     ids = []
@@ -280,7 +280,7 @@ def _time_ms(call: Callable[[], Any], repeats: int) -> list[float]:
 def measure(ctx, built: Built) -> list[Measurement]:
     from chasqui_core.engine.dlq.filter import DLQFilter
     from chasqui_core.engine.dlq.replay import DeadLetters
-    from chasqui_core.engine.lookup import find_job
+    from chasqui_core.engine.ops.lookup import find_job
 
     dl = DeadLetters(ctx.client, built.queue)
     size, out = built.size, []

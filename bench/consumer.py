@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, UTC
 
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
 
 from .child import Child
 from .handlers import TASK_OF
@@ -139,8 +139,8 @@ def measurement(scenario: str, label: str, setup: WorkerSetup, replies: list[dic
 
 
 def worker_for(config: dict, registry):
-    from chasqui_core.engine.retry import RetryPolicy
-    from chasqui_core.engine.worker import Worker
+    from chasqui_core.engine.settle.retry import RetryPolicy
+    from chasqui_core.engine.worker.worker import Worker
 
     queues = config.get("queues") or [config["queue"]]
     return Worker(queues, registry, url=config["url"], concurrency=config["concurrency"],
@@ -219,7 +219,7 @@ def serve_drain(config: dict, channel) -> None:
 
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
         django.setup()
-    import chasqui_core.engine.worker  # noqa: F401  (imports are not part of any measurement)
+    import chasqui_core.engine.worker.worker  # noqa: F401  (imports are not part of any measurement)
 
     rss_before = _rss_kb()
     while True:

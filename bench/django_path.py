@@ -43,10 +43,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from chasqui_core.engine import stats
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.signing import SIGNATURE
+from chasqui_core.engine.ops import stats
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.jobs.signing import SIGNATURE
 
 from . import consumer
 from .child import ROOT, start_profiler, stop_profiler
@@ -110,7 +110,7 @@ def django_enqueue(ctx) -> list[Measurement]:
     apart differed by a quarter from one repeat to the next, more than the
     Django layer costs. The CPU each call takes in this process is kept too.
     """
-    from chasqui_core.engine.queue import Queue
+    from chasqui_core.engine.producer.queue import Queue
 
     from .handlers import NOOP
 
@@ -157,7 +157,7 @@ def django_enqueue_many(ctx) -> list[Measurement]:
     As with ``django-enqueue``, both see the same machine: on a shared host
     the two, run minutes apart, came out between 0.40 and 0.65 of each other.
     """
-    from chasqui_core.engine.queue import JobSpec, Queue
+    from chasqui_core.engine.producer.queue import JobSpec, Queue
 
     from .handlers import NOOP
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from functools import partial
 
-from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.jobs.envelope import Job, error_record, new_job_id, now_ms
+from chasqui_core.engine.store.keys import QueueKeys
 
 from .resp import RawPipe, encode
 from .results import Measurement
@@ -24,7 +24,7 @@ ERRORS = ("TimeoutError", "ValueError", "KeyError", "ConnectionError", "Permissi
           "RuntimeError", "OSError", "TypeError", "IndexError", "LookupError")
 TRACEBACK = (
     "Traceback (most recent call last):\n"
-    '  File "/srv/app/.venv/lib/python3.12/site-packages/chasqui_core/engine/worker.py", line 360, in _execute\n'
+    '  File "/srv/app/.venv/lib/python3.12/site-packages/chasqui_core/engine/worker/worker.py", line 360, in _execute\n'
     "    result = await handler.fn(*args, **job.kwargs)\n"
     '  File "/srv/app/shop/tasks.py", line 42, in send_receipt\n'
     "    response = client.post(url, json=payload, timeout=5)\n"

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import time
 
-from chasqui_core.engine.registry import HandlerRegistry, JobContext
+from chasqui_core.engine.jobs.registry import HandlerRegistry, JobContext
 
 NOOP = "bench.noop"
 NOOP_SYNC = "bench.noop_sync"

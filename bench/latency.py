@@ -16,7 +16,7 @@ import asyncio
 import threading
 import time
 
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.producer.queue import JobSpec, Queue
 
 from .child import Child
 from .handlers import STAMP

@@ -11,7 +11,7 @@ Django set up as ``runworker`` has it.
 
 from __future__ import annotations
 
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.producer.queue import Queue
 
 from .child import Child
 from .consumer import check_settled, preload

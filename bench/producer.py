@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from chasqui_core.engine.link import Link
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.producer.link import Link
+from chasqui_core.engine.producer.queue import JobSpec, Queue
 
 from .handlers import NOOP
 from .results import RATE, BenchError, Measurement

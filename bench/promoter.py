@@ -15,9 +15,9 @@ import time
 
 import redis.asyncio as aredis
 
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.promoter import BATCH_SIZE, Promoter
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.timing.promoter import BATCH_SIZE, Promoter
+from chasqui_core.engine.store.scripts import Scripts
 
 from .handlers import NOOP
 from .results import RATE, BenchError, Measurement
@@ -70,7 +70,7 @@ def run(ctx) -> list[Measurement]:
 
 def _fill(client, keys: QueueKeys, n: int, due_ms: float) -> None:
     """n due jobs straight into the delayed set (the fill is not what is measured)."""
-    from chasqui_core.engine.envelope import new_job_id, pack_job
+    from chasqui_core.engine.jobs.envelope import new_job_id, pack_job
 
     pipe = client.pipeline(transaction=False)
     for start in range(0, n, 5000):

@@ -398,7 +398,7 @@ there was no `enqueue_many`.
   profiles show no cost from garbage collection, and a retried job's CPU ratio to a noop job (×3.1–3.7) is
   what its instructions say: two runs, and the failure between them.
 - **What counting every job costs (issue 27).** A worker now notes the runs under way in a start journal
-  (`chasqui_core/engine/journal.py`), so a crash charges only them. Measured in-process on this host, the
+  (`chasqui_core/engine/recovery/journal.py`), so a crash charges only them. Measured in-process on this host, the
   base commit and this one draining the same jobs in turns (minimum and median CPU per job of five drains):
   an async noop job costs no more than before (9.5 / 10.3 µs against 10.7 / 11.2): a job that finishes
   without waiting is never written, and the others go out in one send per dispatch. A sync noop job costs
@@ -409,7 +409,7 @@ there was no `enqueue_many`.
   blocking). Handing jobs only to free threads, with one send per hand-over, cost more (threads waiting for
   the event loop between jobs). For jobs that do real work (a query, a request) the 7 µs vanish; for noop
   sync jobs it is the price of exact crash charges.
-- **What limits cost a worker without any.** Rate and concurrency limits (`chasqui_core/engine/limits.py`) are
+- **What limits cost a worker without any.** Rate and concurrency limits (`chasqui_core/engine/worker/limits.py`) are
   checked per batch only when the worker has a limit; otherwise each batch pays one truth test and each run one
   attribute test. Measured in-process on this host, the commit before limits and the one with them draining
   20,000 noop jobs in turns (eight drains each, minimum / median CPU per job): async 9.5 / 10.9 µs before,

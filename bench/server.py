@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import redis
 
-from chasqui_core.engine.connection import connect
-from chasqui_core.engine.embedded import EmbeddedValkey
+from chasqui_core.engine.store.connection import connect
+from chasqui_core.engine.store.embedded import EmbeddedValkey
 
 from .results import BenchError
 

@@ -25,7 +25,7 @@ import time
 from django.tasks import task
 
 from chasqui_core.conf import chasqui_settings
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.store.connection import connect
 
 from .handlers import RETRY_BACKOFF_MS, FirstRunFails
 from .machine import proc_cpu_seconds

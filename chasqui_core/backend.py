@@ -33,18 +33,18 @@ from django.utils.module_loading import autodiscover_modules
 
 from chasqui_core import outbox, tracing
 from chasqui_core.conf import chasqui_settings
-from chasqui_core.engine import idempotency
-from chasqui_core.engine.backoff import BackoffSpec, coerce_backoff
-from chasqui_core.engine.connection import connect, undetected
-from chasqui_core.engine.envelope import MAX_RESULT_TTL, now_ms
-from chasqui_core.engine.errors import RedisConfigError
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import BuiltJob, JobSpec, Queue
-from chasqui_core.engine.registry import check_timeout
-from chasqui_core.engine.outcomes import CANCELLED_CLASS
-from chasqui_core.engine.progress import Progress
-from chasqui_core.engine.progress import decode as decode_progress
-from chasqui_core.engine.results import decode_result, encode_result
+from chasqui_core.engine.jobs import idempotency
+from chasqui_core.engine.jobs.backoff import BackoffSpec, coerce_backoff
+from chasqui_core.engine.store.connection import connect, undetected
+from chasqui_core.engine.jobs.envelope import MAX_RESULT_TTL, now_ms
+from chasqui_core.engine.jobs.errors import RedisConfigError
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import BuiltJob, JobSpec, Queue
+from chasqui_core.engine.jobs.registry import check_timeout
+from chasqui_core.engine.settle.outcomes import CANCELLED_CLASS
+from chasqui_core.engine.jobs.progress import Progress
+from chasqui_core.engine.jobs.progress import decode as decode_progress
+from chasqui_core.engine.jobs.results import decode_result, encode_result
 from chasqui_core.task_signals import TaskSignal
 
 logger = logging.getLogger("chasqui.backend")
@@ -269,7 +269,7 @@ class ChasquiBackend(BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_priority = True
-    """Priorities map to three bands per queue (high above 0, default, low below 0): see engine/priority.py."""
+    """Priorities map to three bands per queue (high above 0, default, low below 0): see engine/jobs/priority.py."""
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)

@@ -16,7 +16,7 @@ from typing import Any
 from django.core.cache.backends.redis import RedisCache as DjangoRedisCache
 from django.core.cache.backends.redis import RedisCacheClient
 
-from chasqui_core.engine.connection import connect, is_cluster_client
+from chasqui_core.engine.store.connection import connect, is_cluster_client
 
 
 class AnyRedisCacheClient(RedisCacheClient):

@@ -22,7 +22,7 @@ from typing import Any
 from channels_redis.core import RedisChannelLayer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 
-from chasqui_core.engine.connection import SentinelURL, is_cluster, is_sentinel_url
+from chasqui_core.engine.store.connection import SentinelURL, is_cluster, is_sentinel_url
 
 
 def redis_channel_layer(hosts: list[Any], **config: Any) -> Any:

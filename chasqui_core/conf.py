@@ -20,14 +20,14 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
-from chasqui_core.engine import idempotency, redact
-from chasqui_core.engine.connection import DEFAULT_URL, check_url
+from chasqui_core.engine.jobs.backoff import DEFAULT_BACKOFF, BackoffSpec, coerce_backoff
+from chasqui_core.engine.jobs import idempotency, redact
+from chasqui_core.engine.store.connection import DEFAULT_URL, check_url
 from chasqui_core.engine.dlq.retention import Retention
-from chasqui_core.engine.keys import validate_queue_name
-from chasqui_core.engine.errors import RedisConfigError
-from chasqui_core.engine.limits import Limit, LimitError, parse_limits
-from chasqui_core.engine.signing import check_keys
+from chasqui_core.engine.store.keys import validate_queue_name
+from chasqui_core.engine.jobs.errors import RedisConfigError
+from chasqui_core.engine.worker.limits import Limit, LimitError, parse_limits
+from chasqui_core.engine.jobs.signing import check_keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class ChasquiSettings:
     and no trace context in the jobs (chasqui_core/tracing.py)."""
     MASKED_KEYS: tuple[str, ...] = ()
     """More key names whose values are masked (case-insensitive, substring match), on top of the built-in
-    list in chasqui_core.engine.redact.SECRET_KEYS (password, pwd, token, api_key, private_key, session,
+    list in chasqui_core.engine.jobs.redact.SECRET_KEYS (password, pwd, token, api_key, private_key, session,
     cookie, authorization, credentials...)."""
     METRICS_ALLOWED_IPS: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     """Client addresses or networks ("10.0.0.7", "10.0.0.0/8", "fd00::/8") that may read /metrics without an
@@ -176,7 +176,7 @@ def in_networks(address: str, networks: tuple[ipaddress.IPv4Network | ipaddress.
 
 
 REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
-"""The URL schemes a Chasqui client connects with (chasqui_core.engine.connection)."""
+"""The URL schemes a Chasqui client connects with (chasqui_core.engine.store.connection)."""
 
 
 def scheme_problem(url: str, setting: str) -> str | None:

@@ -30,10 +30,10 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from chasqui_core.conf import chasqui_settings
-from chasqui_core.engine import stats
-from chasqui_core.engine.connection import connect, masked, server_of, undetected
-from chasqui_core.engine.errors import RedisConfigError
-from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.ops import stats
+from chasqui_core.engine.store.connection import connect, masked, server_of, undetected
+from chasqui_core.engine.jobs.errors import RedisConfigError
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
 
 SOCKET_TIMEOUT = 0.5
 """Seconds to connect, and to wait for each reply; two round trips keep a check under 2 s."""

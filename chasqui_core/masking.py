@@ -1,7 +1,7 @@
 """Masking for the Django side: the engine's ``redact`` with the project's extra keys.
 
 ``settings.CHASQUI["MASKED_KEYS"]`` adds key names to the engine's built-in
-list (``chasqui_core.engine.redact.SECRET_KEYS``); it never removes one.
+list (``chasqui_core.engine.jobs.redact.SECRET_KEYS``); it never removes one.
 Reading the settings here makes sure the extra keys apply from the first
 masked value a process shows.
 """
@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from chasqui_core.conf import chasqui_settings
-from chasqui_core.engine import redact
-from chasqui_core.engine.redact import MASK
+from chasqui_core.engine.jobs import redact
+from chasqui_core.engine.jobs.redact import MASK
 
 __all__ = ["MASK", "mask", "mask_text", "masked_keys"]
 

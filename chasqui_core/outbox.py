@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from django.apps import apps
 from django.db import close_old_connections, connection, transaction
 
-from chasqui_core.engine.envelope import now_ms
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.jobs.envelope import now_ms
+from chasqui_core.engine.producer.queue import Queue
 
 if TYPE_CHECKING:
     from chasqui_core.models import OutboxEntry

@@ -4,9 +4,9 @@ The collector keeps no counters of its own: every value comes from Redis when
 Prometheus asks, so any web process answers for the whole fleet and a
 restarted process loses nothing. A scrape costs two round trips whatever the
 number of queues: the queue registry, then one pipeline with the server's
-clock and every queue's stats (``engine/stats.py``), totals
-(``engine/totals.py``) and count of limit buckets; only a queue whose jobs
-met a rate or concurrency limit costs one read more (``engine/limits.py``),
+clock and every queue's stats (``engine/ops/stats.py``), totals
+(``engine/ops/totals.py``) and count of limit buckets; only a queue whose jobs
+met a rate or concurrency limit costs one read more (``engine/worker/limits.py``),
 and the queues with priority bands one round trip more for all of them
 (``stats.add_bands``).
 """
@@ -20,9 +20,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from chasqui_core.engine import limits, scheduler, stats, totals
-from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.schedules import Schedule
+from chasqui_core.engine.worker import limits
+from chasqui_core.engine.timing import scheduler
+from chasqui_core.engine.ops import stats, totals
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.timing.schedules import Schedule
 
 PREFIX = "chasqui_"
 

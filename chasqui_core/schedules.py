@@ -1,7 +1,7 @@
 """Schedules from ``settings.CHASQUI["SCHEDULES"]``, resolved against the project's tasks.
 
-The engine knows how to time and fire a schedule (engine/schedules.py,
-engine/scheduler.py); this module says which task each one runs, checks that
+The engine knows how to time and fire a schedule (engine/timing/schedules.py,
+engine/timing/scheduler.py); this module says which task each one runs, checks that
 the task exists and runs on a Chasqui backend, and adds each fire's job
 through the task itself, so a fired job is enqueued like any other (signals,
 the backend's result storage, the outbox when it is on).
@@ -21,7 +21,7 @@ from django.utils.module_loading import import_string
 
 from chasqui_core.backend import TASK_REGISTRY, ChasquiBackend, ChasquiTask, discover_tasks
 from chasqui_core.conf import chasqui_settings
-from chasqui_core.engine.schedules import Schedule, ScheduleError, parse_schedule
+from chasqui_core.engine.timing.schedules import Schedule, ScheduleError, parse_schedule
 
 WHERE = "settings.CHASQUI['SCHEDULES']"
 

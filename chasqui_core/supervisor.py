@@ -59,7 +59,7 @@ logger = logging.getLogger("chasqui.supervisor")
 RECYCLE_EXIT_CODE = 75
 """A child's exit code after stopping itself at its job or memory limit (EX_TEMPFAIL: "try again")."""
 STOPPED_EXIT_CODE = 76
-"""A child's exit code after an operator stopped it (engine/control.py): its slot is retired, not refilled."""
+"""A child's exit code after an operator stopped it (engine/ops/control.py): its slot is retired, not refilled."""
 SUPERVISOR_PID_ENV = "CHASQUI_SUPERVISOR_PID"
 READY_FD_ENV = "CHASQUI_READY_FD"
 READY = b"1"
@@ -92,7 +92,7 @@ class SupervisorConfig:
     on_child_exit: Callable[[int, int], None] | None = None
     """Called with an ended child's pid and exit code, before anything else is done about it: runworker records
     the death of the child's worker in Redis there, so the runs it had under way are charged as deaths, not as
-    lost contact (engine/recovery.py). Its errors are logged, never raised."""
+    lost contact (engine/recovery/reclaim.py). Its errors are logged, never raised."""
 
     def __post_init__(self) -> None:
         if self.processes < 1:

@@ -35,9 +35,9 @@ from django.tasks.signals import task_finished, task_started
 
 from chasqui_core.backend import (ChasquiBackend, ChasquiTask, discover_tasks, ms_to_datetime, task_errors,
                                   task_result)
-from chasqui_core.engine.errors import JobCancelled
-from chasqui_core.engine.registry import HandlerRegistry, JobContext
-from chasqui_core.engine.tracebacks import class_path, format_exception
+from chasqui_core.engine.jobs.errors import JobCancelled
+from chasqui_core.engine.jobs.registry import HandlerRegistry, JobContext
+from chasqui_core.engine.jobs.tracebacks import class_path, format_exception
 from chasqui_core import tracing
 from chasqui_core.task_signals import TaskSignal
 

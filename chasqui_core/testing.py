@@ -28,7 +28,7 @@ from django.tasks.backends.dummy import DummyBackend as DjangoDummyBackend
 from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
 
 from chasqui_core.backend import ChasquiTask
-from chasqui_core.engine import progress
+from chasqui_core.engine.jobs import progress
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

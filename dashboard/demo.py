@@ -16,10 +16,10 @@ import socket
 
 import msgpack
 
-from chasqui_core.engine.envelope import Job, error_record
-from chasqui_core.engine.keys import GROUP, QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.jobs.envelope import Job, error_record
+from chasqui_core.engine.store.keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.ops.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
+from chasqui_core.engine.producer.queue import Queue
 
 from .readings import DEPTH_TTL
 

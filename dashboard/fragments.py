@@ -25,7 +25,7 @@ from .readings import RATE_SECONDS, QueueLive, Reading
 from .topics import Topic
 
 RANGE_CHOICES = (("1h", "1 hour"), ("24h", "24 hours"), ("7d", "7 days"))
-"""The console's time ranges (engine/history.py RANGES), as the picker shows them."""
+"""The console's time ranges (engine/ops/history.py RANGES), as the picker shows them."""
 
 FIVE_MINUTES = ("5 min ago", "4 min", "3 min", "2 min", "1 min", "now")
 ONE_DAY = ("24 h ago", "18 h", "12 h", "6 h", "now")
@@ -159,7 +159,7 @@ STEP_WORDS = {60: "per minute", 900: "per 15 minutes", 3600: "per hour"}
 
 
 def history_context(window: Any) -> dict[str, Any]:
-    """The history panel of a queue: failures over the range and the per-task table (engine/history.py)."""
+    """The history panel of a queue: failures over the range and the per-task table (engine/ops/history.py)."""
     rng = window.range
     known = [v for v in window.failures if v is not None]
     chart = series_chart(

@@ -6,7 +6,7 @@ change, and only the newest couple of buckets are fetched again on each read.
 A reading therefore costs a handful of pipelined round trips whatever the
 window, through the engine's ``stats`` and ``metrics`` functions.
 
-The all-time counters (``engine/totals.py``: fetched, lost, recovered,
+The all-time counters (``engine/ops/totals.py``: fetched, lost, recovered,
 dead-lettered per reason...) are read whole on each reading, one HGETALL per
 queue in one round trip: they are what tells an operator that workers died
 under their runs, which the live rates cannot.
@@ -24,12 +24,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from chasqui_core.engine import stats as stats_mod
-from chasqui_core.engine import metrics as metrics_mod
-from chasqui_core.engine import totals as totals_mod
-from chasqui_core.engine.stats import QueueStats, WorkerInfo
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.metrics import FIELDS, Series
+from chasqui_core.engine.ops import stats as stats_mod
+from chasqui_core.engine.ops import metrics as metrics_mod
+from chasqui_core.engine.ops import totals as totals_mod
+from chasqui_core.engine.ops.stats import QueueStats, WorkerInfo
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.ops.metrics import FIELDS, Series
 
 SECOND_WINDOW = 300
 """Seconds in the live charts (the last 5 minutes)."""

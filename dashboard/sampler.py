@@ -12,7 +12,7 @@ sampler, so its answers share the reader's cached history.
 
 Failures do not wait for the next tick: between ticks the loop looks, every
 ``WATCH_INTERVAL`` seconds, at the all-time ``failed`` and ``dlq`` counters of
-the queues it shows (one pipelined HMGET per queue, ``engine/totals.py``)
+the queues it shows (one pipelined HMGET per queue, ``engine/ops/totals.py``)
 and ticks at once when they moved, so a burst's first failure reaches the
 open tabs within about a fifth of a second of being settled rather than up to
 a tick later. Watching the events stream instead would mean reading every
@@ -33,7 +33,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import close_old_connections
 
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.models import Operation
 from chasqui_core.services import background
 from chasqui_core.services.common import known_queues, redis_client

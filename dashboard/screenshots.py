@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1280, help="Browser width in CSS pixels.")
     args = parser.parse_args(argv)
 
-    from chasqui_core.engine.connection import connect
-    from chasqui_core.engine.embedded import EmbeddedValkey
+    from chasqui_core.engine.store.connection import connect
+    from chasqui_core.engine.store.embedded import EmbeddedValkey
 
     from . import demo
 

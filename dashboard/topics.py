@@ -14,8 +14,8 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from chasqui_core.engine.errors import InvalidQueueName
-from chasqui_core.engine.keys import validate_queue_name
+from chasqui_core.engine.jobs.errors import InvalidQueueName
+from chasqui_core.engine.store.keys import validate_queue_name
 
 KINDS = ("overview", "queue", "dlq", "operation")
 

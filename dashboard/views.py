@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from chasqui_core.engine.dlq.entries import DeadJob
-from chasqui_core.engine.priority import job_priority
+from chasqui_core.engine.jobs.priority import job_priority
 from chasqui_core.models import AuditEntry
 from chasqui_core.services import audit as audit_service
 from chasqui_core.services import delayed as delayed_service

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import redis
 
-from chasqui_core.engine.embedded import EmbeddedCluster, free_port, valkey_binary
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.store.embedded import EmbeddedCluster, free_port, valkey_binary
+from chasqui_core.engine.store.keys import QueueKeys
 
 
 def server_binary() -> str:

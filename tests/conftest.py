@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis as redis_lib
 
-from chasqui_core.engine.connection import connect, is_cluster_client
+from chasqui_core.engine.store.connection import connect, is_cluster_client
 
 OWNED_MARK = "chasqui-tests:owned"
 """Written after every flush: the database is the tests' own, so a later run may flush it again."""

@@ -8,13 +8,13 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from chasqui_core.engine.connection import aconnect, is_cluster_client
-from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
-from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.recovery import reclaim_abandoned
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.store.connection import aconnect, is_cluster_client
+from chasqui_core.engine.jobs.envelope import Job, error_record, new_job_id, now_ms
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.recovery.reclaim import reclaim_abandoned
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.worker.worker import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 """The project's folder: where ``manage.py`` is, and the working directory of the processes tests start."""
@@ -185,7 +185,7 @@ class OperationsRunner:
     without running their jobs: for tests of the console and the API that follow an operation to its end."""
 
     def __init__(self, redis_url: str, queues: list[str]) -> None:
-        from chasqui_core.engine.connection import connect
+        from chasqui_core.engine.store.connection import connect
 
         self.client = connect(redis_url)
         self.queues = queues

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from chasqui_core.engine import stats
+from chasqui_core.engine.ops import stats
 
 from ..faultproxy import FaultProxy
 from .server import SoakServer

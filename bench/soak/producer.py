@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from chasqui_core.engine.dlq.entries import decode_entry
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.keys import GROUP, QueueKeys
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
 
 from .kinds import Kind
 from .ledger import ENQUEUE, REPLAY, LedgerWriter

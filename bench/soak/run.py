@@ -208,7 +208,7 @@ class Soak:
     """One run, phase by phase: ``workload``, ``drain``, ``account``, ``report``."""
 
     def __init__(self, args, kinds, server, workdir: str, tasks, proxy=None) -> None:
-        from chasqui_core.engine.connection import connect
+        from chasqui_core.engine.store.connection import connect
 
         from .faults import Injector, Watcher, plan
         from .ledger import LedgerWriter
@@ -276,8 +276,8 @@ class Soak:
 
     def drain(self) -> None:
         """Pause the schedules, wait until nothing is left anywhere, then stop the workers (they must exit 0)."""
-        from chasqui_core.engine.keys import schedule_state
-        from chasqui_core.engine.scheduler import set_paused
+        from chasqui_core.engine.store.keys import schedule_state
+        from chasqui_core.engine.timing.scheduler import set_paused
 
         from .producer import leftovers
 

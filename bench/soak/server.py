@@ -36,7 +36,7 @@ class SoakServer:
     def __init__(self, directory: str) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            from chasqui_core.engine.embedded import valkey_binary
+            from chasqui_core.engine.store.embedded import valkey_binary
 
             binary = valkey_binary()
         self.binary = binary

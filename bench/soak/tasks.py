@@ -26,7 +26,7 @@ import uuid
 from django.tasks import task
 
 from chasqui_core.backend import ChasquiTask
-from chasqui_core.engine.errors import UnrecoverableError
+from chasqui_core.engine.jobs.errors import UnrecoverableError
 
 from .kinds import BY_NAME, HANG_TIMEOUT, SLEEP_FOREVER
 from .ledger import CANCELLED, END, ERROR, EXIT, OK, START, LedgerWriter

@@ -37,8 +37,8 @@ from django.utils import timezone
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.operations import Operations, OperationRecord
 from chasqui_core.engine.dlq.operations import run_pending as run_engine_pending
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.stats import workers as worker_beats
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.ops.stats import workers as worker_beats
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import Conflict, redis_client

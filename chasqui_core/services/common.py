@@ -16,9 +16,9 @@ from redis.exceptions import ResponseError
 
 from chasqui_core import access
 from chasqui_core.backend import ChasquiBackend
-from chasqui_core.engine import stats
-from chasqui_core.engine.errors import InvalidQueueName, JobNotFound
-from chasqui_core.engine.keys import validate_queue_name
+from chasqui_core.engine.ops import stats
+from chasqui_core.engine.jobs.errors import InvalidQueueName, JobNotFound
+from chasqui_core.engine.store.keys import validate_queue_name
 
 Source = Literal["api", "console", "cli"]
 SOURCES = ("api", "console", "cli")

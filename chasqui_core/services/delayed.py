@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from chasqui_core import access
-from chasqui_core.engine import delayed as delayed_mod
+from chasqui_core.engine.timing import delayed as delayed_mod
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (

@@ -22,7 +22,7 @@ from chasqui_core.engine.dlq.index import IndexState
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.dlq.retention import Retention
 from chasqui_core.engine.dlq.search import SearchPage, TextSearch
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.masking import masked_keys
 from chasqui_core.services.background import launch as launch_in_background

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from chasqui_core import access
 from chasqui_core.backend import ChasquiTask, discover_tasks
-from chasqui_core.engine import cancel, lookup
-from chasqui_core.engine import delayed as delayed_mod
+from chasqui_core.engine.ops import cancel, lookup
+from chasqui_core.engine.timing import delayed as delayed_mod
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (
@@ -86,7 +86,7 @@ class CancelOutcome:
 
 
 def cancel_job(actor, job_id: str, *, source: Source) -> CancelOutcome:
-    """Cancel a waiting, delayed or running job (engine/cancel.py); Conflict when it has already ended.
+    """Cancel a waiting, delayed or running job (engine/ops/cancel.py); Conflict when it has already ended.
 
     A waiting or delayed job never runs; a running async job is cancelled
     within a second; a running sync job is told, and given up after the

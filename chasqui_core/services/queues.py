@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from chasqui_core import access
-from chasqui_core.engine import stats
-from chasqui_core.engine import metrics as metrics_mod
-from chasqui_core.engine import history
-from chasqui_core.engine import purge as purge_mod
-from chasqui_core.engine import totals as totals_mod
-from chasqui_core.engine import waiting
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.limits import BucketState, read_buckets
+from chasqui_core.engine.ops import stats
+from chasqui_core.engine.ops import metrics as metrics_mod
+from chasqui_core.engine.ops import history
+from chasqui_core.engine.ops import purge as purge_mod
+from chasqui_core.engine.ops import totals as totals_mod
+from chasqui_core.engine.ops import waiting
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.worker.limits import BucketState, read_buckets
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (

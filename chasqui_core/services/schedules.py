@@ -16,13 +16,13 @@ from django.core.exceptions import ImproperlyConfigured
 
 from chasqui_core import access
 from chasqui_core import schedules as configured_schedules
-from chasqui_core.engine import scheduler
-from chasqui_core.engine.envelope import now_ms
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.results import decode_result
-from chasqui_core.engine.schedules import Schedule
-from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.stats import server_ms
+from chasqui_core.engine.timing import scheduler
+from chasqui_core.engine.jobs.envelope import now_ms
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.jobs.results import decode_result
+from chasqui_core.engine.timing.schedules import Schedule
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.ops.stats import server_ms
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import InvalidInput, NotFound, Source, check_source, redis_client, require

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from chasqui_core import access
-from chasqui_core.engine import control, stats
-from chasqui_core.engine.running_jobs import RunningPage, running_jobs
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.ops import control, stats
+from chasqui_core.engine.ops.running_jobs import RunningPage, running_jobs
+from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import (

@@ -14,9 +14,9 @@ from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
 from django.test import Client
 
-from chasqui_core.engine.envelope import Job, decode
-from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.jobs.envelope import Job, decode
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.models import ApiKey
 from tests.api.conformance import check_response
 from tests.helpers import TASK, add_dead, bulk_dead

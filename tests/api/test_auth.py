@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.models import ApiKey
 
 from .helpers import ApiClient, key_client

@@ -7,8 +7,8 @@ import pytest
 from django.tasks import task_backends
 
 from chasqui_core.backend import was_cancelled
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.worker.worker import Worker
 from chasqui_core.models import AuditEntry
 from chasqui_core.task_runner import build_registry
 from tests.django import sample_tasks

@@ -10,9 +10,9 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from chasqui_core.engine import control
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.ops import control
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.management.commands.chasqui import ProgressBar, parse_when
 from chasqui_core.models import ApiKey, AuditEntry
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.models import AuditEntry
 
 from .helpers import add_delayed, stream_jobs

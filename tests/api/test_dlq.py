@@ -4,7 +4,7 @@ from datetime import datetime, UTC
 
 import pytest
 
-from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
 from chasqui_core.models import AuditEntry
 
 from tests.helpers import TASK, add_dead, bulk_dead, dead_job
@@ -155,7 +155,7 @@ def test_replay_one_more_attempt_at_a_time(op_api, redis):
     assert stream_jobs(redis, Q) == []
     [(member, score)] = redis.zrange(QueueKeys.for_queue(Q).delayed, 0, -1, withscores=True)
     assert score == when.timestamp() * 1000
-    from chasqui_core.engine.envelope import decode
+    from chasqui_core.engine.jobs.envelope import decode
 
     job = decode(member)
     assert (job.attempt, job.max_attempts) == (3, 4)

@@ -7,10 +7,10 @@ import pytest
 from django.tasks import task_backends
 
 from chasqui_core.task_runner import build_registry
-from chasqui_core.engine.backoff import coerce_backoff
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.jobs.backoff import coerce_backoff
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.worker.worker import Worker
 from chasqui_core.models import AuditEntry
 from tests.django import sample_tasks
 
@@ -160,7 +160,7 @@ def test_find_a_delayed_job(op_api, view_api):
 
 @pytest.mark.parametrize("priority", [-40, 75])
 def test_a_jobs_priority_is_in_its_detail(view_api, redis, priority):
-    from chasqui_core.engine.queue import Queue
+    from chasqui_core.engine.producer.queue import Queue
 
     job = Queue("default", redis_client=redis).add(ADD, [1, 2], delay=600, priority=priority)
     body = view_api.get(f"/api/jobs/{job.job_id}").json()
@@ -191,8 +191,8 @@ def test_find_a_dead_job_with_its_errors_masked(view_api, redis):
 
 
 def test_find_a_finished_job_by_its_result(view_api, redis):
-    from chasqui_core.engine.envelope import new_job_id
-    from chasqui_core.engine.results import encode_result
+    from chasqui_core.engine.jobs.envelope import new_job_id
+    from chasqui_core.engine.jobs.results import encode_result
 
     job_id = new_job_id()
     redis.sadd(QUEUES_REGISTRY, "default")

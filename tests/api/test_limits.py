@@ -10,8 +10,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import Client
 
 from chasqui_core.conf import load
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.worker_app import wait_for
 
 from .test_monitoring import running_worker, scrape

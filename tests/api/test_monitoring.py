@@ -14,13 +14,13 @@ from django.test import Client, override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from chasqui_core.conf import load
-from chasqui_core.engine import stats, totals
-from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.connection import is_cluster_client
+from chasqui_core.engine.ops import stats, totals
+from chasqui_core.engine.jobs.backoff import BackoffSpec
+from chasqui_core.engine.store.connection import is_cluster_client
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.api.helpers import ApiClient
 from tests.helpers import info_per_server, worker_running
 
@@ -144,10 +144,10 @@ def test_metrics_of_schedules_after_their_fires(redis, redis_url, view_api, sett
     import asyncio
 
     from chasqui_core import schedules
-    from chasqui_core.engine.connection import aconnect
-    from chasqui_core.engine.keys import schedule_state
-    from chasqui_core.engine.scheduler import Scheduler, queue_fire, set_paused
-    from chasqui_core.engine.scripts import Scripts
+    from chasqui_core.engine.store.connection import aconnect
+    from chasqui_core.engine.store.keys import schedule_state
+    from chasqui_core.engine.timing.scheduler import Scheduler, queue_fire, set_paused
+    from chasqui_core.engine.store.scripts import Scripts
 
     settings.CHASQUI = {"SCHEDULES": {
         "hourly": {"task": "tests.django.sample_tasks.add", "every": 3600, "args": [1, 2], "grace": 0,

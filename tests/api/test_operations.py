@@ -9,8 +9,8 @@ import uuid
 import pytest
 from django.utils import timezone
 
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services import background
 from chasqui_core.services import dlq as dlq_service

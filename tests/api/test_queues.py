@@ -2,8 +2,8 @@
 
 import pytest
 
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.models import AuditEntry
 
 from tests.helpers import TASK, add_dead
@@ -126,7 +126,7 @@ def test_purge_deletes_waiting_jobs_only_and_is_audited(op_api, view_api, operat
 
 
 def test_history_gives_failures_and_run_time_per_task(view_api, redis):
-    from chasqui_core.engine import totals
+    from chasqui_core.engine.ops import totals
 
     Queue("default", redis_client=redis).add(TASK, [1, 2])
     keys = QueueKeys.for_queue("default")

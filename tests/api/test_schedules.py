@@ -2,8 +2,8 @@
 
 import pytest
 
-from chasqui_core.engine import scheduler
-from chasqui_core.engine.keys import schedule_state
+from chasqui_core.engine.timing import scheduler
+from chasqui_core.engine.store.keys import schedule_state
 from chasqui_core.models import AuditEntry
 
 from .helpers import server_ms, stream_jobs
@@ -64,8 +64,8 @@ def test_pause_and_resume_are_recorded_and_shown(op_api, redis):
 
 def test_each_fire_shows_how_its_job_went(op_api, redis):
     """The scheduler's fire records, and the job outcomes the worker stored under each job id."""
-    from chasqui_core.engine.keys import QueueKeys
-    from chasqui_core.engine.results import encode_result
+    from chasqui_core.engine.store.keys import QueueKeys
+    from chasqui_core.engine.jobs.results import encode_result
 
     now = server_ms(redis)
     done = scheduler.FireRecord(now - 120_000, now - 120_000, "schedule:sums:1", "default", "on_time")

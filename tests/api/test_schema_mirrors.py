@@ -14,7 +14,9 @@ import dataclasses
 import pytest
 
 from api import schemas
-from chasqui_core.engine import delayed, history, limits, metrics, running_jobs, scheduler, stats
+from chasqui_core.engine.timing import delayed, scheduler
+from chasqui_core.engine.ops import history, metrics, running_jobs, stats
+from chasqui_core.engine.worker import limits
 from chasqui_core.engine.dlq import browse, search
 
 MIRRORS = [

@@ -2,9 +2,9 @@
 
 import pytest
 
-from chasqui_core.engine import control
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.ops import control
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.models import AuditEntry
 from tests.helpers import TASK
 

@@ -15,7 +15,7 @@ import pytest
 import redis as redis_lib
 
 from bench.faultproxy import FaultProxy
-from chasqui_core.engine.connection import is_cluster_client
+from chasqui_core.engine.store.connection import is_cluster_client
 
 PONG = b"+PONG\r\n"
 

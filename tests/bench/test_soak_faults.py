@@ -16,7 +16,7 @@ import pytest
 
 from bench.faultproxy import FaultProxy
 from bench.soak.faults import HALF_OPEN_WINDOW, Injector
-from chasqui_core.engine.connection import is_cluster_client
+from chasqui_core.engine.store.connection import is_cluster_client
 
 
 @pytest.fixture

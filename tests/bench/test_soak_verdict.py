@@ -104,7 +104,7 @@ def a_clean_book() -> Book:
     b.enqueue("hang-1", "hang_sync")
     b.run("hang-1", "hang_sync", at=1, outcome=None)
     b.run("hang-1", "hang_sync", at=4, outcome=None)
-    b.dies("hang-1", "retries_exhausted", "chasqui_core.engine.errors.JobTimeout")
+    b.dies("hang-1", "retries_exhausted", "chasqui_core.engine.jobs.errors.JobTimeout")
     b.fires = {"soak-tick": 1}
     b.run("schedule:soak-tick:1795000000000", "scheduled", at=3)
     return b

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from dashboard.screenshots import CHROMIUM, launch, log_in, serve, wait_live
 from tests.dashboard.e2e_app import GATEWAY_DOWN, QUEUE
 from tests.helpers import subprocess_database_url

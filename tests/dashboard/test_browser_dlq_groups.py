@@ -13,7 +13,7 @@ import os
 import pytest
 
 from bench.console_scale import build_dead
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.store.keys import QueueKeys
 from dashboard.screenshots import CHROMIUM, launch, log_in, serve
 from tests.dashboard.e2e_app import QUEUE
 from tests.dashboard.test_browser import ROOT

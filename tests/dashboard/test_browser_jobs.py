@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.masking import MASK
 from dashboard.screenshots import CHROMIUM, launch, log_in, serve
 from tests.dashboard.e2e_app import QUEUE
@@ -90,7 +90,7 @@ def test_the_cancel_button_on_a_waiting_job_page_cancels_it(site, redis, viewer)
     then says the cancel is requested, and the audit log names the operator. A viewer sees no button."""
     from playwright.sync_api import expect, sync_playwright
 
-    from chasqui_core.engine.keys import QueueKeys
+    from chasqui_core.engine.store.keys import QueueKeys
     from chasqui_core.models import AuditEntry
 
     waiting = Queue(QUEUE, redis_client=redis).add("tests.dashboard.e2e_app.tasks.charge", [7], {})

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from chasqui_core.engine.envelope import Job, new_job_id, now_ms
-from chasqui_core.engine.keys import QUEUES_REGISTRY
+from chasqui_core.engine.jobs.envelope import Job, new_job_id, now_ms
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY
 from chasqui_core.models import Operation
 from dashboard.screenshots import launch, log_in
 from tests.dashboard.test_browser import CHARGE, KEYS, QUEUE, _chromium, stack  # noqa: F401 - fixtures

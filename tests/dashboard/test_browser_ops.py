@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from chasqui_core.engine import stats
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.ops import stats
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from dashboard.screenshots import CHROMIUM, launch, log_in, serve, wait_live
 from tests.dashboard.e2e_app import GATEWAY_DOWN, QUEUE
 from tests.helpers import subprocess_database_url
@@ -232,7 +232,7 @@ def test_a_first_failure_shows_on_the_overview_without_waiting_for_the_next_tick
 def test_the_history_range_picker_switches_in_place_from_the_keyboard(env, redis, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    from chasqui_core.engine import totals
+    from chasqui_core.engine.ops import totals
 
     Queue(QUEUE, redis_client=redis).add(CHARGE, [1])
     flat = totals.duration_increments([CHARGE] * 4, [40, 40, 40, 900], [CHARGE])

@@ -11,11 +11,11 @@ import time
 import pytest
 from channels.layers import channel_layers
 
-from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.retry import RetryPolicy
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.jobs.backoff import BackoffSpec
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.settle.retry import RetryPolicy
+from chasqui_core.engine.worker.worker import Worker
 from dashboard.sampler import get_sampler
 from dashboard.topics import Topic
 from tests.dashboard.websockets import figure, live_socket, next_fragment, refused_with
@@ -141,7 +141,7 @@ async def test_a_first_failure_is_pushed_at_once_not_at_the_next_tick(viewer_coo
     """With ticks a minute apart, only the failure watch can bring the Failed/s card its first failure."""
     import re
 
-    from chasqui_core.engine.keys import QueueKeys
+    from chasqui_core.engine.store.keys import QueueKeys
 
     settings.CHASQUI_SAMPLER_INTERVAL = 60.0
     Queue(QUEUE, redis_client=redis).add("noop", [0])

@@ -12,9 +12,9 @@ from channels.layers import channel_layers, get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 
-from chasqui_core.engine.connection import is_cluster_client
+from chasqui_core.engine.store.connection import is_cluster_client
 
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.producer.queue import Queue
 from dashboard.topics import Topic
 from tests.dashboard.websockets import figure, live_socket, next_fragment, refused_with
 

@@ -7,10 +7,10 @@ import re
 import pytest
 from django.test import Client
 
-from chasqui_core.engine import history, totals
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.ops import history, totals
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.store.scripts import Scripts
 from tests.helpers import keys_matching
 
 pytestmark = pytest.mark.django_db

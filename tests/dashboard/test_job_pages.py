@@ -8,9 +8,9 @@ from urllib.parse import unquote
 import pytest
 from django.test import Client
 
-from chasqui_core.engine.envelope import new_job_id
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.jobs.envelope import new_job_id
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.masking import MASK
 from tests.helpers import TASK, add_dead, dead_job
 
@@ -114,8 +114,8 @@ def test_an_empty_stream_says_what_to_expect(viewer, redis):
 
 
 def test_a_live_job_page_polls_its_progress_and_shows_it_masked(viewer, redis):
-    from chasqui_core.engine import progress
-    from chasqui_core.engine.keys import QueueKeys
+    from chasqui_core.engine.jobs import progress
+    from chasqui_core.engine.store.keys import QueueKeys
 
     job = Queue(Q, redis_client=redis).add(TASK, [1, 2])
     redis.set(QueueKeys.for_queue(Q).progress + job.job_id,
@@ -176,8 +176,8 @@ def test_a_jobs_page_shows_its_priority(viewer, redis):
 
 
 def test_a_dead_jobs_page_shows_its_last_progress_as_history_and_no_pending_result(viewer, redis):
-    from chasqui_core.engine import progress, results
-    from chasqui_core.engine.keys import QueueKeys
+    from chasqui_core.engine.jobs import progress, results
+    from chasqui_core.engine.store.keys import QueueKeys
 
     job = dead_job()
     add_dead(redis, Q, job)
@@ -199,7 +199,7 @@ def test_a_dead_jobs_page_shows_its_last_progress_as_history_and_no_pending_resu
 
 def test_cancelling_a_delayed_job_from_its_page_lands_on_its_page_which_follows_it_to_the_dlq(operator, redis,
                                                                                             redis_url):
-    from chasqui_core.engine.registry import HandlerRegistry
+    from chasqui_core.engine.jobs.registry import HandlerRegistry
     from tests.helpers import worker_running
 
     added = Queue(Q, redis_client=redis).add(TASK, [1, 2], delay=3_600_000)

@@ -13,10 +13,10 @@ from django.test import Client
 from chasqui_core.engine.dlq.fingerprint import fingerprint_id
 from django.utils import timezone
 
-from chasqui_core.engine.envelope import Job, decode, now_ms
-from chasqui_core.engine import metrics as metrics_mod
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.jobs.envelope import Job, decode, now_ms
+from chasqui_core.engine.ops import metrics as metrics_mod
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.masking import MASK
 from chasqui_core.models import AuditEntry, Operation
 from chasqui_core.services import background

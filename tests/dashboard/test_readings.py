@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from chasqui_core.engine import metrics
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.ops import metrics
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from dashboard.readings import SECOND_WINDOW, Reader
 
 

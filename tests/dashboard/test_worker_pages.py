@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from chasqui_core.engine import control
-from chasqui_core.engine.envelope import now_ms
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.ops import control
+from chasqui_core.engine.jobs.envelope import now_ms
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.models import AuditEntry
 
 from tests.api.helpers import heartbeat

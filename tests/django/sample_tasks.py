@@ -6,7 +6,7 @@ import time
 
 from django.tasks import task
 
-from chasqui_core.engine.errors import UnrecoverableError
+from chasqui_core.engine.jobs.errors import UnrecoverableError
 
 RUNS: list[tuple] = []
 

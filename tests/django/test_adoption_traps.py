@@ -14,8 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.tasks import task_backends
 
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.models import OutboxEntry
 from chasqui_core.outbox import relay
 

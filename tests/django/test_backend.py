@@ -19,10 +19,10 @@ from django.utils import timezone
 
 from chasqui_core.backend import TASK_REGISTRY
 from chasqui_core.task_runner import build_registry
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.worker.worker import Worker
 
 from tests.helpers import keys_matching, run_until, subprocess_database_url
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.store.keys import QueueKeys
 from tests.helpers import ROOT, subprocess_database_url
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -137,8 +137,8 @@ def test_devstack_serves_the_console_runs_a_worker_and_stops_cleanly(tmp_path, s
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finding leftover processes reads /proc")
 def test_an_operator_s_stop_of_the_worker_is_a_stop_and_the_console_stays_up(tmp_path):
-    from chasqui_core.engine import control
-    from chasqui_core.engine.scripts import Scripts
+    from chasqui_core.engine.ops import control
+    from chasqui_core.engine.store.scripts import Scripts
 
     web_port, redis_port = _free_port(), _free_port()
     env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"}

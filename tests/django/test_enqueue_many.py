@@ -10,9 +10,9 @@ from django.db import transaction
 from django.tasks import TaskResultStatus, task_backends
 from django.utils import timezone
 
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import PayloadTooLarge
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import PayloadTooLarge
 from chasqui_core.models import OutboxEntry
 from tests.helpers import info_per_server
 

@@ -6,8 +6,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from chasqui_core.conf import load
-from chasqui_core.engine.embedded import EmbeddedValkey
-from chasqui_core.engine.errors import EnqueueUnavailable
+from chasqui_core.engine.store.embedded import EmbeddedValkey
+from chasqui_core.engine.jobs.errors import EnqueueUnavailable
 
 from . import sample_tasks
 

@@ -12,11 +12,11 @@ import pytest
 from django.db import transaction
 from django.tasks import task_backends
 
-from chasqui_core.engine.connection import connect
-from chasqui_core.engine.embedded import EmbeddedValkey
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import JobSpec
+from chasqui_core.engine.store.connection import connect
+from chasqui_core.engine.store.embedded import EmbeddedValkey
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec
 from chasqui_core.management.commands.runworker import _outbox_relay
 from chasqui_core.models import OutboxEntry
 from chasqui_core.outbox import OutboxRelay, relay

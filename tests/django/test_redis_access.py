@@ -22,20 +22,21 @@ import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 
-from chasqui_core.engine import (control, delayed, history, limits, metrics, running_jobs, scheduler, stats, totals,
-                                 waiting)
+from chasqui_core.engine.ops import control, history, metrics, running_jobs, stats, totals, waiting
+from chasqui_core.engine.timing import delayed, scheduler
+from chasqui_core.engine.worker.worker import limits
 from chasqui_core.engine.dlq.estimate import estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.search import TextSearch
-from chasqui_core.engine.connection import connect, forget, is_cluster_client, masked
+from chasqui_core.engine.store.connection import connect, forget, is_cluster_client, masked
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.embedded import EmbeddedCluster
-from chasqui_core.engine.errors import RedisConfigError, UnrecoverableError
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.schedules import Schedule
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.store.embedded import EmbeddedCluster
+from chasqui_core.engine.jobs.errors import RedisConfigError, UnrecoverableError
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.timing.schedules import Schedule
+from chasqui_core.engine.store.scripts import Scripts
 from tests.clusters import TLSServer, make_certificates, queues_on_each_master, server_binary, tls_support
 from tests.engine.worker_app import wait_for
 from tests.helpers import ROOT, WorkerThread

@@ -9,8 +9,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from chasqui_core import schedules
-from chasqui_core.engine import scheduler
-from chasqui_core.engine.keys import SCHEDULER_LOCK
+from chasqui_core.engine.timing import scheduler
+from chasqui_core.engine.store.keys import SCHEDULER_LOCK
 from tests.helpers import ROOT, subprocess_database_url
 
 from . import sample_tasks  # noqa: F401  (registers the sample tasks)

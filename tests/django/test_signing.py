@@ -18,13 +18,13 @@ from django.utils import timezone
 
 from chasqui_core import checks
 from chasqui_core.conf import load
-from chasqui_core.engine import totals
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.idempotency import IDEMPOTENCY_KEY, IDEMPOTENCY_TTL
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.signing import SIGNATURE, Signer
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.ops import totals
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.jobs.idempotency import IDEMPOTENCY_KEY, IDEMPOTENCY_TTL
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.signing import SIGNATURE, Signer
+from chasqui_core.engine.worker.worker import Worker
 from chasqui_core.models import OutboxEntry
 from chasqui_core.outbox import relay
 from chasqui_core.task_runner import build_registry

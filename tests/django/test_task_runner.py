@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.store.keys import QueueKeys
 
 from . import sample_tasks
 from .test_backend import _drain
@@ -183,7 +183,7 @@ def test_a_cancelled_task_is_finished_failed_with_job_cancelled(redis, redis_url
     """Django hears ``task_finished`` for a job that ends cancelled: it is not retried."""
     from django.tasks import task_backends
 
-    from chasqui_core.engine.outcomes import CANCELLED_CLASS
+    from chasqui_core.engine.settle.outcomes import CANCELLED_CLASS
 
     result = sample_tasks.patient.enqueue("c1")
     asked: list[bool] = []

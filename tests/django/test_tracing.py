@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from chasqui_core import tracing
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
 
 from . import sample_tasks
 from .test_backend import _drain

@@ -17,16 +17,16 @@ from functools import partial
 
 import pytest
 
-from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, now_ms
-from chasqui_core.engine.errors import RetryAfter
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.connection import aconnect
-from chasqui_core.engine.recovery import Leases, add_death_record
-from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.retry import RetryPolicy, decide
+from chasqui_core.engine.jobs.backoff import BackoffSpec
+from chasqui_core.engine.jobs.envelope import Job, decode, error_record, new_job_id, now_ms
+from chasqui_core.engine.jobs.errors import RetryAfter
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.store.connection import aconnect
+from chasqui_core.engine.recovery.reclaim import Leases, add_death_record
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.settle.retry import RetryPolicy, decide
 from tests.engine.worker_app import wait_for
 from tests.helpers import reclaim_now, worker_running
 
@@ -355,7 +355,7 @@ def test_an_async_job_past_its_timeout_is_cancelled_charged_and_retried_by_its_b
     [entry] = dlq(redis, keys)
     assert entry[b"reason"] == b"retries_exhausted"
     errors = decode(entry[b"j"]).errors
-    assert [e["class"] for e in errors] == ["chasqui_core.engine.errors.JobTimeout"] * 2
+    assert [e["class"] for e in errors] == ["chasqui_core.engine.jobs.errors.JobTimeout"] * 2
     assert all(250 <= e["duration_ms"] < 5000 for e in errors)
 
 
@@ -383,7 +383,7 @@ def test_a_sync_job_past_its_timeout_is_charged_and_its_thread_replaced(redis, r
         release.set()
     [entry] = dlq(redis, keys)
     assert (entry[b"reason"], entry[b"error_class"]) == (b"retries_exhausted",
-                                                         b"chasqui_core.engine.errors.JobTimeout")
+                                                         b"chasqui_core.engine.jobs.errors.JobTimeout")
     assert worker.recycle_reason == "", "standalone: the thread is replaced, the process goes on"
 
 
@@ -403,7 +403,7 @@ def test_a_supervised_worker_makes_way_for_a_fresh_process_when_a_sync_job_hangs
     assert worker.unfinished_sync_jobs == 1, "the stuck thread is not waited for"
     [(raw, _)] = redis.zrange(keys.delayed, 0, -1, withscores=True) or [
         (f[b"j"], 0) for _, f in redis.xrange(keys.stream)]
-    assert [e["class"] for e in decode(raw).errors] == ["chasqui_core.engine.errors.JobTimeout"]
+    assert [e["class"] for e in decode(raw).errors] == ["chasqui_core.engine.jobs.errors.JobTimeout"]
 
 
 def test_a_job_taken_back_from_five_dead_workers_is_a_poison_pill_even_if_none_noted_it_running(redis, redis_url):

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from chasqui_core.engine.admission import Admission
-from chasqui_core.engine.connection import aconnect
-from chasqui_core.engine.delivery import ref_of
-from chasqui_core.engine.envelope import Job, new_job_id, now_ms
-from chasqui_core.engine.inflight import InFlight
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.outcomes import Outcomes
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.retry import RetryPolicy
-from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.settler import Settler
-from chasqui_core.engine.signing import Signer
+from chasqui_core.engine.worker.admission import Admission
+from chasqui_core.engine.store.connection import aconnect
+from chasqui_core.engine.worker.delivery import ref_of
+from chasqui_core.engine.jobs.envelope import Job, new_job_id, now_ms
+from chasqui_core.engine.worker.inflight import InFlight
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.settle.outcomes import Outcomes
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.settle.retry import RetryPolicy
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.settle.settler import Settler
+from chasqui_core.engine.jobs.signing import Signer
 
 QUEUE = "admit"
 

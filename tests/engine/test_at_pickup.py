@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from chasqui_core.engine.envelope import Job
-from chasqui_core.engine.retry import CLOCK_AHEAD_MS, PANIC_AFTER_DEATHS, RECOVERIES_BEFORE_PANIC, at_pickup
+from chasqui_core.engine.jobs.envelope import Job
+from chasqui_core.engine.settle.retry import CLOCK_AHEAD_MS, PANIC_AFTER_DEATHS, RECOVERIES_BEFORE_PANIC, at_pickup
 
 NOW = 1_800_000_000_000
 

@@ -4,15 +4,15 @@ import random
 
 import pytest
 
-from chasqui_core.engine import backoff
-from chasqui_core.engine.backoff import (
+from chasqui_core.engine.jobs import backoff
+from chasqui_core.engine.jobs.backoff import (
     DEFAULT_BACKOFF,
     BackoffSpec,
     coerce_backoff,
     compute_delay_ms,
     register_strategy,
 )
-from chasqui_core.engine.errors import RetryAfter
+from chasqui_core.engine.jobs.errors import RetryAfter
 
 DRAWS = 2000
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from chasqui_core.engine import purge, stats, totals, waiting
-from chasqui_core.engine.envelope import now_ms
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.running_jobs import running_jobs
+from chasqui_core.engine.ops import purge, stats, totals, waiting
+from chasqui_core.engine.jobs.envelope import now_ms
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.ops.running_jobs import running_jobs
 
 
 def fill(redis, name: str, counts: dict[int, int]) -> tuple[Queue, dict[int, list[str]]]:

@@ -7,10 +7,10 @@ every start). Bounds on how soon are generous: timing goals belong to the benchm
 
 import pytest
 
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.outcomes import CANCELLED_CLASS
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.results import decode_result
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.settle.outcomes import CANCELLED_CLASS
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.results import decode_result
 from tests.engine.worker_app import DONE_SUFFIX, RUNS_KEY, dlq_entries, read_runs, settled, wait_for
 
 

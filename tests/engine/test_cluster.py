@@ -16,18 +16,18 @@ from collections import Counter
 import pytest
 import redis
 
-from chasqui_core.engine import stats
-from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.connection import connect, forget, is_cluster_client, node_url
+from chasqui_core.engine.ops import stats
+from chasqui_core.engine.jobs.backoff import BackoffSpec
+from chasqui_core.engine.store.connection import connect, forget, is_cluster_client, node_url
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.operations import Operations
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.embedded import EmbeddedCluster
-from chasqui_core.engine.errors import RedisConfigError, UnrecoverableError
-from chasqui_core.engine.keys import QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.retry import RetryPolicy
+from chasqui_core.engine.store.embedded import EmbeddedCluster
+from chasqui_core.engine.jobs.errors import RedisConfigError, UnrecoverableError
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.settle.retry import RetryPolicy
 from tests.clusters import queues_on_each_master, server_binary
 from tests.engine.worker_app import wait_for
 from tests.helpers import WorkerThread

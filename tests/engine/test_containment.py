@@ -11,15 +11,15 @@ import time
 import msgpack
 import pytest
 
-from chasqui_core.engine import events
-from chasqui_core.engine.backoff import BackoffSpec, register_strategy
-from chasqui_core.engine.envelope import Job, decode, new_job_id, now_ms
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.settler import Settler
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.jobs import events
+from chasqui_core.engine.jobs.backoff import BackoffSpec, register_strategy
+from chasqui_core.engine.jobs.envelope import Job, decode, new_job_id, now_ms
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.settle.settler import Settler
+from chasqui_core.engine.worker.worker import Worker
 from tests.helpers import keys_matching, run_until
 
 Q = "contain"
@@ -191,7 +191,7 @@ def test_a_settle_batch_with_a_bad_retry_settles_every_other_item_once(redis):
     redis.xreadgroup(GROUP, "me", {KEYS.stream: ">"}, count=10)
 
     async def settle():
-        from chasqui_core.engine.connection import aconnect, url_of
+        from chasqui_core.engine.store.connection import aconnect, url_of
 
         client = aconnect(url_of(redis))
         settler = Settler(client, Scripts(client))
@@ -227,7 +227,7 @@ def test_a_repeated_settle_call_schedules_each_retry_once(redis):
     redis.xreadgroup(GROUP, "me", {KEYS.stream: ">"}, count=10)
 
     async def settle(retries):
-        from chasqui_core.engine.connection import aconnect, url_of
+        from chasqui_core.engine.store.connection import aconnect, url_of
 
         client = aconnect(url_of(redis))
         settler = Settler(client, Scripts(client))

@@ -1,15 +1,15 @@
-"""Operators' commands to a running worker (engine/control.py): quiet and stop, against real worker processes."""
+"""Operators' commands to a running worker (engine/ops/control.py): quiet and stop, against real worker processes."""
 
 import time
 
 import pytest
 
-from chasqui_core.engine import control, stats
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.running_jobs import running_jobs
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.ops import control, stats
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.ops.running_jobs import running_jobs
+from chasqui_core.engine.store.scripts import Scripts
 from tests.engine.worker_app import DONE_SUFFIX, RUNS_KEY, read_runs, runs_by_job, settled, wait_for
 
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 from tests.engine.worker_app import (
     DONE_SUFFIX,
     RUNS_KEY,

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.results import decode_result
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.results import decode_result
 from tests.engine.worker_app import dlq_entries, settled
 
 

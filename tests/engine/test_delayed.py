@@ -2,10 +2,10 @@
 
 import pytest
 
-from chasqui_core.engine import delayed
-from chasqui_core.engine.envelope import Job, decode
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.timing import delayed
+from chasqui_core.engine.jobs.envelope import Job, decode
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
 
 KEYS = QueueKeys.for_queue("sched")
 BASE = 1_900_000_000_000  # far in the future, so nothing is promoted meanwhile
@@ -146,8 +146,8 @@ def test_run_now_puts_the_job_on_the_stream(redis):
 
 
 def test_cancel_frees_a_caller_given_job_id(redis):
-    from chasqui_core.engine import delayed
-    from chasqui_core.engine.queue import Queue
+    from chasqui_core.engine.timing import delayed
+    from chasqui_core.engine.producer.queue import Queue
 
     queue = Queue("freeing", redis_client=redis)
     assert not queue.add("t", [1], job_id="order-7", delay=60_000).duplicate

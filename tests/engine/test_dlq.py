@@ -11,20 +11,20 @@ from collections import Counter
 
 import pytest
 
-from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.jobs.backoff import BackoffSpec
+from chasqui_core.engine.store.connection import connect
 from chasqui_core.engine.dlq.entries import REASONS
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.fingerprint import fingerprint
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.envelope import Job, decode, error_record, new_job_id, now_ms
-from chasqui_core.engine.errors import JobNotFound, UnrecoverableError
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.recovery import add_death_record
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.retry import RetryPolicy
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.jobs.envelope import Job, decode, error_record, new_job_id, now_ms
+from chasqui_core.engine.jobs.errors import JobNotFound, UnrecoverableError
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.recovery.reclaim import add_death_record
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.settle.retry import RetryPolicy
+from chasqui_core.engine.worker.worker import Worker
 from tests.helpers import reclaim_now
 
 Q = "dlqtest"

@@ -12,16 +12,16 @@ from collections import Counter, defaultdict
 import pytest
 
 from bench.console_scale import build_dead
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.store.connection import connect
 from chasqui_core.engine.dlq.entries import decode_entry, field_text
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.fingerprint import fingerprint, fingerprint_id
 from chasqui_core.engine.dlq.index import DLQIndex, IndexKeys
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.errors import UnrecoverableError
-from chasqui_core.engine.lookup import find_job
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.jobs.errors import UnrecoverableError
+from chasqui_core.engine.ops.lookup import find_job
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.test_dlq import FAST_RETRIES, KEYS, Q, add_dead, bulk_dead, dead_job, run_worker
 
 IX = IndexKeys.for_queue(KEYS)

@@ -8,15 +8,15 @@ import time
 
 import pytest
 
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.store.connection import connect
 from chasqui_core.engine.dlq.estimate import estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.operations import Operations, run_pending
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.dlq.entries import decode_entry
 from chasqui_core.engine.dlq.search import TextSearch, visible_texts
-from chasqui_core.engine.envelope import Job, decode, new_job_id, now_ms
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.jobs.envelope import Job, decode, new_job_id, now_ms
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.test_dlq import KEYS, Q, add_dead, bulk_dead, dead_job, err, run_worker
 
 

@@ -7,8 +7,8 @@ from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.index import DLQIndex
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.dlq.retention import Retention
-from chasqui_core.engine.envelope import now_ms
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.jobs.envelope import now_ms
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.test_dlq import KEYS, Q, bulk_dead, dead_job, fields_for, run_worker
 from tests.engine.test_dlq_index import assert_index_matches
 

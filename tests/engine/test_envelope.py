@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from chasqui_core.engine.envelope import (MAX_RESULT_TTL, TRACEBACK_LIMIT, DecodeError, Job, decode, error_record,
+from chasqui_core.engine.jobs.envelope import (MAX_RESULT_TTL, TRACEBACK_LIMIT, DecodeError, Job, decode, error_record,
                                           new_job_id)
 
 _GOOD = [1, "01JOB", "app.send", [1], {"k": "v"}, 0, 123, None, None, [], 0, 0, 0, {}]

@@ -1,10 +1,10 @@
-"""A queue's history over time ranges (engine/history.py, rollup.lua): snapshots and per-task figures."""
+"""A queue's history over time ranges (engine/ops/history.py, rollup.lua): snapshots and per-task figures."""
 
 import pytest
 
-from chasqui_core.engine import history, totals
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.ops import history, totals
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.store.scripts import Scripts
 from tests.helpers import keys_matching
 
 

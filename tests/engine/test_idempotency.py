@@ -11,12 +11,13 @@ import time
 import msgpack
 import pytest
 
-from chasqui_core.engine import events, totals
+from chasqui_core.engine.jobs import events
+from chasqui_core.engine.ops import totals
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.idempotency import DEFAULT_TTL, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.envelope import decode
+from chasqui_core.engine.jobs.idempotency import DEFAULT_TTL, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.envelope import decode
 from tests.engine.worker_app import dlq_entries, read_runs, settled, wait_for
 from tests.helpers import info_per_server, reset_stats
 

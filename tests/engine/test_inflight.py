@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import threading
 
-from chasqui_core.engine.delivery import Delivery, DeliveryRef, ref_of
-from chasqui_core.engine.envelope import Job
-from chasqui_core.engine.inflight import InFlight
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.worker.delivery import Delivery, DeliveryRef, ref_of
+from chasqui_core.engine.jobs.envelope import Job
+from chasqui_core.engine.worker.inflight import InFlight
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.worker_app import wait_for
 from tests.helpers import worker_running
 

@@ -1,4 +1,4 @@
-"""What a job id may be (engine/job_ids.py): one rule, written once, for the engine and the API's schema."""
+"""What a job id may be (engine/jobs/job_ids.py): one rule, written once, for the engine and the API's schema."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import unicodedata
 
 import pytest
 
-from chasqui_core.engine import job_ids
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.jobs import job_ids
+from chasqui_core.engine.producer.queue import JobSpec, Queue
 
 
 def test_the_written_out_ranges_are_the_unicode_tables_of_this_python():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.worker_app import wait_for
 from tests.helpers import worker_running
 
@@ -83,8 +83,8 @@ def test_a_lease_pass_that_keeps_failing_holds_back_neither_the_heartbeat_nor_th
 
 def test_a_problem_the_worker_reported_is_shown_until_it_has_not_been_seen_for_a_while(monkeypatch):
     """A reader that failed while Redis restarted reads again: its problem must not stay on the heartbeat."""
-    from chasqui_core.engine import worker as worker_module
-    from chasqui_core.engine.worker import Worker
+    from chasqui_core.engine.worker import worker as worker_module
+    from chasqui_core.engine.worker.worker import Worker
 
     monkeypatch.setattr(worker_module, "PROBLEM_SHOWN_S", 0.2)
     w = Worker(["hk-problem"], HandlerRegistry(), install_signal_handlers=False)

@@ -18,15 +18,16 @@ from functools import partial
 
 import pytest
 
-from chasqui_core.engine.connection import aconnect
-from chasqui_core.engine.envelope import Job, decode, new_job_id, now_ms
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.lookup import find_job
-from chasqui_core.engine.limits import Limit, LimitError, LimitGate, Limits, bucket_name, parse_limits, parse_rate
-from chasqui_core.engine.delivery import Delivery, ref_of
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import Handler, HandlerRegistry
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.store.connection import aconnect
+from chasqui_core.engine.jobs.envelope import Job, decode, new_job_id, now_ms
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.ops.lookup import find_job
+from chasqui_core.engine.worker.limits import (Limit, LimitError, LimitGate, Limits, bucket_name, parse_limits,
+                                               parse_rate)
+from chasqui_core.engine.worker.delivery import Delivery, ref_of
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import Handler, HandlerRegistry
+from chasqui_core.engine.store.scripts import Scripts
 from tests.engine.worker_app import most_at_once, read_runs, read_spans, wait_for
 from tests.helpers import worker_running
 
@@ -65,7 +66,7 @@ def test_a_limit_named_like_a_queue_of_the_worker_holds_for_that_queue_else_for_
     limits = Limits(parse_limits({"emails": {"rate": "1/s"}, "app.send": {"concurrency": 1}}), ["emails"])
     assert set(limits.by_queue) == {"emails"} and set(limits.by_task) == {"app.send"}
     job = Queue("emails", url="redis://unused").build(JobSpec("app.send")).payload
-    from chasqui_core.engine.envelope import decode
+    from chasqui_core.engine.jobs.envelope import decode
 
     buckets = limits.buckets(QueueKeys.for_queue("emails"), decode(job))
     assert [b[0] for b in buckets] == ["{chasqui:emails}:limit:emails:all:", "{chasqui:emails}:limit:app.send:all:"]

@@ -2,7 +2,7 @@
 
 import logging
 
-from chasqui_core.engine.log_budget import LogBudget
+from chasqui_core.engine.worker.log_budget import LogBudget
 
 
 def test_lines_over_the_budget_are_counted_in_one_summary(caplog):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.worker_app import wait_for
 from tests.helpers import worker_running
 

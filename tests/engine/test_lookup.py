@@ -1,4 +1,4 @@
-"""Finding a job by id in each state it can be in, against the real server (engine/lookup.py)."""
+"""Finding a job by id in each state it can be in, against the real server (engine/ops/lookup.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from chasqui_core.engine import delayed, lookup
-from chasqui_core.engine.envelope import Job, new_job_id, now_ms
+from chasqui_core.engine.timing import delayed
+from chasqui_core.engine.ops import lookup
+from chasqui_core.engine.jobs.envelope import Job, new_job_id, now_ms
 from chasqui_core.engine.dlq.index import DLQIndex
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.keys import DELAYED_MARK_GRACE_MS, GROUP, QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.results import encode_result
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.store.keys import DELAYED_MARK_GRACE_MS, GROUP, QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.jobs.results import encode_result
+from chasqui_core.engine.store.scripts import Scripts
 from tests.api.helpers import wait_for
 from tests.helpers import TASK, WorkerThread, add_dead, dead_job
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from chasqui_core.engine import metrics
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.metrics import FIELDS, Series
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.ops import metrics
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.ops.metrics import FIELDS, Series
+from chasqui_core.engine.producer.queue import JobSpec, Queue
 
 NOW = 1_700_000_123_456  # an epoch ms inside second 1_700_000_123 and minute 28_333_335
 

@@ -9,7 +9,7 @@ pill killed it too; at the next reclaim every entry of the batch had been
 running when its worker died 2 times"), although only the pill ever ran.
 
 docs/retries.md promises ``panic`` for a job that was *running* at two
-worker deaths; the start journal (engine/journal.py) now charges only the
+worker deaths; the start journal (engine/recovery/journal.py) now charges only the
 runs that had started. This test keeps it that way.
 """
 
@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.producer.queue import Queue
 from tests.engine.worker_app import DONE_SUFFIX, RUNS_KEY, dlq_entries, read_runs, settled, wait_for
 
 

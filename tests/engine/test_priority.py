@@ -13,11 +13,11 @@ from functools import partial
 import pytest
 
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.envelope import pack_job
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.priority import Inbox, band_of, check_priority
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.jobs.envelope import pack_job
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.jobs.priority import Inbox, band_of, check_priority
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.worker_app import dlq_entries, read_runs, settled, wait_for
 from tests.helpers import worker_running
 

@@ -16,11 +16,11 @@ import time
 import pytest
 import redis
 
-from chasqui_core.engine.embedded import EmbeddedValkey
-from chasqui_core.engine.errors import EnqueueUnavailable
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.scripts import source
+from chasqui_core.engine.store.embedded import EmbeddedValkey
+from chasqui_core.engine.jobs.errors import EnqueueUnavailable
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.store.scripts import source
 
 KEYS = QueueKeys.for_queue("outage")
 
@@ -34,7 +34,7 @@ def server(tmp_path):
 
 
 def job_ids_in_stream(client: redis.Redis) -> list[str]:
-    from chasqui_core.engine.envelope import decode
+    from chasqui_core.engine.jobs.envelope import decode
 
     return [decode(fields[b"j"]).id for _, fields in client.xrange(KEYS.stream)]
 

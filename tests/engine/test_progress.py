@@ -2,8 +2,8 @@
 
 import pytest
 
-from chasqui_core.engine import progress
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.jobs import progress
+from chasqui_core.engine.producer.queue import Queue
 from tests.engine.worker_app import DONE_SUFFIX, RUNS_KEY, wait_for
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-from chasqui_core.engine.connection import aconnect
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.promoter import Promoter
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.scripts import Scripts
+from chasqui_core.engine.store.connection import aconnect
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.timing.promoter import Promoter
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.store.scripts import Scripts
 from datetime import UTC
 
 KEYS = QueueKeys.for_queue("drain")

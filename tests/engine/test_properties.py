@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from chasqui_core.engine.backoff import DEFAULT_BACKOFF, BackoffSpec
-from chasqui_core.engine.envelope import MAX_RESULT_TTL, DecodeError, Job, decode, error_record
-from chasqui_core.engine.errors import InvalidQueueName, RetryAfter, UnrecoverableError
-from chasqui_core.engine.keys import BANDS, QueueKeys, validate_queue_name
-from chasqui_core.engine.registry import Handler
-from chasqui_core.engine.retry import RetryPolicy, budget, decide
+from chasqui_core.engine.jobs.backoff import DEFAULT_BACKOFF, BackoffSpec
+from chasqui_core.engine.jobs.envelope import MAX_RESULT_TTL, DecodeError, Job, decode, error_record
+from chasqui_core.engine.jobs.errors import InvalidQueueName, RetryAfter, UnrecoverableError
+from chasqui_core.engine.store.keys import BANDS, QueueKeys, validate_queue_name
+from chasqui_core.engine.jobs.registry import Handler
+from chasqui_core.engine.settle.retry import RetryPolicy, budget, decide
 
 FAST = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

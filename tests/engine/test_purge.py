@@ -1,8 +1,8 @@
-"""Emptying a queue of its waiting jobs (engine/purge.py, purge.lua)."""
+"""Emptying a queue of its waiting jobs (engine/ops/purge.py, purge.lua)."""
 
-from chasqui_core.engine import purge, totals
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.ops import purge, totals
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
 
 
 def _setup(redis, name: str, n: int, delivered: int) -> tuple[Queue, QueueKeys, list[bytes]]:

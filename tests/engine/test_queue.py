@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
 
 
 def _stream_ids(redis, queue: str) -> list[str]:

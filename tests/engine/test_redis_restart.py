@@ -15,9 +15,9 @@ import time
 
 import pytest
 
-from chasqui_core.engine.connection import connect
-from chasqui_core.engine.embedded import EmbeddedValkey
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.store.connection import connect
+from chasqui_core.engine.store.embedded import EmbeddedValkey
+from chasqui_core.engine.producer.queue import Queue
 from tests.engine.worker_app import Workers, read_runs, runs_by_job, settled, wait_for
 
 QUEUES = ("restart-a", "restart-b")
@@ -95,9 +95,9 @@ def test_a_worker_started_while_redis_is_unreachable_says_so_in_a_line_and_start
         tmp_path, caplog):
     import threading
 
-    from chasqui_core.engine.embedded import free_port
-    from chasqui_core.engine.registry import HandlerRegistry
-    from chasqui_core.engine.worker import Worker
+    from chasqui_core.engine.store.embedded import free_port
+    from chasqui_core.engine.jobs.registry import HandlerRegistry
+    from chasqui_core.engine.worker.worker import Worker
 
     port = free_port()
     ran = threading.Event()

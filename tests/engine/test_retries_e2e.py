@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.backoff import BackoffSpec
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.producer.queue import JobSpec, Queue
 from tests.engine.worker_app import (
     RUNS_KEY,
     TASK_BACKOFF_MS,
@@ -131,7 +131,7 @@ def test_unrecoverable_errors_skip_the_budget(redis, workers):
     assert {e["reason"] for e in dead.values()} == {b"unrecoverable"}
     assert dead[ours.job_id]["error_class"].endswith(b".BadInput")
     assert dead[foreign.job_id]["error_class"].endswith(b".UnrecoverableError")
-    assert dead[foreign.job_id]["error_class"] != b"chasqui_core.engine.errors.UnrecoverableError"
+    assert dead[foreign.job_id]["error_class"] != b"chasqui_core.engine.jobs.errors.UnrecoverableError"
     for entry in dead.values():
         [record] = decode(entry["j"]).errors
         assert record["attempt"] == 1 and "backoff_ms" not in record

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.queue import Queue
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.producer.queue import Queue
 from tests.engine.worker_app import dlq_entries, read_runs, runs_by_job, settled
 
 

@@ -5,17 +5,17 @@ import time
 
 import pytest
 
-from chasqui_core.engine import scheduler as sched
-from chasqui_core.engine.connection import aconnect
+from chasqui_core.engine.timing import scheduler as sched
+from chasqui_core.engine.store.connection import aconnect
 from chasqui_core.engine.dlq.entries import decode_entry
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import SCHEDULER_LOCK, QueueKeys, schedule_state
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.retry import RetryPolicy
-from chasqui_core.engine.scheduler import Scheduler, queue_fire
-from chasqui_core.engine.schedules import parse_schedule
-from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import SCHEDULER_LOCK, QueueKeys, schedule_state
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.settle.retry import RetryPolicy
+from chasqui_core.engine.timing.scheduler import Scheduler, queue_fire
+from chasqui_core.engine.timing.schedules import parse_schedule
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.worker.worker import Worker
 from tests.helpers import run_until
 
 Q = "timed"

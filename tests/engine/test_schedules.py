@@ -5,7 +5,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from chasqui_core.engine.schedules import ScheduleError, parse_schedule, plan_fires
+from chasqui_core.engine.timing.schedules import ScheduleError, parse_schedule, plan_fires
 
 
 def every(seconds, **extra):

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 from redis.exceptions import ResponseError
 
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.scripts import source
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.ops.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.store.scripts import source
 from tests.helpers import keys_matching
 
 LUA_DIR = Path(__file__).parents[2] / "chasqui_core" / "engine" / "lua"

@@ -11,11 +11,11 @@ from collections import Counter
 
 import pytest
 
-from chasqui_core.engine.connection import SentinelURL, connect
-from chasqui_core.engine.errors import RedisConfigError
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.store.connection import SentinelURL, connect
+from chasqui_core.engine.jobs.errors import RedisConfigError
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.worker.worker import Worker
 from tests.clusters import SentinelGroup
 from tests.engine.worker_app import wait_for
 

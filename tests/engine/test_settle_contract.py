@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from chasqui_core.engine.connection import aconnect
-from chasqui_core.engine.envelope import Job, decode, new_job_id, now_ms
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.settler import Settler, SettleReply, settle_call
+from chasqui_core.engine.store.connection import aconnect
+from chasqui_core.engine.jobs.envelope import Job, decode, new_job_id, now_ms
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.settle.settler import Settler, SettleReply, settle_call
 
 WORKER = "w-settle"
 

@@ -14,13 +14,14 @@ import time
 
 import pytest
 
-from chasqui_core.engine import events, totals
+from chasqui_core.engine.jobs import events
+from chasqui_core.engine.ops import totals
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.envelope import Job, decode, new_job_id, now_ms
-from chasqui_core.engine.idempotency import IDEMPOTENCY_KEY
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.signing import SIGNATURE, Signer, signed_message
+from chasqui_core.engine.jobs.envelope import Job, decode, new_job_id, now_ms
+from chasqui_core.engine.jobs.idempotency import IDEMPOTENCY_KEY
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.signing import SIGNATURE, Signer, signed_message
 from tests.engine.worker_app import dlq_entries, read_runs, settled, wait_for
 
 CURRENT = "current-" + "c" * 40

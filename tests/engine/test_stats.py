@@ -8,13 +8,13 @@ import time
 import msgpack
 import pytest
 
-from chasqui_core.engine import stats
-from chasqui_core.engine.envelope import Job, now_ms
-from chasqui_core.engine.errors import InvalidQueueName
-from chasqui_core.engine.keys import GROUP, QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.ops import stats
+from chasqui_core.engine.jobs.envelope import Job, now_ms
+from chasqui_core.engine.jobs.errors import InvalidQueueName
+from chasqui_core.engine.store.keys import GROUP, QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.worker.worker import Worker
 
 
 def server_ms(client) -> int:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import threading
 
-from chasqui_core.engine.envelope import Job, error_record, new_job_id, now_ms
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.registry import HandlerRegistry
+from chasqui_core.engine.jobs.envelope import Job, error_record, new_job_id, now_ms
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.worker_app import wait_for
 from tests.helpers import worker_running
 

@@ -3,16 +3,16 @@
 import asyncio
 import time
 
-from chasqui_core.engine import totals
-from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.connection import aconnect
+from chasqui_core.engine.ops import totals
+from chasqui_core.engine.jobs.backoff import BackoffSpec
+from chasqui_core.engine.store.connection import aconnect
 from chasqui_core.engine.dlq.replay import DeadLetters
-from chasqui_core.engine.keys import GROUP, QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.settler import Settler
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.settle.settler import Settler
+from chasqui_core.engine.worker.worker import Worker
 from tests.engine.worker_app import settled
 
 

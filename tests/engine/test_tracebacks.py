@@ -1,6 +1,6 @@
 import traceback
 
-from chasqui_core.engine.tracebacks import format_exception
+from chasqui_core.engine.jobs.tracebacks import format_exception
 
 
 def _inner(x):
@@ -60,7 +60,7 @@ def test_remembered_paths_tell_code_objects_and_lines_apart():
 
 
 def test_describe_gives_what_the_long_way_gives_for_every_kind_of_failure():
-    from chasqui_core.engine.tracebacks import class_path, describe, message, printable
+    from chasqui_core.engine.jobs.tracebacks import class_path, describe, message, printable
 
     def fail(text, note=None):
         err = ValueError(text)
@@ -87,8 +87,8 @@ def test_describe_gives_what_the_long_way_gives_for_every_kind_of_failure():
 
 def test_a_repeated_failure_is_described_as_its_own_class_and_message():
     """Failures are remembered by path, class and message: same-named classes and new messages stay apart."""
-    from chasqui_core.engine import tracebacks
-    from chasqui_core.engine.tracebacks import describe
+    from chasqui_core.engine.jobs import tracebacks
+    from chasqui_core.engine.jobs.tracebacks import describe
 
     def raiser(cls, text):
         raise cls(text)

@@ -12,13 +12,13 @@ from datetime import datetime, timedelta, UTC
 
 import pytest
 
-from chasqui_core.engine import events
-from chasqui_core.engine.backoff import BackoffSpec
-from chasqui_core.engine.envelope import decode
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import JobSpec, Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.jobs import events
+from chasqui_core.engine.jobs.backoff import BackoffSpec
+from chasqui_core.engine.jobs.envelope import decode
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import JobSpec, Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.worker.worker import Worker
 from tests.engine.worker_app import (
     DONE_SUFFIX,
     RUNS_KEY,

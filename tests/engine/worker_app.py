@@ -60,10 +60,10 @@ class UnrecoverableError(Exception):
 
 
 def _build_registry(client):
-    from chasqui_core.engine.backoff import BackoffSpec
-    from chasqui_core.engine.errors import RetryAfter
-    from chasqui_core.engine.errors import UnrecoverableError as ChasquiUnrecoverable
-    from chasqui_core.engine.registry import HandlerRegistry
+    from chasqui_core.engine.jobs.backoff import BackoffSpec
+    from chasqui_core.engine.jobs.errors import RetryAfter
+    from chasqui_core.engine.jobs.errors import UnrecoverableError as ChasquiUnrecoverable
+    from chasqui_core.engine.jobs.registry import HandlerRegistry
 
     class BadInput(ChasquiUnrecoverable):
         """A subclass: the worker must look at the bases too."""
@@ -221,10 +221,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     import logging
 
-    from chasqui_core.engine.backoff import BackoffSpec
-    from chasqui_core.engine.connection import connect
-    from chasqui_core.engine.retry import RetryPolicy
-    from chasqui_core.engine.worker import Worker
+    from chasqui_core.engine.jobs.backoff import BackoffSpec
+    from chasqui_core.engine.store.connection import connect
+    from chasqui_core.engine.settle.retry import RetryPolicy
+    from chasqui_core.engine.worker.worker import Worker
 
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -334,7 +334,7 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
 def settled(client, queue: str) -> bool:
     """Nothing left to do on ``queue``: its streams (every priority band's), pending lists and delayed set are
     empty."""
-    from chasqui_core.engine.keys import GROUP, QueueKeys
+    from chasqui_core.engine.store.keys import GROUP, QueueKeys
 
     keys = QueueKeys.for_queue(queue)
     for band in keys.band_keys(b.decode() for b in client.smembers(keys.bands)):
@@ -345,7 +345,7 @@ def settled(client, queue: str) -> bool:
 
 def dlq_entries(client, queue: str) -> list[dict[str, bytes]]:
     """The dead-letter entries of ``queue``, oldest first, with text field names."""
-    from chasqui_core.engine.keys import QueueKeys
+    from chasqui_core.engine.store.keys import QueueKeys
 
     return [{k.decode(): v for k, v in fields.items()}
             for _, fields in client.xrange(QueueKeys.for_queue(queue).dlq)]
@@ -380,7 +380,7 @@ class Workers:
 
     def wait_ready(self, client, queue: str, count: int, timeout: float = 20.0) -> None:
         """Wait until ``count`` workers of this test have registered on ``queue``."""
-        from chasqui_core.engine.keys import QueueKeys
+        from chasqui_core.engine.store.keys import QueueKeys
 
         key = QueueKeys.for_queue(queue).workers
 
@@ -397,7 +397,7 @@ class Workers:
         runs it had under way are then charged as deaths, not as lost contact. Returns its worker ids."""
         import socket
 
-        from chasqui_core.engine.recovery import record_death
+        from chasqui_core.engine.recovery.reclaim import record_death
 
         assert proc.poll() is not None, "only a process that ended is dead"
         return record_death(client, [queue] if isinstance(queue, str) else queue, host=socket.gethostname(),

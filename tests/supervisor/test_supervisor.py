@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from chasqui_core.engine import control, stats
-from chasqui_core.engine.keys import QueueKeys
-from chasqui_core.engine.queue import Queue
-from chasqui_core.engine.registry import HandlerRegistry
-from chasqui_core.engine.scripts import Scripts
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.ops import control, stats
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.worker.worker import Worker
 from chasqui_core.supervisor import (READY_FD_ENV, SUPERVISOR_PID_ENV, SupervisedChild, child_command, describe_exit,
                                      restart_delay)
 from tests.engine.worker_app import wait_for
@@ -355,7 +355,8 @@ def test_a_sync_job_past_its_timeout_recycles_its_process_without_a_gap_in_readi
 
     assert [int(pid) for pid in redis.lrange(HUNG, 0, -1)] == [first]
     [(_, dead)] = redis.xrange(KEYS.dlq)
-    assert (dead[b"reason"], dead[b"error_class"]) == (b"retries_exhausted", b"chasqui_core.engine.errors.JobTimeout")
+    assert (dead[b"reason"], dead[b"error_class"]) == (b"retries_exhausted",
+                                                        b"chasqui_core.engine.jobs.errors.JobTimeout")
     assert _ran_by(ticks) == [first, second]
     began, ended = _slow_starts(redis)[second]
     while_starting = [at for _, pid, at in ticks if pid == first and began <= at <= ended]

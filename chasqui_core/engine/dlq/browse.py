@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..connection import Client, decodes_responses
-from ..errors import JobNotFound
-from ..keys import QueueKeys
-from .entries import (
+from chasqui_core.engine.store.connection import Client, decodes_responses
+from chasqui_core.engine.jobs.errors import JobNotFound
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.dlq.entries import (
     MAX_PART,
     DeadJob,
     Row,
@@ -32,9 +32,9 @@ from .entries import (
     id_of,
     parse_id,
 )
-from .filter import DLQFilter
-from .fingerprint import fingerprint, fingerprint_id
-from .index import DLQIndex, IndexState, has_dimensions
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.fingerprint import fingerprint, fingerprint_id
+from chasqui_core.engine.dlq.index import DLQIndex, IndexState, has_dimensions
 
 SCAN_CHUNK = 500
 """Entries read per round trip when scanning; bounds each call's work and memory."""
@@ -100,7 +100,7 @@ class DLQReader:
         if decodes_responses(client):
             raise ValueError(
                 f"{type(self).__name__} needs a Redis client that returns bytes (decode_responses=False): "
-                "job payloads are binary; use chasqui_core.engine.connection.connect()"
+                "job payloads are binary; use chasqui_core.engine.store.connection.connect()"
             )
         self.client = client
         self.queue = queue

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..envelope import DecodeError, Job, decode
-from .fingerprint import fingerprint, fingerprint_id
+from chasqui_core.engine.jobs.envelope import DecodeError, Job, decode
+from chasqui_core.engine.dlq.fingerprint import fingerprint, fingerprint_id
 
 REASONS = ("retries_exhausted", "unrecoverable", "panic", "decode_failed", "internal", "unknown_task", "oversize",
            "bad_signature", "invalid", "cancelled")

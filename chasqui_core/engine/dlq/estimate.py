@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .browse import DLQReader, check_positive
-from .entries import format_id, id_before, id_of
-from .filter import DLQFilter
+from chasqui_core.engine.dlq.browse import DLQReader, check_positive
+from chasqui_core.engine.dlq.entries import format_id, id_before, id_of
+from chasqui_core.engine.dlq.filter import DLQFilter
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .entries import REASONS, DeadJob, field_text
-from .fingerprint import fingerprint, fingerprint_id
+from chasqui_core.engine.dlq.entries import REASONS, DeadJob, field_text
+from chasqui_core.engine.dlq.fingerprint import fingerprint, fingerprint_id
 
 _FILTER_FIELDS = ("task", "reason", "error_class", "error_text", "fingerprint", "since_ms", "until_ms")
 _FINGERPRINT_ID = re.compile(r"[0-9a-f]{16}")

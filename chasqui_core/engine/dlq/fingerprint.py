@@ -11,7 +11,7 @@ import hashlib
 import re
 from functools import lru_cache
 
-from ..redact import mask_text
+from chasqui_core.engine.jobs.redact import mask_text
 
 _NORMALISERS = (
     (re.compile(r"""(?<!\w)'[^'\n]*'(?!\w)|(?<!\w)"[^"\n]*"(?!\w)|`[^`\n]*`"""), "<str>"),

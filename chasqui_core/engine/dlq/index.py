@@ -33,12 +33,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..connection import Client
-from ..keys import DLQ_INDEX_VERSION, QueueKeys
-from ..scripts import Scripts
-from .entries import Row, StreamId, decode_entry, field_text, format_id, id_after, id_of, parse_id
-from .filter import DLQFilter
-from .fingerprint import error_group, fingerprint_id
+from chasqui_core.engine.store.connection import Client
+from chasqui_core.engine.store.keys import DLQ_INDEX_VERSION, QueueKeys
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.dlq.entries import (Row, StreamId, decode_entry, field_text, format_id, id_after, id_of,
+                                             parse_id)
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.fingerprint import error_group, fingerprint_id
 
 INDEX_VERSION = DLQ_INDEX_VERSION
 """Written in the index's ``v`` hash; an index of another version is rebuilt."""

@@ -46,15 +46,15 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..connection import Client, connect
-from ..keys import QueueKeys
-from ..log_budget import LogBudget
-from ..scripts import Scripts
-from .entries import DeadJob, format_id, parse_id
-from .filter import DLQFilter
-from . import retention
-from .replay import DeadLetters
-from .selection import chunks, matching_total
+from chasqui_core.engine.store.connection import Client, connect
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.worker.log_budget import LogBudget
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.dlq.entries import DeadJob, format_id, parse_id
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq import retention
+from chasqui_core.engine.dlq.replay import DeadLetters
+from chasqui_core.engine.dlq.selection import chunks, matching_total
 
 logger = logging.getLogger("chasqui.operations")
 

@@ -12,13 +12,13 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..connection import Client
-from ..keys import REPLAY_MARK_TTL_MS
-from ..scripts import Scripts
-from .browse import DLQReader, check_positive
-from .entries import DeadJob, decode_entry, format_id, parse_id
-from .filter import DLQFilter
-from .selection import chunks, matching_total
+from chasqui_core.engine.store.connection import Client
+from chasqui_core.engine.store.keys import REPLAY_MARK_TTL_MS
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.dlq.browse import DLQReader, check_positive
+from chasqui_core.engine.dlq.entries import DeadJob, decode_entry, format_id, parse_id
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.selection import chunks, matching_total
 
 MOVE_CHUNK = 500
 """Entries replayed or deleted per call when acting on a list of ids."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..connection import Client
-from ..keys import QueueKeys
-from ..scripts import Scripts
+from chasqui_core.engine.store.connection import Client
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.store.scripts import Scripts
 
 TRIM_EVERY_S = 5.0
 """How often a worker trims each of its queues' DLQs to their rule."""

@@ -21,12 +21,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import redact
-from ..connection import Client
-from ..keys import QueueKeys
-from ..scripts import Scripts
-from .browse import check_positive
-from .entries import DeadJob, decode_entry, format_id, id_of, parse_id
+from chasqui_core.engine.jobs import redact
+from chasqui_core.engine.store.connection import Client
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.dlq.browse import check_positive
+from chasqui_core.engine.dlq.entries import DeadJob, decode_entry, format_id, id_of, parse_id
 
 CHUNK = 2000
 """Entries one script call reads: about 7 ms of Redis time on a small host (3.5 µs an entry).

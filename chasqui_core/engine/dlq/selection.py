@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from .browse import DLQReader
-from .entries import MAX_PART, DeadJob, Row, StreamId, decode_entry, format_id, id_after, id_of
-from .filter import DLQFilter
-from .index import has_dimensions
+from chasqui_core.engine.dlq.browse import DLQReader
+from chasqui_core.engine.dlq.entries import MAX_PART, DeadJob, Row, StreamId, decode_entry, format_id, id_after, id_of
+from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.index import has_dimensions
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,15 +25,15 @@ from django.tasks import task_backends
 
 from chasqui_core.backend import ChasquiBackend
 from chasqui_core.conf import chasqui_settings
-from chasqui_core.engine.backoff import coerce_backoff
-from chasqui_core.engine.connection import check as check_redis
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.jobs.backoff import coerce_backoff
+from chasqui_core.engine.store.connection import check as check_redis
+from chasqui_core.engine.store.connection import connect
 from chasqui_core.engine.dlq import retention
-from chasqui_core.engine.errors import InvalidQueueName, RedisConfigError
-from chasqui_core.engine.keys import validate_queue_name
-from chasqui_core.engine.recovery import record_death
-from chasqui_core.engine.retry import RetryPolicy
-from chasqui_core.engine.worker import Worker
+from chasqui_core.engine.jobs.errors import InvalidQueueName, RedisConfigError
+from chasqui_core.engine.store.keys import validate_queue_name
+from chasqui_core.engine.recovery.reclaim import record_death
+from chasqui_core.engine.settle.retry import RetryPolicy
+from chasqui_core.engine.worker.worker import Worker
 from chasqui_core.outbox import OutboxRelay
 from chasqui_core.schedules import configured as configured_schedules
 from chasqui_core.schedules import afire as fire_schedule

@@ -31,7 +31,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chasqui_core.engine.embedded import EmbeddedValkey
+from chasqui_core.engine.store.embedded import EmbeddedValkey
 from chasqui_core.supervisor import STOPPED_EXIT_CODE
 
 POLL_INTERVAL = 0.2

@@ -12,7 +12,7 @@ import os
 
 from django.tasks import task
 
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.store.connection import connect
 from tests.dashboard.e2e_app import GATEWAY_DOWN, QUEUE
 
 _client = None

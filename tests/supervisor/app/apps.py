@@ -26,6 +26,6 @@ class SupervisorTestsConfig(AppConfig):
             os._exit(3)
         began = time.time()
         time.sleep(float(what))
-        from chasqui_core.engine.connection import connect
+        from chasqui_core.engine.store.connection import connect
 
         connect(os.environ["REDIS_URL"]).rpush(STARTS, f"{os.getpid()}:{began}:{time.time()}")

@@ -8,7 +8,7 @@ import time
 
 from django.tasks import task
 
-from chasqui_core.engine.connection import connect
+from chasqui_core.engine.store.connection import connect
 from tests.supervisor.app import DONE, HANG_TIMEOUT, HUNG, QUEUE, STARTED, TICKS
 
 _client = None

@@ -1,0 +1,537 @@
+"""Find one job by its id, in whatever state it is: waiting, running, delayed, dead or finished.
+
+Redis keeps no index from a job id to where the job is (but for dead jobs:
+the DLQ's index, and for delayed jobs: their marks), and the scripts that
+move jobs about are the worker's, so this module searches, cheapest places
+first, and stops where it finds the job:
+
+1. One pipelined round trip over every queue: the workers' heartbeats (each
+   lists the jobs it runs), the ``result:<id>`` record (when result storage
+   is on), the ``unique:<id>`` marker of caller-given ids and the
+   ``djob:<id>`` mark of a delayed job, and the queue's priority bands. A
+   result or a marker names the job's queue, and the rest of the search
+   keeps to it.
+2. The delayed set at the score the job's mark holds (``delayed.by_mark``):
+   every script that adds to the set writes the mark with it, and it is not
+   removed when the job leaves, so the members of that score are read to
+   check it (one call, even when a million share it). A delayed job
+   is found here; a mark the set does not bear out means the job left it,
+   and the set is not scanned for it.
+3. The stream, near the job's creation: a job id that is a ULID starts with
+   the millisecond it was made, and a job added at once got a stream id of
+   about that millisecond (server clock). Entries are read outwards from
+   there, forwards and backwards at once, ``CHUNK`` at a time.
+4. The delayed set of a queue holding no mark of the job (a job delayed
+   before marks were written has none): members are envelopes holding the id
+   verbatim, so ``ZSCAN MATCH *<id>*`` filters on the server (about 0.7 µs a
+   member).
+5. The dead-letter stream. Its index (``dlq/index.py``) maps job ids to
+   entries; it is read in the first round trip, and a job it names (and no
+   worker runs, and no mark shows in the delayed set) is returned as dead
+   before any stream or set is scanned: one more round trip. When the index is ready and does not name
+   the job, the DLQ is not scanned. Otherwise (an index being rebuilt): its entries carry a
+   ``job_id`` field. A job dies
+   after it is made, so for a ULID nothing older than its creation (less
+   ``CLOCK_SKEW_MS``) is read; the rest is read from both ends at once, from
+   just before its creation forwards and from the newest backwards, since a
+   job dies either soon after it was made or not long ago.
+6. The rest of the stream (a job promoted from the delayed set, retried,
+   replayed or put back gets a later entry), from both ends.
+
+Every scan stops after ``scan_limit`` entries per place; the answer says what
+was read, so a miss after a cut-short scan is reported as such, never as
+"does not exist". Reading a stream costs about 2 µs an entry on the client
+(a Lua scan on the server measured slower, and would block it meanwhile).
+"The stream" is each of the queue's streams in turn, its own first, then its
+priority bands' (priority.py): the same search, per stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import msgpack
+
+from chasqui_core.engine.store.connection import Client
+from chasqui_core.engine.timing.delayed import _glob_escape, by_mark
+from chasqui_core.engine.dlq.entries import DeadJob, decode_entry
+from chasqui_core.engine.dlq.index import DLQIndex, IndexKeys
+from chasqui_core.engine.jobs.envelope import DecodeError, Job, decode
+from chasqui_core.engine.store.keys import BANDS, GROUP, QueueKeys
+from chasqui_core.engine.jobs.progress import Progress
+from chasqui_core.engine.jobs.progress import decode as decode_progress
+from chasqui_core.engine.jobs.results import decode_result
+from chasqui_core.engine.ops.stats import _decode_worker, add_clock_read, server_ms
+
+State = Literal["waiting", "running", "delayed", "dead", "finished"]
+
+CHUNK = 1000
+"""Entries read per round trip while scanning a stream."""
+
+NEAR = 4_000
+"""Entries read around a ULID's millisecond before the stream is searched more widely."""
+
+CLOCK_SKEW_MS = 60_000
+"""How far a producer's clock may run ahead of the server's: the lower bound of a ULID job's entries."""
+
+NEAR_SKEW_MS = 2_000
+"""The usual bound on a producer clock's lead: the wide scans read from here first, the rest of the margin last."""
+
+ZSCAN_COUNT = 10_000
+"""Members the server checks per ZSCAN call (about 10 ms at most of its time)."""
+
+_CROCKFORD = {c: i for i, c in enumerate("0123456789ABCDEFGHJKMNPQRSTVWXYZ")}
+_FINISHED = ("SUCCESSFUL", "FAILED")
+
+
+def ulid_ms(job_id: str) -> int | None:
+    """The creation time (epoch ms) in a ULID job id; None for any other id."""
+    if len(job_id) != 26:
+        return None
+    ms = 0
+    for ch in job_id.upper():
+        value = _CROCKFORD.get(ch)
+        if value is None:
+            return None
+        ms = ms * 32 + value
+    ms >>= 80
+    return ms if ms < 2**48 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """A worker that was running the job at its last heartbeat."""
+
+    worker: str
+    started_at_ms: int
+    stale: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobLookup:
+    """Where a job is, and what was read to find out.
+
+    ``state`` is None when the job was found nowhere; ``complete`` then says
+    whether every place was read to its end (a definite "not there") or a
+    scan was cut short at ``scan_limit``.
+    """
+
+    job_id: str
+    state: State | None
+    queue: str | None = None
+    job: Job | None = None
+    """The envelope, when the job was found in a stream, the delayed set or the DLQ."""
+    stream_entry: str | None = None
+    delivered_to: str | None = None
+    """The consumer (worker) holding the stream entry, when it was delivered and not settled yet."""
+    deliveries: int = 0
+    running: Running | None = None
+    run_at_ms: int | None = None
+    """When a delayed job is due (server clock)."""
+    dead: DeadJob | None = None
+    result: dict[str, Any] | None = None
+    """The stored outcome record (results.py), when result storage keeps one."""
+    created_ms: int | None = None
+    """The creation time read from a ULID id (producer clock)."""
+    scanned: int = 0
+    """Entries and members read in all."""
+    complete: bool = True
+    searched: tuple[str, ...] = ()
+    """What was read, in words, place by place."""
+    cancel_requested_ms: int | None = None
+    """When a cancel of the job was asked for, while the request is on record (cancel.py; see ``watching``)."""
+    progress: Progress | None = None
+    """The latest progress the job reported (progress.py; see ``watching``)."""
+
+    @property
+    def found(self) -> bool:
+        return self.state is not None
+
+
+@dataclass
+class _Search:
+    client: Client
+    job_id: str
+    scan_limit: int
+    zscan_limit: int
+    created_ms: int | None
+    scanned: int = 0
+    complete: bool = True
+    cut_short: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: int = 200_000,
+             zscan_limit: int = 1_000_000) -> JobLookup:
+    """Look for ``job_id`` in every one of ``queues``; see the module's docstring for the order.
+
+    ``scan_limit`` bounds the entries read in each stream and DLQ of each
+    queue searched; ``zscan_limit`` the members checked in each delayed set,
+    which the server matches itself, about three times as fast as a stream is
+    read.
+    """
+    if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
+        raise ValueError("job_id must be a non-empty string of at most 200 characters")
+    if isinstance(scan_limit, bool) or not isinstance(scan_limit, int) or scan_limit < 1:
+        raise ValueError(f"scan_limit must be a whole number of 1 or more, got {scan_limit!r}")
+    if isinstance(zscan_limit, bool) or not isinstance(zscan_limit, int) or zscan_limit < 1:
+        raise ValueError(f"zscan_limit must be a whole number of 1 or more, got {zscan_limit!r}")
+    search = _Search(client, job_id, scan_limit, zscan_limit, ulid_ms(job_id))
+    all_keys = [QueueKeys.for_queue(q) for q in queues]
+    if not all_keys:
+        return _done(search, None, JobLookup(job_id, None))
+
+    # 1. heartbeats, result records, unique markers: one round trip
+    pipe = client.pipeline(transaction=False)
+    add_clock_read(pipe, all_keys[0].workers)
+    for k in all_keys:
+        pipe.hgetall(k.workers)
+        pipe.get(k.result + job_id)
+        pipe.exists(k.unique + job_id)
+        pipe.hget(IndexKeys.for_queue(k).jobs, job_id)
+        pipe.get(k.delayed_mark(job_id))
+        pipe.smembers(k.bands)
+        pipe.get(k.replay_mark(job_id))
+    replies = pipe.execute()
+    now = server_ms(replies[0])
+    running: dict[str, Running] = {}
+    results: dict[str, dict[str, Any]] = {}
+    marked: list[str] = []
+    indexed: dict[str, bytes] = {}
+    marks: dict[str, bytes] = {}
+    replayed: dict[str, bytes] = {}
+    streams: dict[str, list[QueueKeys]] = {}
+    """Each queue's streams, its own first, then its priority bands' (high, low)."""
+    for i, k in enumerate(all_keys):
+        beats, blob, unique, dead_entry, mark, bands, replayed_to = replies[1 + 7 * i: 8 + 7 * i]
+        if replayed_to is not None:
+            replayed[k.queue] = replayed_to
+        streams[k.queue] = sorted(k.band_keys(b.decode() if isinstance(b, bytes) else b for b in bands),
+                                  key=lambda band: band.band != "")
+        if dead_entry is not None:
+            indexed[k.queue] = dead_entry
+        if mark is not None:
+            marks[k.queue] = mark
+        for raw in beats.values():
+            info = _decode_worker(raw, now, 10_000)
+            if info is None:
+                continue
+            for cur in info.current:
+                if cur.job_id == job_id and (k.queue not in running or not info.stale):
+                    running[k.queue] = Running(info.id, cur.started_at_ms, info.stale)
+        if blob is not None:
+            with contextlib.suppress(ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+                results[k.queue] = decode_result(blob)  # a record not written by Chasqui is no result
+        if unique:
+            marked.append(k.queue)
+    search.note(f"heartbeats, result records, id markers and delayed marks of {_queues(all_keys)}")
+    owners = list(dict.fromkeys([*running, *results, *marked]))
+    if owners:  # the job is known to belong there: search no other queue
+        all_keys = [k for k in all_keys if k.queue in owners]
+
+    finished = next(((q, r) for q, r in results.items() if r.get("status") in _FINISHED), None)
+    if finished is not None and finished[1].get("status") == "SUCCESSFUL" and not running:
+        return _done(search, finished[1], JobLookup(job_id, "finished", queue=finished[0]))
+
+    # 2. the delayed set at the score a mark names
+    unmarked = []
+    for k in all_keys:
+        if k.queue not in marks:
+            unmarked.append(k)
+            continue
+        at_mark = by_mark(client, k, job_id, marks[k.queue])
+        if at_mark is None:  # cannot tell: the set is scanned in its turn
+            unmarked.append(k)
+        elif at_mark is not False:
+            _, job, score = at_mark
+            search.note(f"the delayed set of {k.queue} at the job's mark: found")
+            return _done(search, results.get(k.queue), JobLookup(job_id, "delayed", queue=k.queue,
+                                                                 job=job, run_at_ms=int(score)))
+        else:
+            search.note(f"the delayed set of {k.queue} at the job's mark: not there (it left the set)")
+
+    # the DLQ's index names the job's entry (read in the first round trip): no stream, delayed set or DLQ is scanned
+    if not running:
+        for k in all_keys:
+            if k.queue in indexed:
+                eid = indexed[k.queue]
+                rows = search.client.xrange(k.dlq, eid, eid, count=1)
+                if rows:
+                    entry = decode_entry(k.queue, *rows[0])
+                    search.note(f"the dead-letter index of {k.queue}: found")
+                    return _done(search, results.get(k.queue), JobLookup(job_id, "dead", queue=k.queue,
+                                                                         job=entry.job, dead=entry))
+
+    # the stream entry a replay gave the job, when its mark is there: checked, not trusted
+    for k in all_keys:
+        if k.queue in replayed:
+            band_name, _, new_entry = replayed[k.queue].decode().partition(" ")
+            if band_name not in BANDS:
+                continue
+            where = k.in_band(band_name)
+            rows = client.xrange(where.stream, new_entry, new_entry, count=1) if new_entry else []
+            hit = _match_stream(search, rows)
+            if hit is not None:
+                search.note(f"the stream of {_stream_name(where)} at the entry its replay gave it: found")
+                return _done(search, results.get(k.queue), _in_stream(search, where, *hit, running.get(k.queue)))
+            search.note(f"the stream of {_stream_name(where)} at the entry its replay gave it: gone (it ran since)")
+
+    # 3. the stream near the job's creation
+    if search.created_ms is not None:
+        for k in all_keys:
+            for band in streams[k.queue]:
+                hit = _stream_near(search, band, search.created_ms)
+                if hit is not None:
+                    return _done(search, results.get(k.queue), _in_stream(search, band, *hit, running.get(k.queue)))
+
+    # 4. the delayed sets holding no mark of the job
+    for k in unmarked:
+        delayed = _delayed(search, k)
+        if delayed is not None:
+            job, score = delayed
+            return _done(search, results.get(k.queue), JobLookup(job_id, "delayed", queue=k.queue, job=job,
+                                                                 run_at_ms=score))
+
+    # a job a worker runs but whose entry was not near its creation: say so before the wider scans
+    if running:
+        queue, run = next(iter(running.items()))
+        for band in streams[queue]:
+            hit = _stream_wide(search, band)
+            if hit is not None:
+                return _done(search, results.get(queue), _in_stream(search, band, *hit, run))
+        return _done(search, results.get(queue), JobLookup(job_id, "running", queue=queue, running=run))
+
+    # 5. the dead-letter queue
+    for k in all_keys:
+        dead = _dead(search, k)
+        if dead is not None:
+            return _done(search, results.get(k.queue), JobLookup(job_id, "dead", queue=k.queue, job=dead.job,
+                                                                 dead=dead))
+    if finished is not None:
+        return _done(search, finished[1], JobLookup(job_id, "finished", queue=finished[0]))
+
+    # 6. the rest of the stream
+    for k in all_keys:
+        for band in streams[k.queue]:
+            hit = _stream_wide(search, band)
+            if hit is not None:
+                return _done(search, results.get(k.queue), _in_stream(search, band, *hit, None))
+    owner = owners[0] if owners else None
+    return _done(search, results.get(owner) if owner else None, JobLookup(job_id, None, queue=owner))
+
+
+def _done(search: _Search, result: dict[str, Any] | None, found: JobLookup) -> JobLookup:
+    return JobLookup(
+        found.job_id, found.state, found.queue, found.job, found.stream_entry, found.delivered_to,
+        found.deliveries, found.running, found.run_at_ms, found.dead, result, search.created_ms, search.scanned,
+        search.complete, tuple(search.notes),
+    )
+
+
+def _queues(keys: Sequence[QueueKeys]) -> str:
+    names = [k.queue for k in keys]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return f"queue{'s' if len(names) != 1 else ''} {shown}"
+
+
+def _needle(job_id: str) -> bytes:
+    """The id as an envelope packs it: a payload without these bytes is not the job's."""
+    packed: bytes = msgpack.packb(job_id)
+    return packed
+
+
+def _match_stream(search: _Search, rows: list[tuple[bytes, dict[bytes, bytes]]]) -> tuple[bytes, Job] | None:
+    needle = _needle(search.job_id)
+    for eid, fields in rows:
+        payload = fields.get(b"j", b"")
+        if needle in payload:
+            try:
+                job = decode(payload)
+            except DecodeError:
+                continue
+            if job.id == search.job_id:
+                return eid, job
+    return None
+
+
+def _two_ends(search: _Search, key: str, fwd_from: str, rev_from: str, low: str, budget: int, *,
+              converge: bool) -> Iterator[list[tuple[bytes, dict[bytes, bytes]]]]:
+    """Chunks read forwards from ``fwd_from`` and backwards from ``rev_from`` (down to ``low``), one pipelined
+    round trip per pair, until both ends run out or ``budget`` entries were read; ``converge``: the two reads
+    head towards each other and stop where they meet. Sets ``search.cut_short`` when the budget stopped it."""
+    fwd: str | None = fwd_from
+    rev: str | None = rev_from
+    fwd_seen: tuple[int, int] | None = None  # the newest id read forwards
+    rev_seen: tuple[int, int] | None = None  # the oldest id read backwards
+    read = 0
+    search.cut_short = False
+    while fwd is not None or rev is not None:
+        if read >= budget:
+            search.cut_short = True
+            return
+        count = max(1, min(CHUNK, (budget - read) // (2 if fwd is not None and rev is not None else 1)))
+        pipe = search.client.pipeline(transaction=False)
+        if fwd is not None:
+            pipe.xrange(key, fwd, "+", count=count)
+        if rev is not None:
+            pipe.xrevrange(key, rev, low, count=count)
+        replies = pipe.execute()
+        forward = replies.pop(0) if fwd is not None else None
+        backward = replies.pop(0) if rev is not None else None
+        for rows, forwards in ((forward, True), (backward, False)):
+            if rows is None:
+                continue
+            full = len(rows) == count
+            if converge and rows:
+                seen = rev_seen if forwards else fwd_seen
+                if seen is not None:
+                    rows = [r for r in rows if (_sid(r[0]) < seen if forwards else _sid(r[0]) > seen)]
+                    full = False if len(rows) < count else full
+            read += len(rows)
+            search.scanned += len(rows)
+            if rows:
+                yield rows
+            nxt = "(" + rows[-1][0].decode() if full and rows else None
+            if forwards:
+                fwd_seen = _sid(rows[-1][0]) if rows else fwd_seen
+                fwd = nxt
+            else:
+                rev_seen = _sid(rows[-1][0]) if rows else rev_seen
+                rev = nxt
+        if converge and fwd_seen is not None and rev_seen is not None and fwd_seen >= rev_seen:
+            return
+
+
+def _sid(raw: bytes) -> tuple[int, int]:
+    ms, _, seq = raw.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
+def _stream_near(search: _Search, k: QueueKeys, created: int) -> tuple[bytes, Job] | None:
+    low = max(0, created - CLOCK_SKEW_MS)
+    budget = min(NEAR, search.scan_limit)
+    before = search.scanned
+    for rows in _two_ends(search, k.stream, f"{created}-0", f"({created}-0", f"{low}-0", budget, converge=False):
+        hit = _match_stream(search, rows)
+        if hit is not None:
+            search.note(f"the stream of {_stream_name(k)} around the id's time: found")
+            return hit
+    search.note(f"the stream of {_stream_name(k)}: {search.scanned - before:,} entries around the id's time")
+    return None
+
+
+def _stream_name(k: QueueKeys) -> str:
+    """A queue's stream as the notes name it: the queue, or the queue and its priority band."""
+    return f"{k.queue} ({k.band} priority)" if k.band else k.queue
+
+
+def _wide(search: _Search, key: str) -> Iterator[list[tuple[bytes, dict[bytes, bytes]]]]:
+    """Every entry of a stream the job may be in, within ``scan_limit``: for a ULID, first from a moment
+    before its creation forwards and from the newest entry backwards, then the rest of the clock-skew margin."""
+    if search.created_ms is None:
+        yield from _two_ends(search, key, "-", "+", "-", search.scan_limit, converge=True)
+        return
+    near, low = max(0, search.created_ms - NEAR_SKEW_MS), max(0, search.created_ms - CLOCK_SKEW_MS)
+    start = search.scanned
+    yield from _two_ends(search, key, f"{near}-0", "+", f"{near}-0", search.scan_limit, converge=True)
+    if not search.cut_short and near > low:
+        budget = search.scan_limit - (search.scanned - start)
+        yield from _two_ends(search, key, f"{low}-0", f"({near}-0", f"{low}-0", budget, converge=True)
+
+
+def _stream_wide(search: _Search, k: QueueKeys) -> tuple[bytes, Job] | None:
+    before = search.scanned
+    for rows in _wide(search, k.stream):
+        hit = _match_stream(search, rows)
+        if hit is not None:
+            search.note(f"the whole stream of {_stream_name(k)}: found")
+            return hit
+    search.complete = search.complete and not search.cut_short
+    search.note(f"the whole stream of {_stream_name(k)}: {search.scanned - before:,} entries"
+                + (f" (stopped at the limit of {search.scan_limit:,})" if search.cut_short else ""))
+    return None
+
+
+def _in_stream(search: _Search, k: QueueKeys, eid: bytes, job: Job, run: Running | None) -> JobLookup:
+    """A stream hit is waiting, or running when the consumer group delivered it and has not settled it."""
+    entry = eid.decode()
+    consumer, deliveries = None, 0
+    try:
+        pending = search.client.xpending_range(k.stream, GROUP, min=entry, max=entry, count=1)
+    except Exception:  # no consumer group yet: nothing was ever delivered  # noqa: BLE001
+        pending = []
+    if pending:
+        name = pending[0]["consumer"]
+        consumer = name.decode() if isinstance(name, bytes) else str(name)
+        deliveries = int(pending[0]["times_delivered"])
+    state: State = "running" if consumer is not None or run is not None else "waiting"
+    return JobLookup(search.job_id, state, queue=k.queue, job=job, stream_entry=entry, delivered_to=consumer,
+                     deliveries=deliveries, running=run)
+
+
+def _delayed(search: _Search, k: QueueKeys) -> tuple[Job, int] | None:
+    pattern = b"*" + _glob_escape(search.job_id) + b"*"
+    cursor, read = 0, 0
+    size = int(search.client.zcard(k.delayed))
+    while True:
+        cursor, rows = search.client.zscan(k.delayed, cursor, match=pattern, count=ZSCAN_COUNT)
+        read += ZSCAN_COUNT
+        for member, score in rows:
+            try:
+                job = decode(member)
+            except DecodeError:
+                continue
+            if job.id == search.job_id:
+                search.scanned += min(read, size)
+                search.note(f"the delayed set of {k.queue}: found")
+                return job, int(score)
+        if cursor == 0:
+            break
+        if read >= search.zscan_limit:
+            search.complete = False
+            break
+    search.scanned += min(read, size)
+    search.note(f"the delayed set of {k.queue}: {min(read, size):,} of {size:,} members"
+                + ("" if cursor == 0 else f" (stopped at the limit of {search.zscan_limit:,})"))
+    return None
+
+
+def _dead(search: _Search, k: QueueKeys) -> DeadJob | None:
+    if DLQIndex(search.client, k.queue).state().ready:  # it would have named the entry
+        search.note(f"the dead-letter index of {k.queue}: not there")
+        return None
+    wanted = search.job_id.encode()
+    before = search.scanned
+    for rows in _wide(search, k.dlq):
+        for eid, fields in rows:
+            stored = fields.get(b"job_id")
+            if stored == wanted or (not stored and _needle(search.job_id) in fields.get(b"j", b"")):
+                dead = decode_entry(k.queue, eid, fields)
+                if dead.job_id == search.job_id:
+                    search.note(f"the dead-letter queue of {k.queue}: found")
+                    return dead
+    since = " made since the job was" if search.created_ms is not None else ""
+    search.complete = search.complete and not search.cut_short
+    search.note(f"the dead-letter queue of {k.queue}: {search.scanned - before:,} entries{since}"
+                + (f" (stopped at the limit of {search.scan_limit:,})" if search.cut_short else ""))
+    return None
+
+
+def watching(client: Client, found: JobLookup) -> JobLookup:
+    """The lookup with what people watching a job want besides its state: the progress it reported and
+    whether a cancel is pending. One round trip; for a job found in a queue."""
+    if found.queue is None:
+        return found
+    keys = QueueKeys.for_queue(found.queue)
+    pipe = client.pipeline(transaction=False)
+    pipe.hget(keys.cancel, found.job_id)
+    pipe.get(keys.progress + found.job_id)
+    asked, reported = pipe.execute()
+    return replace(found, cancel_requested_ms=int(asked) if asked is not None else None,
+                   progress=decode_progress(reported))

@@ -1,0 +1,587 @@
+"""The producer side: put jobs on a queue.
+
+Every add runs ``enqueue.lua``: ``Queue.add`` is one call for one job,
+``Queue.add_bulk`` one call per chunk, so that ready and delayed jobs,
+caller-given ids, the enqueued counter and the lane that makes a re-sent write
+harmless (see ``link.py``) are handled in the same atomic call. A write that
+meets a restarting or failing-over server is retried for ``retry_for``
+seconds, then ``EnqueueUnavailable`` is raised; a retry never adds a job twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+import hiredis
+import msgpack
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+
+from chasqui_core.engine.ops import cancel
+from chasqui_core.engine.timing import delayed
+from chasqui_core.engine.jobs import job_ids
+from chasqui_core.engine.jobs.backoff import BackoffSpec, coerce_backoff
+from chasqui_core.engine.store.connection import (aconnect, ais_cluster, connect, is_cluster_client, server_of,
+                                                  undetected, url_of)
+from chasqui_core.engine.jobs.envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
+from chasqui_core.engine.jobs.errors import EnqueueUnavailable
+from chasqui_core.engine.jobs.idempotency import DEFAULT_TTL, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, check_key, check_ttl
+from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
+from chasqui_core.engine.producer.link import Lane, Link, Retrier, unavailable
+from chasqui_core.engine.store.scripts import Scripts, source
+from chasqui_core.engine.worker.limits import LIMIT_KEY_META
+from chasqui_core.engine.jobs.priority import PRIORITY_META, band_of, check_priority
+from chasqui_core.engine.jobs.registry import TIMEOUT_META, check_timeout
+from chasqui_core.engine.jobs.signing import SIGNATURE, Signer
+
+DEFAULT_UNIQUE_TTL_MS = 24 * 3600 * 1000
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+DEFAULT_CHUNK_SIZE = 1000
+DEFAULT_RETRY_FOR = 5.0
+"""Seconds a producer keeps retrying an add while Redis is unavailable (a restart, a failover)."""
+LANE_TTL_MS = 600_000
+"""How long a lane remembers its last write: far longer than any write stays in doubt."""
+
+_ENQUEUE_SHA = hashlib.sha1(source("enqueue").encode()).hexdigest()
+_pack_command: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
+_LOAD_ENQUEUE = _pack_command(("SCRIPT", "LOAD", source("enqueue")))
+_EMPTY_BULK = b"$0\r\n\r\n"
+
+
+_pack_items = msgpack.Packer(use_bin_type=False).pack
+_RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, TIMEOUT_META, LIMIT_KEY_META, PRIORITY_META})
+
+
+class PayloadTooLarge(ValueError):
+    """An encoded job is bigger than the queue accepts."""
+
+
+@dataclass(slots=True)
+class JobSpec:
+    """One job for ``add_bulk``; the same options as ``Queue.add``."""
+
+    task: str
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    job_id: str | None = None
+    delay: timedelta | int | float | None = None
+    run_at: datetime | None = None
+    attempts: int | None = None
+    backoff: BackoffSpec | int | dict[str, Any] | str | None = None
+    result_ttl: int = 0
+    meta: Mapping[str, Any] | None = None
+    idempotency_key: str | bool | None = None
+    """Guards execution: a job whose key already completed (within its TTL) is acknowledged, not run.
+    True uses the job's id. See idempotency.py."""
+    idempotency_ttl: int | None = None
+    """Seconds the completed key is remembered; None: the queue's ``idempotency_ttl``."""
+    timeout: float | None = None
+    """Seconds a run of this job may take, over its task's and the worker's timeout; None: theirs."""
+    limit_key: str | None = None
+    """The bucket this job takes in its keyed rate and concurrency limits, over the value of their ``key``
+    argument (see limits.py)."""
+    priority: int = 0
+    """-100 to 100, higher first: above 0 the queue's high band, below 0 its low band (priority.py)."""
+
+
+class Enqueued(NamedTuple):
+    """What became of one added job (a named tuple: bulk adds make one per job)."""
+
+    job_id: str
+    queue: str
+    entry_id: str | None
+    """Stream entry id when the job is ready now; None when delayed or a duplicate."""
+    delayed: bool = False
+    duplicate: bool = False
+    """True when a job with the same caller-given id was added within the idempotency window."""
+
+
+class BuiltJob(NamedTuple):
+    """A job validated and encoded by ``Queue.build``, ready to send (now, or on commit)."""
+
+    idempotency_key: str
+    """The caller-given job id ("" when the queue chose one): repeats within the window add nothing."""
+    when: str
+    """Empty to run now; else ``+<delay ms>``, or ``@<epoch ms>`` for a due time."""
+    payload: bytes
+    job_id: str
+
+
+def _when(delay: timedelta | int | float | None, run_at: datetime | None) -> str:
+    if delay is not None and run_at is not None:
+        raise ValueError("Give either delay= or run_at=, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise TypeError(f"run_at must be a datetime, not {type(run_at).__name__}")
+        if run_at.tzinfo is None:
+            raise ValueError("run_at must be a timezone-aware datetime")
+        return "@" + str(int(run_at.timestamp() * 1000))
+    if delay is None:
+        return ""
+    if isinstance(delay, timedelta):
+        ms = delay.total_seconds() * 1000
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        ms = float(delay)
+    else:
+        raise TypeError(f"delay must be a timedelta or a number of milliseconds, not {type(delay).__name__}")
+    if ms != ms or ms < 0:
+        raise ValueError(f"delay must be 0 or more, got {delay!r}")
+    return "+" + str(int(ms)) if ms > 0 else ""
+
+
+class Queue:
+    """A named queue on one Redis server.
+
+    Pass a redis-py client (sync) or a URL; an asyncio twin is created on the
+    first ``a``-prefixed call, because asyncio clients belong to one loop.
+    With ``signing_key`` every job is signed (see signing.py): workers given
+    that key among their ``signing_keys`` run only signed jobs.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        redis_client: redis.Redis | None = None,
+        url: str | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        unique_ttl_ms: int = DEFAULT_UNIQUE_TTL_MS,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        retry_for: float = DEFAULT_RETRY_FOR,
+        signing_key: bytes | str | None = None,
+        idempotency_ttl: int = DEFAULT_TTL,
+    ) -> None:
+        if isinstance(retry_for, bool) or not isinstance(retry_for, (int, float)) or not 0 <= retry_for <= 3600:
+            raise ValueError(f"retry_for must be a number of seconds from 0 to 3600, got {retry_for!r}")
+        if signing_key is not None and (not isinstance(signing_key, (str, bytes)) or not signing_key):
+            raise ValueError(f"signing_key must be a non-empty string or bytes (or None: jobs are not signed), "
+                             f"got {type(signing_key).__name__}")
+        self.keys = QueueKeys.for_queue(name)
+        self.name = name
+        self._url = url
+        self._aredis: aredis.Redis | None = None
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._ascripts: Scripts | None = None
+        self.max_payload_bytes = max_payload_bytes
+        self.unique_ttl_ms = unique_ttl_ms
+        self.chunk_size = chunk_size
+        self.retry_for = float(retry_for)
+        self._signer = Signer([signing_key]) if signing_key is not None else None
+        self.idempotency_ttl = check_ttl(idempotency_ttl)
+        self._registered = False
+        self._links: list[Link] = []
+        self._alanes: list[Lane] = []
+        self._use(redis_client if redis_client is not None else connect(url))
+
+    def _use(self, client: Any) -> None:
+        """Send through ``client`` from now on (made anew once a server that did not answer at first does)."""
+        self.redis = client
+        self._scripts = Scripts(client)
+        self._cluster = is_cluster_client(client)
+        # on a cluster the registry lives in a slot of its own, likely on another node than the queue
+        self._register_cmd = b"" if self._cluster else _pack_command(("SADD", QUEUES_REGISTRY, self.name))
+        self._owned_undetected = self._url is not None and undetected(client)
+
+    # --- building jobs ------------------------------------------------------
+
+    def build(self, spec: JobSpec) -> BuiltJob:
+        """Validate and encode one job.
+
+        This runs once per job on the producer's hot path, so the common case
+        (no options) skips straight to packing.
+        """
+        task = spec.task
+        if type(task) is not str or not task:
+            raise ValueError("A job needs a task name (a non-empty string)")
+        args = list(spec.args)
+        kwargs = spec.kwargs if type(spec.kwargs) is dict else dict(spec.kwargs)
+        check_json_types(args, "args")
+        if kwargs:
+            check_json_types(kwargs, "kwargs")
+        attempts = spec.attempts
+        if attempts is not None and (type(attempts) is not int or attempts < 1):
+            raise ValueError(f"attempts must be a whole number of 1 or more, got {attempts!r}")
+        backoff = spec.backoff
+        if backoff is not None:
+            backoff = coerce_backoff(backoff).to_dict()  # type: ignore[union-attr]
+        job_id = spec.job_id
+        if job_id is not None:
+            job_ids.check(job_id)
+        when = "" if spec.delay is None and spec.run_at is None else _when(spec.delay, spec.run_at)
+        result_ttl = spec.result_ttl
+        if type(result_ttl) is not int or not 0 <= result_ttl <= MAX_RESULT_TTL:
+            raise ValueError(f"result_ttl must be a whole number of seconds from 0 to {MAX_RESULT_TTL}, "
+                             f"got {result_ttl!r}")
+        meta = dict(spec.meta) if spec.meta else {}
+        if meta:
+            check_json_types(meta, "meta")
+            if not _RESERVED_META.isdisjoint(meta):
+                raise ValueError(f"meta keys {', '.join(sorted(_RESERVED_META))} are the queue's own; "
+                                 "pass idempotency_key=, idempotency_ttl=, timeout=, limit_key= and priority= instead")
+        jid = job_id or new_job_id()
+        key = spec.idempotency_key
+        if key is not None and key is not False:
+            key = meta[IDEMPOTENCY_KEY] = jid if key is True else check_key(key)
+            ttl = spec.idempotency_ttl
+            meta[IDEMPOTENCY_TTL] = self.idempotency_ttl if ttl is None else check_ttl(ttl)
+        else:
+            key = None
+            if spec.idempotency_ttl is not None:
+                raise ValueError("idempotency_ttl is only meaningful with an idempotency_key")
+        if spec.timeout is not None:
+            meta[TIMEOUT_META] = check_timeout(spec.timeout)
+        if spec.limit_key is not None:
+            if type(spec.limit_key) is not str or not 0 < len(spec.limit_key) <= 200:
+                raise ValueError(f"limit_key must be a non-empty string of at most 200 characters, "
+                                 f"got {spec.limit_key!r}")
+            meta[LIMIT_KEY_META] = spec.limit_key
+        if spec.priority or type(spec.priority) is not int:
+            band = band_of(check_priority(spec.priority))
+            meta[PRIORITY_META] = spec.priority
+            if not when:  # ready now: straight to the band's stream (delayed, the promoter reads the envelope)
+                when = "!" + band
+        created = now_ms()
+        if self._signer is not None:
+            meta[SIGNATURE] = self._signer.sign(jid, task, args, kwargs, created, key)
+        payload = pack_job(jid, task, args, kwargs, created, attempts, backoff, result_ttl, meta)
+        if len(payload) > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"Job for task {task!r} is {len(payload)} bytes once encoded; "
+                f"the queue accepts at most {self.max_payload_bytes} bytes. "
+                "Pass a reference (a row id, a file path) instead of the data."
+            )
+        return BuiltJob(job_id or "", when, payload, jid)
+
+    @staticmethod
+    def _items(built: list[Any]) -> bytes:
+        flat: list[Any] = []
+        for uid, when, payload, _ in built:
+            flat += (uid, when, payload)
+        # str type for every item: the scripting engine's msgpack reads raw strings
+        packed: bytes = _pack_items(flat)
+        return packed
+
+    def _results(self, built: list[Any], replies: list[Any]) -> list[Enqueued]:
+        name = self.name
+        out: list[Enqueued] = []
+        append = out.append
+        for (_, _, _, job_id), reply in zip(built, replies, strict=False):
+            if reply == 0:
+                append(Enqueued(job_id, name, None, False, True))
+            elif reply == b"delayed":
+                append(Enqueued(job_id, name, None, True, False))
+            else:
+                append(Enqueued(job_id, name, reply.decode(), False, False))
+        return out
+
+    def _chunks(self, jobs: Iterable[JobSpec]) -> Iterable[list[Any]]:
+        chunk: list[Any] = []
+        for spec in jobs:
+            chunk.append(self.build(spec))
+            if len(chunk) >= self.chunk_size:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    # --- sending ----------------------------------------------------------------
+
+    def _take_link(self) -> Link:
+        """A link no other write is using (one per thread that adds at the same time)."""
+        if self._owned_undetected:  # the server did not answer when this queue was made: is it a cluster?
+            client = connect(self._url)
+            if not undetected(client):
+                self.close()
+                self._use(client)
+        try:
+            link = self._links.pop()
+        except IndexError:
+            link = None
+        # a forked child never shares its parent's sockets; a link made for an earlier client is dropped
+        if link is None or link.pid != os.getpid() or link.client is not self.redis:
+            if link is not None:
+                self._links = []
+            k = self.keys
+            link = Link(self.redis, connect_timeout=min(5.0, max(1.0, self.retry_for)), key=k.stream)
+            # packed once per link; the last two arguments (sequence number, jobs) are added per write
+            link.cache["enqueue"] = _pack_command(
+                ("EVALSHA", _ENQUEUE_SHA, 3, k.stream, k.delayed, k.lane + link.lane, k.unique,
+                 self.unique_ttl_ms, k.metrics, LANE_TTL_MS, "", ""))[:-2 * len(_EMPTY_BULK)]
+        return link
+
+    def _request(self, link: Link, chunk: list[Any]) -> tuple[bytes, int]:
+        """Pack one write (its sequence number fixed now, for every try) and how many replies it gets."""
+        seq = link.next_seq().encode()
+        items = self._items(chunk)
+        packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (link.cache["enqueue"], len(seq), seq, len(items), items)
+        if self._registered or self._cluster:
+            return packed, 1
+        return self._register_cmd + packed, 2
+
+    def _start(self, link: Link, chunk: list[Any]) -> tuple[list[Any], bytes, int, BaseException | None]:
+        """Send one write without waiting for its reply (a bulk add builds the next chunk meanwhile)."""
+        packed, count = self._request(link, chunk)
+        try:
+            link.send(packed)
+        except Exception as exc:
+            if not unavailable(exc):
+                raise
+            return chunk, packed, count, exc  # not sent: _finish retries it
+        return chunk, packed, count, None
+
+    def _finish(self, link: Link, pending: tuple[list[Any], bytes, int, BaseException | None]) -> list[Enqueued]:
+        """Read the reply of a write started by ``_start``, retrying it while Redis is unavailable."""
+        chunk, packed, count, error = pending
+        retrier: Retrier | None = None
+        while True:
+            if error is None:
+                try:
+                    replies = self._receive(link, packed, count)
+                    if not self._registered:
+                        self._register()
+                    return self._results(chunk, replies[-1])
+                except Exception as exc:
+                    if not unavailable(exc):
+                        raise
+                    error = exc
+            retrier = retrier or Retrier(self.retry_for)
+            wait = retrier.pause(error, sent=getattr(error, "sent", True))
+            if wait is None:
+                raise self._unavailable(error, retrier, chunk, link.server) from error
+            time.sleep(wait)
+            link.follow(error)  # on a cluster: to the slot's master now
+            try:
+                link.send(packed)  # the same bytes: same lane, same sequence number
+                error = None
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                error = exc
+
+    def _register(self) -> None:
+        """Note the queue in the registry; on a cluster with a command of its own (another slot)."""
+        if self._cluster:
+            try:
+                self.redis.sadd(QUEUES_REGISTRY, self.name)
+            except Exception as exc:  # the jobs are in: the next add registers the queue
+                if not unavailable(exc):
+                    raise
+                return
+        self._registered = True
+
+    @staticmethod
+    def _receive(link: Link, packed: bytes, count: int) -> list[Any]:
+        try:
+            return link.receive(count)
+        except redis.ResponseError as exc:
+            if not isinstance(exc, redis.exceptions.NoScriptError) and not str(exc).startswith("NOSCRIPT"):
+                raise
+        # a restarted server has forgotten the script: load it and send again, one round trip
+        link.send(_LOAD_ENQUEUE + packed)
+        return link.receive(count + 1)[1:]
+
+    def _unavailable(self, cause: BaseException, retrier: Retrier, chunk: list[Any], server: str) -> EnqueueUnavailable:
+        jobs = f"{len(chunk)} jobs" if len(chunk) != 1 else f"job {chunk[0].job_id}"
+        fate = ("A write was sent before the connection broke, so they may have been added."
+                if retrier.maybe_run else "Nothing was added.")
+        return EnqueueUnavailable(
+            f"Could not add {jobs} to queue {self.name!r}: the Redis server at {server} was unavailable "
+            f"for {retrier.retry_for:g}s ({retrier.tries} tries; last error: {type(cause).__name__}: {cause}). "
+            f"{fate}",
+            server=server, cause=cause, job_ids=[b.job_id for b in chunk], maybe_added=retrier.maybe_run)
+
+    def _write_chunks(self, chunks: Iterable[list[Any]],
+                      meanwhile: Callable[[list[BuiltJob]], None] | None = None) -> list[Enqueued]:
+        """Send chunks on one link, one in flight: the next chunk is built while Redis runs the last.
+
+        ``meanwhile`` runs with each chunk as soon as it is sent (see ``add_built_many``).
+        """
+        out: list[Enqueued] = []
+        link = self._take_link()
+        pending = None
+        try:
+            try:
+                for chunk in chunks:
+                    if pending is not None:
+                        done, pending = pending, None
+                        out += self._finish(link, done)
+                    pending = self._start(link, chunk)
+                    if meanwhile is not None:
+                        meanwhile(chunk)
+            except BaseException:
+                if pending is not None:  # a later chunk failed to build: this one was sent, see it through
+                    done, pending = pending, None
+                    self._finish(link, done)
+                raise
+            if pending is not None:
+                done, pending = pending, None
+                out += self._finish(link, done)
+        except EnqueueUnavailable as exc:
+            exc.added = out
+            raise
+        finally:
+            self._links.append(link)
+        return out
+
+    def close(self) -> None:
+        """Close this queue's own connections (the client passed in stays open)."""
+        links, self._links = self._links, []
+        for link in links:
+            link.close()
+
+    # --- cancelling --------------------------------------------------------------
+
+    def cancel(self, job_id: str) -> cancel.CancelRequest:
+        """Ask for a job of this queue to be cancelled, whatever its state: waiting, delayed or running.
+
+        A waiting or delayed job never runs; a running async job is cancelled
+        within a second; a running sync job is told (``JobContext.cancelled``)
+        and given up after the worker's grace. Each ends in the dead-letter
+        queue with reason ``cancelled`` (see cancel.py). Asking again is harmless.
+        """
+        if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
+            raise ValueError("job_id must be a non-empty string of at most 200 characters")
+        found = delayed.find(self.redis, self.name, job_id)
+        return cancel.request(self.redis, self.name, job_id, found.member if found is not None else None)
+
+    # --- sync API -------------------------------------------------------------
+
+    def add(
+        self,
+        task: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Enqueued:
+        """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta, idempotency_key,
+        idempotency_ttl, timeout, limit_key, priority (see JobSpec)."""
+        return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
+
+    def add_built(self, built: BuiltJob) -> Enqueued:
+        """Send one job returned by ``build`` (validate now, send later: on commit, say)."""
+        link = self._take_link()
+        try:
+            return self._finish(link, self._start(link, [built]))[0]
+        finally:
+            self._links.append(link)
+
+    def add_built_many(self, built: Sequence[BuiltJob], *,
+                       meanwhile: Callable[[list[BuiltJob]], None] | None = None) -> list[Enqueued]:
+        """Send jobs returned by ``build``, one round trip per chunk of ``chunk_size``.
+
+        ``meanwhile(chunk)`` is called with each chunk once it is on its way
+        and before its reply is read, so work that does not wait for the
+        reply (the Django backend making its TaskResults) is done while the
+        server runs the chunk instead of before sending it. Should it raise,
+        the chunk in flight is still seen through (its jobs are added) and the
+        error is raised; later chunks are not sent.
+        """
+        size = self.chunk_size
+        return self._write_chunks((list(built[start:start + size]) for start in range(0, len(built), size)),
+                                  meanwhile)
+
+    def add_encoded(self, items: Sequence[tuple[str, str, bytes]]) -> list[Enqueued]:
+        """Add jobs encoded earlier by ``build``: (job id, when, payload) triples.
+
+        The job id doubles as the idempotency key, so sending the same job
+        twice (a relay retrying after a lost reply) adds it once.
+        """
+        size = self.chunk_size
+        return self._write_chunks(
+            [BuiltJob(job_id, when, payload, job_id) for job_id, when, payload in items[start:start + size]]
+            for start in range(0, len(items), size))
+
+    def add_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
+        """Add many jobs, one round trip per chunk of ``chunk_size``.
+
+        Every job of a chunk is validated before the chunk is sent, so a bad job
+        raises before any job of its chunk reaches Redis (earlier chunks are
+        added).
+        """
+        return self._write_chunks(self._chunks(jobs))
+
+    # --- asyncio API ------------------------------------------------------------
+
+    def _async(self) -> tuple[aredis.Redis, Scripts]:
+        # asyncio connections belong to the loop that opened them
+        loop = asyncio.get_running_loop()
+        if self._aredis is None or self._aloop is not loop:
+            # retries are ours (guarded by the lane), not redis-py's
+            self._aredis = aconnect(self._url or url_of(self.redis), cluster=self._cluster,
+                                    retry=AsyncRetry(NoBackoff(), 0))
+            self._ascripts = Scripts(self._aredis)
+            self._aloop = loop
+        return self._aredis, self._ascripts  # type: ignore[return-value]
+
+    async def _awrite(self, client: aredis.Redis, scripts: Scripts, lane: Lane, chunk: list[Any]) -> list[Enqueued]:
+        k = self.keys
+        keys = [k.stream, k.delayed, k.lane + lane.lane]
+        args = [k.unique, self.unique_ttl_ms, k.metrics, LANE_TTL_MS, lane.next_seq(), self._items(chunk)]
+        retrier: Retrier | None = None
+        while True:
+            try:
+                if not self._registered:
+                    await client.sadd(QUEUES_REGISTRY, self.name)
+                    self._registered = True
+                return self._results(chunk, await scripts.enqueue(keys=keys, args=args))
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                retrier = retrier or Retrier(self.retry_for)
+                wait = retrier.pause(exc, sent=True)
+                if wait is None:
+                    raise self._unavailable(exc, retrier, chunk, server_of(client)) from exc
+                await asyncio.sleep(wait)
+
+    async def aadd(
+        self,
+        task: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> Enqueued:
+        return (await self.aadd_bulk([JobSpec(task, args, kwargs or {}, **options)]))[0]
+
+    async def aadd_bulk(self, jobs: Iterable[JobSpec]) -> list[Enqueued]:
+        return await self._asend(self._chunks(jobs))
+
+    async def aadd_built_many(self, built: Sequence[BuiltJob]) -> list[Enqueued]:
+        """Send jobs returned by ``build`` from async code, one round trip per chunk."""
+        size = self.chunk_size
+        return await self._asend(list(built[start:start + size]) for start in range(0, len(built), size))
+
+    async def _asend(self, chunks: Iterable[list[Any]]) -> list[Enqueued]:
+        if self._owned_undetected:  # the server did not answer when this queue was made: is it a cluster?
+            with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
+                cluster = await ais_cluster(self._url or "")
+                self.close()
+                self._use(connect(self._url, cluster=cluster))
+                self._aredis = None
+        client, scripts = self._async()
+        out: list[Enqueued] = []
+        lane = self._alanes.pop() if self._alanes else Lane()  # one lane per concurrent caller
+        try:
+            for chunk in chunks:  # each validated before anything of it is written
+                out += await self._awrite(client, scripts, lane, chunk)
+        except EnqueueUnavailable as exc:
+            exc.added = out
+            raise
+        finally:
+            self._alanes.append(lane)
+        return out
+
+    async def aclose(self) -> None:
+        if self._aredis is not None:
+            await self._aredis.aclose()
+            self._aredis = None

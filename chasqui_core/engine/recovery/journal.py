@@ -1,0 +1,241 @@
+"""The start journal: which of a worker's deliveries were running when it died.
+
+A worker reads ahead of what it runs (its prefetch), so when it dies its
+consumer's pending list holds jobs it had fetched but never started beside
+the ones it was running. Only a run that was under way is lost and charged
+to its job; the others go back as they were. Redis cannot tell them apart,
+so a worker writes the entry ids of the runs under way into
+``{chasqui:<queue>}:running:<worker>`` (HSET entry id -> start ms; a
+priority band's stream has its own, ``running-high:<worker>``). The
+reclaim pass reads that hash when it takes a dead worker's entries
+(reclaim.lua). A mark is struck the moment its handler returns, before its
+outcome goes anywhere (``finished_one``: by the sync lane's thread itself,
+or by the loop for an async run), so a process killed between a run's end
+and its settle leaves the job uncharged: it runs again (at least once), and
+is never blamed for a death it did not cause. ``settle.lua`` removes the ids
+it settles too.
+
+When: a sync job's thread writes its mark just before the handler starts,
+so a job that kills the process at once is charged; async jobs are written
+once per dispatch, right after they started, and only those that did not
+finish at once (``Runner._dispatch`` says why after rather than before).
+
+The write must reach the server even if the process dies right after, and
+cost the hot path next to nothing. So it is fire-and-forget on a connection
+of its own with ``CLIENT REPLY OFF``: one ``send()``, and no reply to wait
+for or read. Once ``send()`` returns, the bytes are the kernel's: a process
+that dies right after still delivers them. A write that fails (Redis
+restarting) is dropped after one reconnect, and never loses a job: a
+dropped start mark makes a crash charge nothing (the recovery count still
+catches a poison pill); a dropped strike leaves a finished run marked until
+its outcome's settle strikes it too, so a crash while Redis is away can
+still charge it. Only a journal kept outside Redis (read by the supervisor
+when a child dies) would close that window.
+
+The sync lane's threads write one mark per run. Python's own ``send``
+releases the GIL around the system call, and with ten threads waiting for
+it, handing the GIL over on every job cost more than the job (a noop sync
+job's CPU went from 13 to 28 µs). So on a plain TCP or Unix connection a
+thread's mark goes out with libc's ``send`` called through ``ctypes.PyDLL``,
+which keeps the GIL, with ``MSG_DONTWAIT`` so that it can never block while
+holding it: the whole command is written at once, by one thread at a time,
+with no lock. A send that does not go out whole (the buffer is full, the
+server went away) closes that connection: the next mark reconnects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import socket
+import ssl
+import threading
+from typing import Any
+
+from chasqui_core.engine.store.connection import connect, masked
+from chasqui_core.engine.worker.log_budget import LogBudget
+
+logger = logging.getLogger("chasqui.worker")
+
+UNSTRUCK_KEPT = 10_000
+"""At most this many unsent strikes are kept per server (a long outage: the settles strike the rest)."""
+
+SEND_TIMEOUT_S = 1.0
+"""A server that stops reading must not block the event loop for long: the write is dropped instead."""
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+class StartJournal:
+    """Announces the deliveries this worker is running, per stream, on one connection per server."""
+
+    def __init__(self, worker_id: str, url: str | None) -> None:
+        self.worker_id = worker_id
+        self._url = url
+        self._server: dict[str, str | None] = {}
+        """Stream (a queue's, or a band's) -> the URL of the server holding its keys (a cluster node), or None for
+        the worker's."""
+        self._keys: dict[str, bytes] = {}
+        """Stream -> its running hash's name, as a RESP bulk string."""
+        self._conns: dict[str | None, Any] = {}
+        self._socks: dict[str | None, Any] = {}
+        """The connections' sockets, written to directly (redis-py's send costs more than the send)."""
+        self._fds: dict[str | None, int] = {}
+        """File descriptors of the plain (not TLS) connections, for ``_send_holding_gil``."""
+        self._lock = threading.Lock()
+        """Taken on the slow path only (a connection to open, a TLS socket), never by a mark sent whole."""
+        self._failures = LogBudget(logger, "start journal writes dropped (Redis unavailable)")
+        self._unstruck: dict[str | None, list[bytes]] = {}
+        """Strikes that could not be sent, by server: sent first once it answers again (``_send``)."""
+
+    def use(self, stream: str, key: str, url: str | None = None) -> None:
+        """Write the marks of ``stream``'s entries to hash ``key``, on the server ``url`` names (a cluster node;
+        None: the worker's)."""
+        self._server[stream] = url
+        self._keys[stream] = _bulk(key.encode())
+
+    def use_like(self, stream: str, key: str, like: str) -> None:
+        """Write ``stream``'s marks to ``key``, on the server ``like``'s go to (a priority band's stream, on its
+        queue's node)."""
+        self.use(stream, key, self._server.get(like))
+
+    def started_one(self, stream: str, entry_id: bytes, started_ms: int) -> None:
+        """Mark one entry as running: a sync lane thread calls this just before the handler starts."""
+        # epoch milliseconds have 13 digits from 2001 to 2286
+        self._write(self._server.get(stream),
+                    b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id), entry_id,
+                                                                       started_ms))
+
+    def finished_one(self, stream: str, entry_id: bytes) -> None:
+        """Strike one run's mark the moment its handler returned (a sync lane thread, or the loop for an async run
+        that waited): a process killed a moment later must not be charged a run that had ended."""
+        strike = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[stream], len(entry_id), entry_id)
+        self._write(self._server.get(stream), strike, strike)
+
+    def ended_and_started(self, ended_stream: str, ended_id: bytes, stream: str, entry_id: bytes,
+                          started_ms: int) -> None:
+        """Strike one run's mark and write the next run's, in one send when both go to one server (a sync lane
+        thread going from one job straight to the next)."""
+        end = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[ended_stream], len(ended_id), ended_id)
+        start = b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id),
+                                                                            entry_id, started_ms)
+        server = self._server.get(ended_stream)
+        if self._server.get(stream) == server:
+            self._write(server, end + start, end)
+        else:
+            self._write(server, end, end)
+            self._write(self._server.get(stream), start)
+
+    def started(self, marks: dict[str, list[bytes]], started_ms: int) -> None:
+        """Mark entries (stream -> entry ids) as running since ``started_ms``: one send per server, not waited for."""
+        stamp = _bulk(b"%d" % started_ms)
+        sends: dict[str | None, list[bytes]] = {}
+        for stream, entry_ids in marks.items():
+            sends.setdefault(self._server.get(stream), []).append(b"*%d\r\n$4\r\nHSET\r\n%s%s" % (
+                2 + 2 * len(entry_ids), self._keys[stream],
+                b"".join([b"$%d\r\n%s\r\n%s" % (len(entry_id), entry_id, stamp) for entry_id in entry_ids])))
+        for server, commands in sends.items():
+            self._write(server, b"".join(commands))
+
+    def _write(self, server: str | None, data: bytes, strike: bytes = b"") -> None:
+        """One whole command: in one GIL-holding send when the connection allows it, else under the lock."""
+        fd = self._fds.get(server)
+        if fd is not None and _send_holding_gil is not None:
+            if _send_holding_gil(fd, data, len(data), _FLAGS) == len(data):
+                return
+            with self._lock:  # not sent whole: this connection cannot be trusted with the next command
+                if self._fds.get(server) == fd:
+                    self._drop(server)
+        with self._lock:
+            self._send(server, data, strike)
+
+    def _send(self, server: str | None, data: bytes, strike: bytes = b"") -> None:
+        """Send on the slow path, under the lock: a whole command, reconnecting once.
+
+        A strike (``strike``: the HDEL part of ``data``) that cannot be sent is kept and sent first once the
+        server answers again: a run that ended while Redis restarted must not stay marked running, or a crash
+        after the restart would charge it a death. A start mark is not kept: sent late, it would mark a run
+        that may have ended since."""
+        sock = self._socks.get(server)
+        if sock is not None:
+            try:
+                unstruck = self._unstruck.get(server)
+                sock.sendall(b"".join(unstruck) + data if unstruck else data)
+                self._unstruck.pop(server, None)
+                return
+            except Exception:  # a dead connection (Redis restarted): reconnect once, then drop
+                pass
+        for attempt in (1, 2):
+            try:
+                sock = self._open(server)
+                unstruck = self._unstruck.get(server)
+                sock.sendall(b"".join(unstruck) + data if unstruck else data)
+                self._unstruck.pop(server, None)
+                if not isinstance(sock, ssl.SSLSocket):
+                    self._fds[server] = sock.fileno()  # only now: no thread's mark may interleave with this one
+                return
+            except Exception as exc:
+                self._drop(server)
+                if attempt == 2:
+                    if strike and len(self._unstruck.get(server, ())) < UNSTRUCK_KEPT:
+                        self._unstruck.setdefault(server, []).append(strike)
+                    if self._failures.allow():
+                        logger.warning("start journal on %s: %s: %s; start marks dropped (a crash now would charge "
+                                       "those jobs nothing), ends kept until it answers", masked(server or self._url
+                                       or ""), type(exc).__name__, exc)
+
+    def connect(self) -> None:
+        """Open the connections now rather than on the first job (best effort: a failure waits for that job)."""
+        with self._lock:
+            for server in set(self._server.values()):
+                if server not in self._conns:
+                    with contextlib.suppress(Exception):
+                        sock = self._open(server)
+                        if not isinstance(sock, ssl.SSLSocket):
+                            self._fds[server] = sock.fileno()
+
+    def summarise_logs(self) -> None:
+        self._failures.summarise()
+
+    def close(self) -> None:
+        with self._lock:
+            for server in list(self._conns):
+                self._drop(server)
+
+    def _open(self, server: str | None) -> Any:
+        """A connection to ``server``, opened now; returns its socket."""
+        self._drop(server)
+        client = connect(server or self._url, cluster=False, socket_timeout=SEND_TIMEOUT_S,
+                         socket_connect_timeout=SEND_TIMEOUT_S)
+        conn = client.connection_pool.get_connection()
+        conn.send_command("CLIENT", "REPLY", "OFF")
+        conn.chasqui_client = client  # the client must live as long as its connection: it closes it when collected
+        self._conns[server] = conn
+        self._socks[server] = conn._sock
+        return conn._sock
+
+    def _drop(self, server: str | None) -> None:
+        self._fds.pop(server, None)
+        self._socks.pop(server, None)
+        conn = self._conns.pop(server, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+
+
+def _libc_send() -> Any:
+    """libc's ``send``, called without releasing the GIL; None where it cannot be had (then the slow path)."""
+    try:
+        send = ctypes.PyDLL(None, use_errno=True).send
+    except (OSError, AttributeError):
+        return None
+    send.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+    send.restype = ctypes.c_ssize_t
+    return send
+
+
+_send_holding_gil = _libc_send()
+_FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)

@@ -1,0 +1,735 @@
+"""How a worker runs what it has read: admitted deliveries to the loop or the sync lane, and their outcomes.
+
+The life of a delivery, in order: ``take`` (admission, then the inbox, the
+sync lane or the idempotency screen), ``_dispatch`` (rounds of starts, each
+announced in the start journal), ``_execute`` (the handler, its timeout),
+``_outcome`` (handed to outcomes.py, which queues it on the settler). Sync
+runs come back through ``_on_sync_outcomes``; those past their timeout are
+charged by ``watch_deadlines``.
+
+``Runner`` owns the running state (the inbox, the jobs running on the loop,
+the sync lane, deadlines, journal marks and slot releases) and gets its
+collaborators in its constructor; the worker (worker.py) builds one per
+``run()`` and is the only part that knows every other. The per-job path
+touches only the runner's own attributes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol, TypeVar
+
+from chasqui_core.engine.ops import cancel
+from chasqui_core.engine.worker.admission import Admission
+from chasqui_core.engine.store.connection import Client
+from chasqui_core.engine.worker.delivery import Delivery, ref_of
+from chasqui_core.engine.jobs.envelope import check_json_types, now_ms
+from chasqui_core.engine.jobs.errors import JobCancelled, JobTimeout
+from chasqui_core.engine.jobs.idempotency import completed_by
+from chasqui_core.engine.worker.inflight import InFlight
+from chasqui_core.engine.recovery.journal import StartJournal
+from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.worker.limits import LimitGate, Limits
+from chasqui_core.engine.settle.outcomes import Outcomes
+from chasqui_core.engine.jobs.priority import Inbox
+from chasqui_core.engine.settle.settler import Settler
+from chasqui_core.engine.worker.sync_lane import FAILED, LATE, REQUEUE, SyncLane
+from chasqui_core.engine.jobs.tracebacks import class_path, message
+
+logger = logging.getLogger("chasqui.worker")
+
+
+class _Unread(enum.Enum):
+    UNREAD = 0
+
+
+UNREAD: Final = _Unread.UNREAD
+"""What ``_read_or_requeue`` returns when the read failed and its deliveries went back on the stream."""
+
+T = TypeVar("T")
+
+LIMIT_RETRY_S = 0.5
+"""How long a reader waits after a failed limit check before reading again."""
+
+DEADLINE_TICK_S = 0.2
+"""How often sync jobs are checked against their timeouts (async jobs have a timer each)."""
+
+
+class Tally(Protocol):
+    """The worker's counts of runs, which the runner keeps up to date (worker.WorkerStats)."""
+
+    processed: int
+    succeeded: int
+    failed: int
+
+
+class Runner:
+    """Runs one worker's admitted deliveries, up to ``concurrency`` at once, and hands their outcomes on."""
+
+    def __init__(self, worker_id: str, *, concurrency: int, prefetch: int, priority_mode: str,
+                 held: InFlight, admission: Admission, outcomes: Outcomes, settler: Settler,
+                 journal: StartJournal, client: Client, limits: Limits, gate: LimitGate,
+                 cancel_copies: cancel.Copies, stop: asyncio.Event, stats: Tally,
+                 max_jobs: int | None = None, recycles: bool = False,
+                 recycle: Callable[[str], None], retry_hint: Callable[[str, int, int], None],
+                 report_problem: Callable[[str], None]) -> None:
+        self.id = worker_id
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.priority_mode = priority_mode
+        self.held = held
+        self.admission = admission
+        self.outcomes = outcomes
+        self.settler = settler
+        self.journal = journal
+        self.client = client
+        self.limits = limits
+        self.gate = gate
+        self.cancel_copies = cancel_copies
+        self.stats = stats
+        self.max_jobs = max_jobs
+        self.recycles = recycles
+        """Run under a supervisor: a sync run that cannot be stopped ends with the process, not a new thread."""
+        self._stop = stop
+        self._recycle = recycle
+        self._retry_hint = retry_hint
+        self._report_problem = report_problem
+        self._loop = asyncio.get_running_loop()
+        self._inbox = Inbox(priority_mode)
+        self._running = 0
+        self._lane: SyncLane | None = None  # started on the first sync job
+        self._gathering = False
+        """Set while one read's bands are taken in (``take_bands``): their jobs start once all are in."""
+        self._jobs: set[asyncio.Task[None]] = set()
+        """Tasks of the jobs waiting on something now (see ``_dispatch``); a job that never waits is never kept."""
+        self._timed_sync: set[Delivery] = set()
+        """Sync deliveries with a timeout, until their outcome: the deadline watcher walks these."""
+        self._releases: dict[str, list[Delivery]] = {}
+        self._side_tasks: set[asyncio.Task[None]] = set()
+        """Slot releases under way (held so the loop does not drop them)."""
+        self._context = contextvars.copy_context()
+        """What each job's context starts as: the worker's own, copied per job."""
+        self._room = asyncio.Event()
+        self._room.set()
+        self.cancelling: set[Delivery] = set()
+        """Sync deliveries told to stop, until their outcome or their grace runs out (cancel_watch.Watch)."""
+        self._isolating = False
+        """Set while a suspect waits to run alone or runs alone (``_run_alone``): nothing else starts."""
+        self._suspects: deque[Delivery] = deque()
+        """Jobs charged a lost run, waiting to run alone, in the order read."""
+        self._set_aside: deque[Delivery] = deque()
+        """Other jobs fetched while isolating: they start once no suspect is left."""
+        self._alone: Delivery | None = None
+        """The suspect running alone now."""
+
+    @property
+    def buffered(self) -> int:
+        """Jobs fetched and not yet finished: what counts against the prefetch."""
+        lane = self._lane
+        buffered = len(self._inbox) + self._running + (lane.outstanding if lane is not None else 0)
+        if self._isolating:
+            buffered += len(self._suspects) + len(self._set_aside)
+        return buffered
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs running now, on the loop and in the sync threads."""
+        lane = self._lane
+        return self._running + (lane.outstanding if lane is not None else 0)
+
+    # --- what the readers call ----------------------------------------------------
+
+    def room_to_read(self, batch_size: int) -> int | None:
+        """How many entries a reader may fetch now; None when the inbox is too full to read."""
+        room = self.prefetch - self.buffered
+        if room < min(batch_size, self.prefetch) // 2 + 1:
+            self._room.clear()
+            return None
+        return min(batch_size, room)
+
+    async def wait_room(self) -> None:
+        waiter = asyncio.ensure_future(self._room.wait())
+        stopper = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        stopper.cancel()
+
+    # --- start and stop -----------------------------------------------------------
+
+    def give_back_unstarted(self, *, stopping: bool = False) -> None:
+        """Put every fetched job that has not started back on the stream, as it was, uncharged (quiet, stop).
+        ``stopping``: the sync threads take no more jobs either."""
+        unstarted = [*self._suspects, *self._set_aside, *self._inbox]
+        self._suspects.clear()
+        self._set_aside.clear()
+        self._inbox.clear()
+        if self._lane is not None:
+            if stopping:
+                self._lane.stopping = True
+            unstarted += self._lane.take_unstarted()
+        for d in unstarted:
+            self._requeue(d)
+        if self._alone is None:
+            self._isolating = False
+
+    async def wind_down(self, timeout: float) -> int:
+        """Let running jobs finish for up to ``timeout`` seconds, then cut the async ones short and close the sync
+        lane; how many sync runs were still under way (they cannot be cancelled: the process exits without them)."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self.in_flight:
+            logger.warning("worker %s: %d jobs still running after %.0fs; they stay pending and will be "
+                           "reclaimed by another worker, their runs charged", self.id, self.in_flight, timeout)
+        jobs = list(self._jobs)
+        for task in jobs:
+            task.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        unfinished = 0
+        if self._lane is not None:
+            unfinished = self._lane.outstanding + self._lane.abandoned
+            self._lane.close()
+        return unfinished
+
+    async def release_slots(self) -> None:
+        """Give back the concurrency slots still waiting to go, and wait (briefly) for the releases under way."""
+        self._send_releases()
+        if self._side_tasks:
+            await asyncio.wait(self._side_tasks, timeout=2.0)
+
+    async def take(self, keys: QueueKeys, entries: list[Any], cancels: bytes | None = cancel.UNKNOWN) -> None:
+        """Take in entries read from a queue: admit them, then start or queue each one.
+
+        ``cancels``: the version of the queue's cancel record, read with the entries (reader.py; None: the
+        queue never had one); the jobs it names are settled as cancelled instead (cancel.py)."""
+        self.settler.fetched(keys, len(entries))
+        admitted = self.admission.admit(keys, entries)
+        if cancels is not None and admitted:
+            admitted = await self._unless_cancelled(keys, admitted, cancels)
+        if self.limits:
+            limited = [d for d in admitted if d.limits is not None]
+            if limited:
+                admitted = [d for d in admitted if d.limits is None]
+                await self._start(keys, admitted)
+                await self._limit(keys, limited)
+                return
+        await self._start(keys, admitted)
+
+    async def take_bands(self, reads: list[tuple[QueueKeys, list[Any]]], cancels: bytes | None) -> None:
+        """Take in one read's entries of several priority bands, then start jobs: every band's job is in the
+        inbox before the first starts, so the inbox's order (priority.py) decides among all of them."""
+        self._gathering = True
+        try:
+            for keys, entries in reads:
+                await self.take(keys, entries, cancels)
+        finally:
+            self._gathering = False
+        self._dispatch()
+
+    async def _start(self, keys: QueueKeys, admitted: list[Delivery]) -> None:
+        """Start or queue each admitted delivery (the keyed ones after their idempotency screen)."""
+        keyed: list[Delivery] | None = None
+        to_dispatch = False
+        stopping = self._stop.is_set()
+        for d in admitted:
+            if stopping:  # read while stopping (a lease pass's orphans): it must not start now
+                self._requeue(d)
+            elif d.idempotency_key is not None:
+                if keyed is None:
+                    keyed = []
+                keyed.append(d)
+            elif self._isolating or d.job.deaths:
+                self._isolate(d)
+            elif d.handler.is_async:
+                self._inbox.append(d)
+                to_dispatch = True
+            else:
+                self._to_lane(d)
+        if to_dispatch and not self._gathering:
+            self._dispatch()
+        if keyed:
+            await self._screen(keys, keyed)
+
+    async def _limit(self, keys: QueueKeys, limited: list[Delivery]) -> None:
+        """Start the limited jobs whose limits have room now; the others wait in the delayed set (limits.py).
+
+        If Redis cannot answer, the jobs go back on the stream as they were:
+        none runs unchecked, none is lost.
+        """
+        taken = await self._read_or_requeue(keys, limited, "checking the limits", self.gate.take(keys, limited))
+        if taken is UNREAD:
+            await asyncio.sleep(LIMIT_RETRY_S)  # this reader only: no hot loop while the check keeps failing
+            return
+        if len(taken.admitted) < len(limited):
+            admitted = set(taken.admitted)
+            for d in limited:
+                if d not in admitted:  # parked (or no longer pending here): nothing more to do with it
+                    self._release(d)
+        if taken.earliest_ms >= 0:
+            self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
+        await self._start(keys, taken.admitted)
+        if self.buffered <= self.prefetch // 2:
+            self._room.set()
+
+    async def _read_or_requeue(self, keys: QueueKeys, deliveries: list[Delivery], doing: str,
+                               read: Awaitable[T]) -> T | _Unread:
+        """Await a read the batch depends on (idempotency markers, cancel requests, limit slots).
+
+        If Redis cannot answer, the deliveries go back on the stream as they
+        were, so nothing runs unchecked and nothing is lost; returns UNREAD then.
+        """
+        try:
+            return await read
+        except asyncio.CancelledError:
+            for d in deliveries:
+                self._requeue(d)
+            raise
+        except Exception as exc:
+            logger.warning("%s of %d job(s) on %s failed (%s: %s); they go back on the stream", doing,
+                           len(deliveries), keys.queue, type(exc).__name__, exc)
+            for d in deliveries:
+                self._requeue(d)
+            return UNREAD
+
+    def _retake_later(self, late: list[Delivery]) -> None:
+        """Take again, off the dispatch path, the rate tokens of jobs that did not start within their grace
+        (limits.py): a rate limit is a promise about starts, and a token taken at read time may have lapsed."""
+        by_stream: dict[str, list[Delivery]] = {}
+        for d in late:
+            by_stream.setdefault(d.keys.stream, []).append(d)
+        for group in by_stream.values():
+            task = asyncio.ensure_future(self._retake(group[0].keys, group))
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+
+    async def _retake(self, keys: QueueKeys, late: list[Delivery]) -> None:
+        """Start the late jobs whose rate has room now; the others wait in the delayed set, uncharged."""
+        taken = await self._read_or_requeue(keys, late, "taking rate tokens again", self.gate.retake(keys, late))
+        if taken is UNREAD:
+            return
+        admitted = set(taken.admitted)
+        for d in late:
+            if d not in admitted:  # parked: let go, its slots given back
+                self._release(d)
+        if taken.earliest_ms >= 0:
+            self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
+        dispatch = alone = False
+        for d in taken.admitted:
+            if self._stop.is_set() or d.taken_back:
+                self._requeue(d)
+            elif d is self._alone:  # the suspect, late to run alone: it runs alone now
+                if d.handler.is_async:
+                    self._inbox.append(d)
+                    alone = True
+                else:
+                    self._to_lane(d)
+            elif self._isolating:  # a suspect waits or runs alone: this one waits too
+                self._isolate(d)
+            elif d.handler.is_async:
+                self._inbox.append(d)
+                dispatch = True
+            else:
+                self._to_lane(d)
+        if alone:
+            self._dispatch(alone=True)
+        elif dispatch:
+            self._dispatch()
+
+    def _give_back(self, d: Delivery) -> None:
+        """Give back a run's concurrency slots soon, with the others of this turn of the loop (one call)."""
+        waiting = self._releases.get(d.keys.queue)
+        if waiting is None:
+            self._releases[d.keys.queue] = [d]
+        else:
+            waiting.append(d)
+        if len(self._releases) == 1 and len(self._releases[d.keys.queue]) == 1:
+            self._loop.call_soon(self._send_releases)
+
+    def _send_releases(self) -> None:
+        releases, self._releases = self._releases, {}
+        for deliveries in releases.values():
+            self._spawn_release(deliveries[0].keys, deliveries)
+
+    def _spawn_release(self, keys: QueueKeys, deliveries: list[Delivery]) -> None:
+        async def release() -> None:
+            try:
+                await self.gate.release(keys, deliveries)
+            except Exception as exc:  # the slots lapse by themselves after a lease
+                logger.warning("giving back %d concurrency slot(s) on %s failed (%s: %s); they lapse after the "
+                               "visibility timeout", len(deliveries), keys.queue, type(exc).__name__, exc)
+        task = asyncio.ensure_future(release())
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _unless_cancelled(self, keys: QueueKeys, admitted: list[Delivery], version: bytes) -> list[Delivery]:
+        """The deliveries no cancel request names; the others are dead-lettered as cancelled without running.
+
+        If Redis cannot answer, the jobs go back on the stream as they were: nothing runs unchecked."""
+        record = await self._read_or_requeue(keys, admitted, "reading the cancel requests",
+                                             self.cancel_copies.of(self.client, keys, version))
+        if record is UNREAD:
+            return []
+        if not record:
+            return admitted
+        kept = []
+        for d in admitted:
+            requested = record.get(d.job.id)
+            if requested is not None:
+                self._release(d)
+                self.outcomes.cancelled_unstarted(d, requested)
+            else:
+                kept.append(d)
+        return kept
+
+    def cancel_delivery(self, d: Delivery, requested: int) -> None:
+        """Act on a cancel request for a delivery this worker holds (cancel_watch.Watch found it)."""
+        if not self.held.holds(d) or d.cancel_requested:
+            return
+        if d.handler.is_async and not d.started and d not in self._inbox:
+            return  # it waits on its idempotency key's check: the next poll finds it in the inbox or running
+        d.cancel_requested = requested
+        d.cancel_seen = now_ms()
+        if d.handler.is_async:
+            if d.started:
+                if d.task is not None:
+                    d.task.cancel()
+            else:
+                self._inbox.remove(d)
+                self._release(d)
+                self.outcomes.cancelled_unstarted(d, requested)
+        else:  # told through its context; a thread that has not started it puts it back (sync_lane.py)
+            self.cancelling.add(d)
+        logger.info("worker %s: job %s (%s) cancelled %s", self.id, d.job.id, d.job.task,
+                    "while it ran" if d.started else "before it started")
+
+    # --- suspects run alone -----------------------------------------------------------
+
+    def _isolate(self, d: Delivery) -> None:
+        """Set a delivery aside while a suspect runs alone: a suspect (a job charged a run lost with a worker
+        that died) waits for its turn; any other job waits until no suspect is left.
+
+        A job that kills its process takes with it every job running beside it, and each of those is charged a
+        lost run. Run beside the same neighbours again, it would kill them a second time, and two deaths make
+        a ``panic``: innocent jobs dead-lettered beside the pill. So a suspect runs with nothing else running in
+        its process; if it dies then, the death is its own. What was fetched and has not started waits too,
+        so that only the runs under way must end before the suspect starts."""
+        if d.job.deaths:
+            self._suspects.append(d)
+        else:
+            self._set_aside.append(d)
+        if not self._isolating:
+            self._isolating = True
+            self._set_aside.extend(self._inbox)
+            self._inbox.clear()
+            if self._lane is not None:
+                self._set_aside.extend(self._lane.take_unstarted())
+        self._loop.call_soon(self._run_alone)
+
+    def _run_alone(self) -> None:
+        """Start the next suspect once nothing runs in this process; when none is left, start what was set aside.
+        Called whenever a run ends while isolating."""
+        if self._alone is not None or not self._isolating or self._stop.is_set() or self.in_flight:
+            return
+        while self._suspects:
+            d = self._suspects.popleft()
+            if d.taken_back or not self.held.holds(d):
+                continue
+            self._alone = d
+            logger.info("worker %s: job %s (%s) runs alone: it was running when a worker died (%d time(s)); "
+                        "alone, a death of its process is its own", self.id, d.job.id, d.job.task, d.job.deaths)
+            if d.handler.is_async:
+                self._inbox.append(d)
+                self._dispatch(alone=True)
+            else:
+                self._to_lane(d)
+            return
+        self._isolating = False
+        set_aside, self._set_aside = self._set_aside, deque()
+        for d in set_aside:
+            if d.taken_back or not self.held.holds(d):
+                continue
+            if d.handler.is_async:
+                self._inbox.append(d)
+            else:
+                self._to_lane(d)
+        self._dispatch()
+
+    def _release(self, d: Delivery) -> bool:
+        """Let a delivery go from the worker's hands (its outcome handed on, given back, parked or let go), with
+        the concurrency slots it holds; False when it was gone already. The suspect running alone that leaves
+        lets the next one go."""
+        if not self.held.remove(d):
+            return False
+        if d.slots:
+            self._give_back(d)
+        if d is self._alone:
+            self._alone = None
+            self._loop.call_soon(self._run_alone)
+        return True
+
+    def _to_lane(self, d: Delivery) -> None:
+        if self._lane is None:
+            self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal, self.priority_mode)
+        if d.timeout is not None:
+            self._timed_sync.add(d)
+        self._lane.submit(d)
+
+    async def _screen(self, keys: QueueKeys, keyed: list[Delivery]) -> None:
+        """Run the keyed jobs whose key has not completed; acknowledge the others without running them.
+
+        One MGET for the batch's markers. If Redis cannot answer, the jobs go
+        back on the stream as they were (nothing runs unchecked, nothing is lost).
+        """
+        done = await self._read_or_requeue(keys, keyed, "checking the idempotency keys", completed_by(
+            self.client, [keys.done + (d.idempotency_key or "") for d in keyed]))
+        if done is UNREAD:
+            return
+        accepted = False
+        for d, by in zip(keyed, done, strict=True):
+            if d.taken_back:  # let go while its key was checked: another worker's now
+                continue
+            if by is not None:
+                self._release(d)
+                try:
+                    self.outcomes.skipped(d, by)
+                except Exception as exc:  # whatever goes wrong touches this job only
+                    self.outcomes.internal(d, "acknowledging a job whose idempotency key had completed", exc)
+            elif self._stop.is_set():  # stopping while the markers were read: it must not start now
+                self._requeue(d)
+            elif self._isolating or d.job.deaths:
+                self._isolate(d)
+            elif d.handler.is_async:
+                self._inbox.append(d)
+                accepted = True
+            else:
+                self._to_lane(d)
+        if accepted:
+            self._dispatch()
+
+    # --- running ------------------------------------------------------------------
+
+    def _dispatch(self, alone: bool = False) -> None:
+        """Start waiting jobs, up to ``concurrency`` running at once, each as a task of its own.
+
+        A job's task starts eagerly: it runs in this call until the handler
+        first waits on something, so a job that never waits finishes here,
+        without a trip through the event loop (parked slot coroutines, woken
+        per batch, cost a quarter of a retried job's CPU when retries came
+        back in small batches). A job that does wait goes on as an ordinary
+        task, and the next job starts when it ends. Each job runs in its own
+        copy of the worker's context: a context variable a task sets (an
+        activated language, a logging field) ends with that job.
+
+        The jobs still running when this call ends, and only those, are
+        written to the start journal, with one send. Announcing them before
+        they start would charge a crash in between (a sync job's, in another
+        thread) to jobs that never ran; announcing after means a job that
+        kills the process before its first ``await`` is never charged, which
+        the recovery count catches instead (retry.RECOVERIES_BEFORE_PANIC).
+        """
+        if self._isolating and not alone:  # a suspect waits to run alone, or runs: nothing else starts
+            return
+        inbox = self._inbox
+        base = self._context
+        loop = self._loop
+        started = now_ms()
+        marks: dict[str, list[bytes]] | None = None
+        late: list[Delivery] | None = None
+        while inbox and self._running < self.concurrency and not self._stop.is_set():
+            d = inbox.popleft()
+            if d.rate_by and LimitGate.late(d):  # its rate token lapsed while it waited: take one again first
+                if late is None:
+                    late = []
+                late.append(d)
+                continue
+            d.started = started
+            self._running += 1
+            run = asyncio.Task(self._run_job(d), loop=loop, context=base.copy(), eager_start=True)
+            if run.done():  # the job finished inside this call
+                self._job_ended(run, dispatch=False)
+                continue
+            self._jobs.add(run)
+            d.task = run
+            run.add_done_callback(self._job_ended)
+            if d.timeout is not None:
+                d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000), self._time_out, d, run)
+            d.journaled = True
+            if marks is None:
+                marks = {}
+            ids = marks.get(d.keys.stream)
+            if ids is None:
+                marks[d.keys.stream] = [d.entry_id]
+            else:
+                ids.append(d.entry_id)
+        if marks:
+            self.journal.started(marks, started)
+        if late:
+            self._retake_later(late)
+        if self.buffered <= self.prefetch // 2:
+            self._room.set()
+
+    def _time_out(self, d: Delivery, run: asyncio.Task[None]) -> None:
+        if not run.done():
+            d.timed_out = True
+            run.cancel()
+
+    async def _run_job(self, delivery: Delivery) -> None:
+        try:
+            await self._execute(delivery)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # _execute is total; this is the last line of defence
+            self._internal(delivery, "running the job", exc)
+        finally:
+            self._running -= 1
+            if delivery.timer is not None:
+                delivery.timer.cancel()
+
+    def _job_ended(self, run: asyncio.Task[None], dispatch: bool = True) -> None:
+        """Start the next waiting job; a job task that died of the worker's own error is logged and reported."""
+        self._jobs.discard(run)
+        if not run.cancelled():
+            exc = run.exception()
+            if exc is not None:
+                problem = f"a job's task died ({class_path(exc)}: {message(exc)})"
+                self._report_problem(problem)
+                logger.error("worker %s: %s", self.id, problem, exc_info=exc)
+        if self._isolating:
+            self._loop.call_soon(self._run_alone)
+        elif dispatch:
+            self._dispatch()
+
+    async def _execute(self, d: Delivery) -> None:
+        job, handler = d.job, d.handler
+        started = d.started
+        t0 = time.perf_counter()
+        try:
+            result = await handler.fn(*d.handler_args(self.id), **job.kwargs)
+            if job.result_ttl:
+                check_json_types(result, "return value")
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not (d.timed_out or d.cancel_requested) or task is None:
+                raise
+            task.uncancel()
+            why = JobTimeout(d.timeout or 0) if d.timed_out else JobCancelled(
+                cancel.describe(d.cancel_requested, running=True))
+            self._outcome(d, why, started, int((time.perf_counter() - t0) * 1000), failed=True)
+            return
+        except BaseException as exc:  # SystemExit or KeyboardInterrupt from a handler fail its job, not the worker
+            self._outcome(d, exc, started, int((time.perf_counter() - t0) * 1000), failed=True)
+            return
+        self._outcome(d, result, started, int((time.perf_counter() - t0) * 1000), failed=False)
+
+    def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
+        """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
+        if d.journaled:  # struck at once, before anything else (journal.py); a sync run's thread struck its own
+            d.journaled = False
+            self.journal.finished_one(d.keys.stream, d.entry_id)
+        if not self._release(d):
+            return  # written already (a sync run that passed its timeout, reporting at last), or let go
+        if d.timeout is not None:
+            self._timed_sync.discard(d)
+        self.stats.processed += 1
+        if self.stats.processed == self.max_jobs:
+            self._recycle(f"{self.max_jobs} jobs processed (max_jobs {self.max_jobs})")
+        try:
+            if failed:
+                self.stats.failed += 1
+                self.outcomes.failed(d, value, started, duration)
+            else:
+                self.stats.succeeded += 1
+                self.outcomes.succeeded(d, value, started, duration)
+        except Exception as exc:
+            self.outcomes.internal(d, "recording the outcome", exc)
+
+    def _internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
+        self._release(d)
+        self.outcomes.internal(d, doing, exc)
+
+    def _requeue(self, d: Delivery) -> None:
+        if not self._release(d):
+            return  # another worker took it back (``let_go``): it is theirs to run now
+        self.outcomes.requeue(d)
+
+    def let_go(self, keys: QueueKeys, entry_ids: list[bytes]) -> None:
+        """Let go of held entries of ``keys``'s stream that another worker took back while this one held them
+        (it was silent past the visibility timeout; recovery.Leases found them). They are the other's now: one
+        not started here never starts, a run under way goes on and its outcome is dropped, and nothing of them
+        is written by this worker (a requeue would put a second copy on the stream)."""
+        let_go = []
+        for entry_id in entry_ids:
+            d = self.held.get(ref_of(keys.stream, entry_id))
+            if d is None or not self._release(d):
+                continue  # settled meanwhile, or let go already
+            d.taken_back = True
+            let_go.append(d)
+            if d.timeout is not None:
+                self._timed_sync.discard(d)
+            if d.journaled:
+                d.journaled = False
+                self.journal.finished_one(d.keys.stream, d.entry_id)
+            if not d.started and d.handler.is_async and d in self._inbox:
+                self._inbox.remove(d)
+        if let_go:
+            logger.warning("worker %s: %d job(s) on %s were taken back by another worker while this one held them "
+                           "(it was out of touch past the visibility timeout): %s; they run there now, and what "
+                           "they come to here is not written", self.id, len(let_go), keys.queue,
+                           ", ".join(d.job.id for d in let_go[:5]) + (" ..." if len(let_go) > 5 else ""))
+
+    def _on_sync_outcomes(self, outcomes: list[Any]) -> None:
+        for kind, d, value, started, duration in outcomes:
+            if kind == REQUEUE:
+                try:
+                    self._requeue(d)
+                except Exception as exc:
+                    self._internal(d, "putting the job back", exc)
+            elif kind == LATE:
+                self._retake_later([d])
+            else:
+                self._outcome(d, value, started, duration, failed=kind == FAILED)
+        if self._isolating:
+            self._run_alone()
+        if self.buffered <= self.prefetch // 2:
+            self._room.set()
+
+    async def watch_deadlines(self) -> None:
+        """Time out sync runs past their deadline: write their outcome, and give up their thread."""
+        while True:
+            await asyncio.sleep(DEADLINE_TICK_S)
+            if self._isolating and self._alone is None:  # the last run ended by a path that did not say so
+                self._run_alone()
+            if not self._timed_sync:
+                continue
+            now = now_ms()
+            for d in list(self._timed_sync):
+                if d.started and d.timeout is not None and now - d.started >= d.timeout * 1000:
+                    self._sync_timed_out(d, now)
+
+    def _sync_timed_out(self, d: Delivery, now: int) -> None:
+        self.abandon_sync(d, JobTimeout(d.timeout or 0), now,
+                          f"sync job {d.job.id} ({d.job.task}) ran past its timeout of {d.timeout:g} s")
+
+    def abandon_sync(self, d: Delivery, exc: BaseException, now: int, what: str) -> None:
+        """Write a running sync job's outcome now (``exc``) and give up its thread: a timeout, or a cancel the
+        job did not heed within its grace."""
+        lane = self._lane
+        assert lane is not None  # only sync deliveries are watched
+        lane.abandon(d)
+        # its run has ended as far as the job is concerned (its outcome is written now), though its thread never
+        # returns to strike its journal mark: strike it here, or a crash before the settle would charge a death
+        self.journal.finished_one(d.keys.stream, d.entry_id)
+        self._outcome(d, exc, d.started, now - d.started, failed=True)
+        lane.replace()  # another thread takes its place: the lane keeps its size until the process goes
+        if self.recycles:
+            self._recycle(f"{what}; its thread cannot be stopped, so a fresh process takes this one's place")
+        else:
+            logger.warning("worker %s: %s; its thread cannot be stopped: it is abandoned and another takes its "
+                           "place (run under a supervisor, runworker --processes, to have the process replaced)",
+                           self.id, what)
