@@ -3,7 +3,10 @@
 The enqueue's span context travels in the job's envelope meta (``META_KEY``, the W3C ``traceparent`` /
 ``tracestate`` the configured propagator writes), so a run's span is a child of the span that enqueued it,
 and so of the request that did, across processes and retries: every run of a job, its retries and replays
-included, carries the same parent and is told apart by ``chasqui.attempt``.
+included, carries the same parent and is told apart by ``chasqui.attempt``. The first run also leaves its own
+context in the meta (``FIRST_RUN_KEY``), which the envelope carries into its retries and, through the
+dead-letter entry, its replays: each later run's span has a link to the first, so a tracing UI goes from a
+retry straight to the run that started the trouble.
 
 The import is tried once, here. Without the package, or with ``CHASQUI["OPENTELEMETRY"] = False``,
 ``enabled()`` is one global read and a settings attribute, and the callers take their untraced path: no
@@ -30,6 +33,9 @@ else:
 
 META_KEY = "otel"
 """Where a job's envelope meta holds the enqueuer's trace context (a small dict of strings)."""
+
+FIRST_RUN_KEY = "otel_first_run"
+"""Where it holds the trace context of the job's first run, for the links of its retries and replays."""
 
 QUEUE, TASK, JOB_ID, ATTEMPT, OUTCOME, COUNT = (
     "chasqui.queue", "chasqui.task", "chasqui.job_id", "chasqui.attempt", "chasqui.outcome", "chasqui.count")
@@ -68,17 +74,36 @@ def enqueued(span: Any, job_ids: list[str]) -> None:
 
 
 @contextmanager
-def run_span(queue: str, task: str, job_id: str, attempt: int, meta: Mapping[str, Any]) -> Iterator[Any]:
-    """A consumer span around one run, the child of the enqueue whose context the job carries."""
+def run_span(queue: str, task: str, job_id: str, attempt: int, meta: dict[str, Any]) -> Iterator[Any]:
+    """A consumer span around one run, the child of the enqueue whose context the job carries, and linked to
+    the job's first run when this is a later one (a retry or a replay).
+
+    ``meta`` is the job's own, written back with the job when it is retried or dead-lettered: the first run
+    records its context there.
+    """
     assert _trace is not None and _tracer is not None
     carrier = meta.get(META_KEY)
     parent = _propagate.extract(carrier) if isinstance(carrier, Mapping) else None
+    first = meta.get(FIRST_RUN_KEY)
+    links = _link_to(first) if isinstance(first, Mapping) else None
     with _tracer.start_as_current_span(
         f"chasqui run {task}", context=parent, kind=_trace.SpanKind.CONSUMER,
-        attributes={QUEUE: queue, TASK: task, JOB_ID: job_id, ATTEMPT: attempt},
+        attributes={QUEUE: queue, TASK: task, JOB_ID: job_id, ATTEMPT: attempt}, links=links,
         record_exception=False, set_status_on_exception=False,
     ) as span:
+        if first is None and span.get_span_context().is_valid:
+            own: dict[str, str] = {}
+            _propagate.inject(own, context=_trace.set_span_in_context(span))
+            if own:
+                meta[FIRST_RUN_KEY] = own
         yield span
+
+
+def _link_to(carrier: Mapping[str, Any]) -> list[Any] | None:
+    """A link to the run whose context ``carrier`` holds, or none when it cannot be read back."""
+    assert _trace is not None
+    context = _trace.get_current_span(_propagate.extract(carrier)).get_span_context()
+    return [_trace.Link(context)] if context.is_valid else None
 
 
 def ended(span: Any, outcome: str, exc: BaseException | None = None) -> None:

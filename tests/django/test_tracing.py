@@ -84,6 +84,10 @@ def test_every_run_of_a_retried_job_has_its_attempt_and_outcome_under_the_one_en
     assert {s.attributes["chasqui.job_id"] for s in runs} == {result.id}
     assert all(s.status.status_code is trace.StatusCode.ERROR for s in runs)
     assert [e.attributes["exception.type"] for s in runs for e in s.events] == ["ValueError"] * 3
+    first = runs[0].context
+    assert not runs[0].links, "the first run links to nothing"
+    assert [[(link.context.trace_id, link.context.span_id) for link in s.links] for s in runs[1:]] == [
+        [(first.trace_id, first.span_id)]] * 2, "each retry links to the first run"
 
 
 def test_an_async_task_is_traced_too(redis, redis_url):
@@ -159,3 +163,6 @@ def test_a_replayed_job_runs_under_the_enqueue_that_made_it(redis, redis_url):
     runs = _spans("chasqui run")
     assert [s.attributes["chasqui.outcome"] for s in runs] == ["failed", "failed"]
     assert {s.parent.span_id for s in runs} == {enqueue.context.span_id}
+    first, replayed = runs
+    assert [(link.context.span_id, link.context.trace_id) for link in replayed.links] == [
+        (first.context.span_id, first.context.trace_id)], "the replay's run links to the job's first run"
