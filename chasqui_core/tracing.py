@@ -41,9 +41,23 @@ QUEUE, TASK, JOB_ID, ATTEMPT, OUTCOME, COUNT = (
     "chasqui.queue", "chasqui.task", "chasqui.job_id", "chasqui.attempt", "chasqui.outcome", "chasqui.count")
 
 
+_provider_installed = False
+"""Set once a real tracer provider is seen: OpenTelemetry lets a process install one only once, for good."""
+
+
 def enabled() -> bool:
-    """Whether spans are made: the package is installed and the setting leaves them on."""
-    return _trace is not None and chasqui_settings().OPENTELEMETRY
+    """Whether spans are made: the package is installed, the setting leaves them on, and the project installed
+    a tracer provider (an SDK). Without a provider every span would be a no-op that still costs a context
+    switch per run, a tenth of a noop job's time on the sync path: the API package alone records nothing."""
+    global _provider_installed
+    if _trace is None or not chasqui_settings().OPENTELEMETRY:
+        return False
+    if not _provider_installed:
+        provider = _trace.get_tracer_provider()
+        if isinstance(provider, (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)):
+            return False
+        _provider_installed = True
+    return True
 
 
 @contextmanager

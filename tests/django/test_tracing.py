@@ -34,6 +34,7 @@ def tracer(monkeypatch):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
     monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("chasqui"))
+    monkeypatch.setattr(tracing, "_provider_installed", True)  # as a project's own provider would make it
     yield provider.get_tracer("test")
     provider.shutdown()
 
@@ -166,3 +167,24 @@ def test_a_replayed_job_runs_under_the_enqueue_that_made_it(redis, redis_url):
     first, replayed = runs
     assert [(link.context.span_id, link.context.trace_id) for link in replayed.links] == [
         (first.context.span_id, first.context.trace_id)], "the replay's run links to the job's first run"
+
+
+def test_without_a_tracer_provider_runs_make_no_span_until_the_project_installs_one():
+    """The API package alone records nothing: until a provider is installed, enqueues and runs skip the span
+    machinery (a no-op span per run would still cost a context switch); once one is, they are traced."""
+    code = (
+        "import django\n"
+        "django.setup()\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "from chasqui_core import tracing\n"
+        "before = tracing.enabled()\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "print(before, tracing.enabled())\n"
+    )
+    import os
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
