@@ -13,7 +13,8 @@ import pytest
 
 from bench.soak.kinds import BY_NAME, KINDS
 from bench.soak.ledger import LedgerWriter, parse, read
-from bench.soak.verdict import DeadEntry, Evidence, judge, report_discrepancies, table
+from bench.soak.verdict import DeadEntry, Evidence, judge
+from bench.soak.verdict_report import report_discrepancies, table
 
 T0 = 1_800_000_000.0
 ALIVE_PID, KILLED_PID, GRACEFUL_PID, CRASHED_PID = 100, 200, 300, 400
