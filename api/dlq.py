@@ -6,7 +6,7 @@ from ninja.responses import Status
 
 from .auth import needs
 from .errors import CHANGE, READ, WITH_BODY
-from .schemas import (
+from .dlq_schemas import (
     BulkIn,
     BulkOut,
     DeadJobOut,
@@ -16,14 +16,13 @@ from .schemas import (
     DLQQuery,
     DLQSearchOut,
     DLQSearchQuery,
-    EntryId,
     ErrorGroupOut,
     GroupsOut,
     OneReplayIn,
     OperationOut,
-    QueueName,
     ReplayIn,
 )
+from .schemas import EntryId, QueueName
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.models import Operation
 from chasqui_core.services import dlq as dlq_service

@@ -8,7 +8,7 @@ from ninja import Query, Router
 
 from .auth import needs
 from .errors import CHANGE, READ
-from .schemas import OperationListOut, OperationOut
+from .dlq_schemas import OperationListOut, OperationOut
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services.common import MAX_PAGE
 

@@ -5,7 +5,7 @@ from ninja import Router
 
 from .auth import needs
 from .errors import CHANGE, READ
-from .schemas import FireOut, ScheduleListOut, ScheduleOut, ScheduleSwitchOut
+from .schedule_schemas import FireOut, ScheduleListOut, ScheduleOut, ScheduleSwitchOut
 from chasqui_core.services import schedules as schedules_service
 
 router = Router(tags=["schedules"])

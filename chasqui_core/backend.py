@@ -9,232 +9,39 @@ never imported.
 
 from __future__ import annotations
 
-import gc
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import MISSING, dataclass, fields, replace
-from datetime import datetime, UTC
-from types import MemberDescriptorType
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from redis.exceptions import RedisError
 from django.db import connection, transaction
-from django.tasks import Task, TaskResult, TaskResultStatus, task_backends
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
-from django.utils.json import normalize_json
-from django.utils.module_loading import autodiscover_modules
 
 from chasqui_core import outbox, tracing
 from chasqui_core.conf import chasqui_settings
-from chasqui_core.engine.jobs import idempotency
-from chasqui_core.engine.jobs.backoff import BackoffSpec, coerce_backoff
 from chasqui_core.engine.store.connection import connect, undetected
 from chasqui_core.engine.jobs.envelope import MAX_RESULT_TTL, now_ms
 from chasqui_core.engine.jobs.errors import RedisConfigError
 from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.producer.queue import BuiltJob, JobSpec, Queue
-from chasqui_core.engine.jobs.registry import check_timeout
-from chasqui_core.engine.settle.outcomes import CANCELLED_CLASS
 from chasqui_core.engine.jobs.progress import Progress
 from chasqui_core.engine.jobs.progress import decode as decode_progress
 from chasqui_core.engine.jobs.results import decode_result, encode_result
+from chasqui_core.enqueue_calls import _count, _gc_paused, _unpack_call
+from chasqui_core.task import TASK_REGISTRY, BatchBackend, ChasquiTask, discover_tasks
+from chasqui_core.task_results import ms_to_datetime, ready_result, task_errors
+from chasqui_core.task_results import was_cancelled as was_cancelled  # where callers have long found it
 from chasqui_core.task_signals import TaskSignal
 
 logger = logging.getLogger("chasqui.backend")
 
-TASK_REGISTRY: dict[str, ChasquiTask] = {}
-"""Every ChasquiTask defined in this process, by module path."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChasquiTask(Task):
-    max_attempts: int | None = None
-    """Task-wide budget of runs (first run included); None defers to the worker."""
-    backoff: BackoffSpec | int | dict | str | None = None
-    """Task-wide backoff; an int means fixed milliseconds."""
-    job_attempts: int | None = None
-    """Per-job override of max_attempts, set with ``.using(attempts=...)``."""
-    job_backoff: BackoffSpec | int | dict | str | None = None
-    """Per-job override of backoff, set with ``.using(backoff=...)``."""
-    job_id: str | None = None
-    """Caller-given job id, for idempotent enqueue: ``.using(job_id=...)``."""
-    job_result_ttl: int | None = None
-    """Per-job override of the backend's RESULT_TTL (seconds), set with ``.using(result_ttl=...)``."""
-    idempotency_key: str | bool | None = None
-    """Guards execution: a job whose key already completed is acknowledged, not run again. A string, or
-    True for the job's own id: ``.using(idempotency_key=...)``, or ``@task(idempotency_key=True)``."""
-    idempotency_ttl: int | None = None
-    """Seconds its completed key is remembered; None: settings.CHASQUI['IDEMPOTENCY_TTL']."""
-    timeout: float | None = None
-    """Seconds a run may take (an async run is cancelled, a sync run's process replaced); None: the worker's
-    default (``runworker --timeout`` or settings.CHASQUI['JOB_TIMEOUT'])."""
-    job_timeout: float | None = None
-    """Per-job override of timeout, set with ``.using(timeout=...)``."""
-    limit_key: str | None = None
-    """The bucket this job takes in its keyed rate and concurrency limits (settings.CHASQUI['LIMITS']), over
-    the value of their ``key`` argument: ``.using(limit_key=...)``."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_attempts", "job_attempts"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise InvalidTask(f"{name} must be a whole number of 1 or more, got {value!r}")
-        ttl = self.job_result_ttl
-        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or not 0 <= ttl <= MAX_RESULT_TTL):
-            raise InvalidTask(f"result_ttl must be a whole number of seconds from 0 to {MAX_RESULT_TTL}, got {ttl!r}")
-        for name in ("timeout", "job_timeout"):
-            try:
-                check_timeout(getattr(self, name), name)
-            except ValueError as exc:
-                raise InvalidTask(str(exc)) from None
-        if self.limit_key is not None and (not isinstance(self.limit_key, str) or not 0 < len(self.limit_key) <= 200):
-            raise InvalidTask(f"limit_key must be a non-empty string of at most 200 characters, got {self.limit_key!r}")
-        for name in ("backoff", "job_backoff"):
-            try:
-                coerce_backoff(getattr(self, name))
-            except (TypeError, ValueError) as exc:
-                raise InvalidTask(f"{name} is not valid: {exc}") from None
-        try:
-            if not isinstance(self.idempotency_key, bool | None):
-                idempotency.check_key(self.idempotency_key)
-            if self.idempotency_ttl is not None:
-                idempotency.check_ttl(self.idempotency_ttl)
-        except ValueError as exc:
-            raise InvalidTask(str(exc)) from None
-        Task.__post_init__(self)
-        TASK_REGISTRY.setdefault(self.module_path, self)
-
-    def using(self, *, priority=None, queue_name=None, run_after=None, backend=None,
-              attempts: int | None = None, backoff: Any = None, job_id: str | None = None,
-              result_ttl: int | None = None, idempotency_key: str | bool | None = None,
-              idempotency_ttl: int | None = None, timeout: float | None = None,
-              limit_key: str | None = None) -> ChasquiTask:
-        """Django's ``using`` plus per-job options: ``attempts``, ``backoff``, ``job_id``, ``result_ttl``,
-        ``idempotency_key``, ``idempotency_ttl``, ``timeout``, ``limit_key``."""
-        task = Task.using(self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend)
-        changes: dict[str, Any] = {}
-        if attempts is not None:
-            changes["job_attempts"] = attempts
-        if backoff is not None:
-            changes["job_backoff"] = backoff
-        if job_id is not None:
-            changes["job_id"] = job_id
-        if result_ttl is not None:
-            changes["job_result_ttl"] = result_ttl
-        if idempotency_key is not None:
-            changes["idempotency_key"] = idempotency_key
-        if idempotency_ttl is not None:
-            changes["idempotency_ttl"] = idempotency_ttl
-        if timeout is not None:
-            changes["job_timeout"] = timeout
-        if limit_key is not None:
-            changes["limit_key"] = limit_key
-        return replace(task, **changes) if changes else task
-
-    def get_backend(self) -> BaseTaskBackend:
-        """Django's lookup, without the import statement Django runs inside it on every enqueue."""
-        return task_backends[self.backend]
-
-    def enqueue_many(self, calls: Iterable[tuple[Any, Any]]) -> list[TaskResult]:
-        """Enqueue one job per ``(args, kwargs)`` pair: one round trip per chunk of jobs.
-
-        Returns the TaskResults in the order of ``calls``. A bad call raises
-        before anything is sent, naming its index.
-        """
-        backend = self.get_backend()
-        if isinstance(backend, ChasquiBackend):
-            return backend.enqueue_many(self, calls)
-        return [backend.enqueue(self, list(args), dict(kwargs)) for args, kwargs in calls]
-
-    async def aenqueue_many(self, calls: Iterable[tuple[Any, Any]]) -> list[TaskResult]:
-        """The async twin of ``enqueue_many``."""
-        backend = self.get_backend()
-        if isinstance(backend, ChasquiBackend):
-            return await backend.aenqueue_many(self, calls)
-        return [await backend.aenqueue(self, list(args), dict(kwargs)) for args, kwargs in calls]
-
-
-_READY_FIELDS = ("task", "id", "status", "enqueued_at", "started_at", "finished_at", "last_attempted_at", "args",
-                 "kwargs", "backend", "errors", "worker_ids")
-_FLAT = frozenset({str, int, float, bool, type(None)})
-
-
-def ready_result(task: Task, job_id: str, args, kwargs, backend: str) -> TaskResult:
-    """The READY TaskResult an enqueue returns.
-
-    The arguments have passed ``check_json_types`` already, so flat ones (the
-    usual case) are copied as they are and only nested ones go through
-    Django's ``normalize_json`` (which turns tuples into lists).
-    """
-    args = list(args)
-    kwargs = dict(kwargs)
-    if not _FLAT.issuperset(map(type, args)) or (kwargs and not _FLAT.issuperset(map(type, kwargs.values()))):
-        args, kwargs = normalize_json(args), normalize_json(kwargs)
-    return task_result(task, job_id, TaskResultStatus.READY, args, kwargs, backend)
-
-
-def task_result(task: Task, job_id: str, status: TaskResultStatus, args: list, kwargs: dict, backend: str, *,
-                enqueued_at: datetime | None = None, started_at: datetime | None = None,
-                last_attempted_at: datetime | None = None, errors: list[TaskError] | None = None,
-                worker_ids: list[str] | None = None) -> TaskResult:
-    """A TaskResult built for the price of its fields, from arguments already in JSON form.
-
-    TaskResult's own constructor runs ``normalize_json`` over the arguments,
-    matching each value against abstract base classes, on every enqueue and
-    every run; arguments checked at enqueue or decoded from an envelope need
-    none of it.
-    """
-    errors = [] if errors is None else errors
-    worker_ids = [] if worker_ids is None else worker_ids
-    if _SLOTS is None:
-        return TaskResult(task=task, id=job_id, status=status, enqueued_at=enqueued_at, started_at=started_at,
-                          finished_at=None, last_attempted_at=last_attempted_at, args=args, kwargs=kwargs,
-                          backend=backend, errors=errors, worker_ids=worker_ids)
-    s_task, s_id, s_status, s_enqueued, s_started, s_finished, s_attempted, s_args, s_kwargs, s_backend, \
-        s_errors, s_workers, s_return = _SLOTS
-    result = _new(TaskResult)
-    s_task(result, task)
-    s_id(result, job_id)
-    s_status(result, status)
-    s_enqueued(result, enqueued_at)
-    s_started(result, started_at)
-    s_finished(result, None)
-    s_attempted(result, last_attempted_at)
-    s_args(result, args)
-    s_kwargs(result, kwargs)
-    s_backend(result, backend)
-    s_errors(result, errors)
-    s_workers(result, worker_ids)
-    s_return(result, None)
-    return result
-
-
-def _slot_setters() -> tuple[Callable[[TaskResult, Any], None], ...] | None:
-    """The setter of each of TaskResult's slots, in ``_READY_FIELDS`` order then ``_return_value``.
-
-    A slot's own setter skips the frozen dataclass's ``__setattr__`` and the
-    lookup by name that ``object.__setattr__`` makes: half the cost of a
-    TaskResult, built on every enqueue. None unless TaskResult has exactly
-    these fields, each a slot: a Django that changes them gets its own constructor.
-    """
-    expected = [*((name, True, MISSING) for name in _READY_FIELDS), ("_return_value", False, None)]
-    if [(f.name, f.init, f.default) for f in fields(TaskResult)] != expected:
-        return None
-    slots = [TaskResult.__dict__.get(name) for name, _, _ in expected]
-    if not all(isinstance(slot, MemberDescriptorType) for slot in slots):
-        return None
-    return tuple(slot.__set__ for slot in slots)
-
-
-_SLOTS = _slot_setters()
-_new = object.__new__
 
 
 def _traced(options: dict[str, Any], carrier: dict[str, str]) -> dict[str, Any]:
@@ -242,16 +49,8 @@ def _traced(options: dict[str, Any], carrier: dict[str, str]) -> dict[str, Any]:
     return {**options, "meta": tracing.with_carrier(options["meta"], carrier)}
 
 
-def _count(calls: Iterable[Any]) -> int:
-    """How many calls a batch has, when that is known without consuming it (else 0: not said)."""
-    try:
-        return len(calls)  # type: ignore[arg-type]
-    except TypeError:
-        return 0
 
 
-def ms_to_datetime(ms: int | None) -> datetime | None:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC) if ms else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +63,7 @@ class _Plan:
     options: dict[str, Any]
 
 
-class ChasquiBackend(BaseTaskBackend):
+class ChasquiBackend(BatchBackend):
     task_class = ChasquiTask
     supports_defer = True
     supports_async_task = True
@@ -627,61 +426,3 @@ class ChasquiBackend(BaseTaskBackend):
 
 
 _enqueued = TaskSignal(task_enqueued, ChasquiBackend)
-
-_discovered = False
-
-
-def discover_tasks() -> dict[str, ChasquiTask]:
-    """Import every installed app's ``tasks`` module, so its tasks register."""
-    global _discovered
-    if not _discovered:
-        autodiscover_modules("tasks")
-        _discovered = True
-    return TASK_REGISTRY
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No garbage collection while a batch's objects are built (its TaskResults while it is sent).
-
-    A thousand TaskResults, each with its lists and dicts, trigger several
-    collections that walk every object the process holds (Django's included),
-    which cost more than building them; nothing built here forms a cycle.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _unpack_call(index: int, call: Any) -> tuple[Any, Any]:
-    """One ``(args, kwargs)`` pair of ``enqueue_many``, checked so a mistake names its index."""
-    if type(call) is tuple and len(call) == 2:  # the usual shape, in three exact type checks
-        args, kwargs = call
-        if (type(args) is tuple or type(args) is list) and type(kwargs) is dict:
-            return args, kwargs
-    if isinstance(call, (str, bytes)) or not isinstance(call, (tuple, list)) or len(call) != 2:
-        raise TypeError(f"call {index}: expected an (args, kwargs) pair, got {call!r:.100}")
-    args, kwargs = call
-    if isinstance(args, (str, bytes, dict)) or not isinstance(args, (list, tuple)):
-        raise TypeError(f"call {index}: args must be a list or tuple, got {type(args).__name__}")
-    if not isinstance(kwargs, dict):
-        raise TypeError(f"call {index}: kwargs must be a dict, got {type(kwargs).__name__}")
-    return args, kwargs
-
-
-def was_cancelled(result: TaskResult) -> bool:
-    """Whether a FAILED result is that of a cancelled job (its last error is ``JobCancelled``).
-
-    Django's statuses have no CANCELLED, so a cancelled job reads FAILED, as
-    Django's own backends would show a job that did not finish."""
-    return result.status == TaskResultStatus.FAILED and bool(result.errors) and (
-        result.errors[-1].exception_class_path == CANCELLED_CLASS)
-
-
-def task_errors(records: list[dict[str, Any]]) -> list[TaskError]:
-    """The engine's error history as Django's TaskError list."""
-    return [TaskError(exception_class_path=e.get("class", ""), traceback=e.get("traceback", "")) for e in records]

@@ -19,9 +19,10 @@ from django.core.signals import setting_changed
 from django.tasks import Task
 from django.utils.module_loading import import_string
 
-from chasqui_core.backend import TASK_REGISTRY, ChasquiBackend, ChasquiTask, discover_tasks
+from chasqui_core.backend import ChasquiBackend
 from chasqui_core.conf import chasqui_settings
 from chasqui_core.engine.timing.schedules import Schedule, ScheduleError, parse_schedule
+from chasqui_core.task import TASK_REGISTRY, ChasquiTask, discover_tasks
 
 WHERE = "settings.CHASQUI['SCHEDULES']"
 

@@ -33,11 +33,12 @@ from django.tasks import TaskContext, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 
-from chasqui_core.backend import (ChasquiBackend, ChasquiTask, discover_tasks, ms_to_datetime, task_errors,
-                                  task_result)
+from chasqui_core.backend import ChasquiBackend
 from chasqui_core.engine.jobs.errors import JobCancelled
 from chasqui_core.engine.jobs.registry import HandlerRegistry, JobContext
 from chasqui_core.engine.jobs.tracebacks import class_path, format_exception
+from chasqui_core.task import ChasquiTask, discover_tasks
+from chasqui_core.task_results import ms_to_datetime, task_errors, task_result
 from chasqui_core import tracing
 from chasqui_core.task_signals import TaskSignal
 
@@ -188,7 +189,7 @@ class RunContext(TaskContext):
     __slots__ = ("_task", "_run", "_started", "built")
 
     def __init__(self, task: ChasquiTask, run: JobContext, result: TaskResult | None = None) -> None:
-        # Built on every run of such a task: each slot's own setter, as backend.task_result does, because
+        # Built on every run of such a task: each slot's own setter, as task_results.task_result does, because
         # TaskContext is a frozen dataclass and object.__setattr__ looks every name up (a microsecond a run).
         _set_task(self, task)
         _set_run(self, run)

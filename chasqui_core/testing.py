@@ -27,7 +27,7 @@ from django.tasks import TaskContext
 from django.tasks.backends.dummy import DummyBackend as DjangoDummyBackend
 from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
 
-from chasqui_core.backend import ChasquiTask
+from chasqui_core.task import ChasquiTask
 from chasqui_core.engine.jobs import progress
 
 

@@ -126,7 +126,8 @@ def main(argv: list[str]) -> int:
 def judge_again(directory: str) -> int:
     """The table and the discrepancies of a kept run, judged again from its ``evidence.json`` and ledgers."""
     from .record import load
-    from .verdict import judge, report_discrepancies, report_notes, table
+    from .verdict import judge
+    from .verdict_report import report_discrepancies, report_notes, table
 
     try:
         verdict = judge(load(directory))
@@ -324,7 +325,7 @@ class Soak:
 
     def report(self, verdict) -> None:
         """The faults, the table, the offenders, and one summary line."""
-        from .verdict import report_discrepancies, report_notes, table
+        from .verdict_report import report_discrepancies, report_notes, table
 
         say("\nFaults injected:")
         for f in self.injector.done:

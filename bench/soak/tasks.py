@@ -25,7 +25,7 @@ import uuid
 
 from django.tasks import task
 
-from chasqui_core.backend import ChasquiTask
+from chasqui_core.task import ChasquiTask
 from chasqui_core.engine.jobs.errors import UnrecoverableError
 
 from .kinds import BY_NAME, HANG_TIMEOUT, SLEEP_FOREVER

@@ -76,14 +76,12 @@ which the network faults cut the workers off from Redis.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .kinds import HANG_TIMEOUT, SCHEDULE_PREFIX, Kind, kind_of_job
+from .kinds import SCHEDULE_PREFIX, Kind, kind_of_job
 from .ledger import OK, Ledger, Run
-
-WATCH_SLACK = 0.5
-"""Seconds the watcher may note a death late (it polls five times a second, on a busy host)."""
+from .run_rules import CONTACT, DIED, LOST, at_once, charged_deaths, is_lost, most_at_once, outcome_lost
 
 SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
 POISON_PILL_DEATHS = 2
@@ -176,11 +174,6 @@ class Verdict:
         return Counter(d.what for d in self.discrepancies)
 
 
-LOST, UNSETTLED = "lost", "unsettled"
-DIED, CONTACT = "died", "lost contact"
-"""Why a run's outcome may never have been settled: its process died, or lost contact with Redis."""
-
-
 def abrupt_deaths(ev: Evidence) -> set[int]:
     """The processes that are gone without a clean stop on record: killed by the soak, crashed, or exited
     without running their exit handlers. A process that stopped cleanly settled what it ran: it is not dead."""
@@ -208,84 +201,6 @@ def death_times(ev: Evidence) -> dict[int, float | None]:
         if at is not None and pid in last:
             died[pid] = max(at, last[pid])
     return died
-
-
-def is_lost(run: Run, kind: Kind | None, died: Mapping[int, float | None], abrupt: set[int]) -> str | None:
-    """``lost`` when this run's process died under it: no end, and its process gone without a clean stop. A
-    hanging run normally has no end (its timeout abandons it): it is lost only if its process died before the
-    timeout. None otherwise (a run with an end is never a death, however soon its process died after)."""
-    if run.ended is not None or run.pid not in abrupt:
-        return None
-    if kind is not None and kind.hang:
-        at = died.get(run.pid)
-        return LOST if at is not None and at < run.started + HANG_TIMEOUT else None
-    return LOST
-
-
-def outcome_lost(run: Run, until: float, died: Mapping[int, float | None], abrupt: set[int],
-                 cut_off: Sequence[tuple[float, float]]) -> str | None:
-    """The evidence that a run which ended had its outcome lost: its process died without a clean stop (``died``),
-    or the workers were cut off from Redis (``lost contact``), after the run ended and before ``until`` (the
-    job's next run, or its dead-letter entry: had the outcome been settled, neither would have come). None: no
-    such evidence, so whatever came next cannot be blamed on a lost outcome."""
-    if run.ended is None:
-        return None
-    if run.pid in abrupt:
-        at = died.get(run.pid)
-        if at is None or run.ended <= at <= until + WATCH_SLACK:
-            return DIED
-    if any(start <= until and end >= run.ended for start, end in cut_off):
-        return CONTACT
-    return None
-
-
-def charged_deaths(runs: list[Run], kind: Kind, died: Mapping[int, float | None], abrupt: set[int]) -> int:
-    """Lost runs the engine charged: those followed by no later run with the same attempt number.
-
-    A run whose start-journal mark never reached Redis (its process died
-    first, or Redis was restarting) comes back uncharged, and its job runs
-    again with the same attempt number; the engine catches a job that keeps
-    doing that by its recovery count (``retry.RECOVERIES_BEFORE_PANIC``), not
-    by its deaths, so only charged deaths count against the poison-pill limit.
-    """
-    ordered = sorted(runs, key=lambda r: r.started)
-    charged = 0
-    for i, run in enumerate(ordered):
-        if is_lost(run, kind, died, abrupt) == LOST and not any(
-                later.attempt == run.attempt for later in ordered[i + 1:]):
-            charged += 1
-    return charged
-
-
-def run_end(run: Run, kind: Kind | None, died: Mapping[int, float | None], abrupt: set[int]) -> float | None:
-    """When a run stopped being under way: its end; a hanging run's timeout; the death of a process that died
-    under it. None when that cannot be told (its process's death was not watched, or it stopped cleanly)."""
-    if run.ended is not None:
-        return run.ended
-    if kind is not None and kind.hang:
-        return run.started + HANG_TIMEOUT
-    return died.get(run.pid) if run.pid in abrupt else None
-
-
-def at_once(runs: list[Run], kind: Kind | None, died: Mapping[int, float | None], abrupt: set[int],
-            cut_off: Sequence[tuple[float, float]]) -> list[tuple[Run, Run]]:
-    """Pairs of runs of one job under way at the same time, the first in a process that had not lost contact.
-
-    At least once never means twice at once: a job's entry goes to another
-    worker only when its holder's lease lapsed, which a live process only
-    lets happen when it is cut off from Redis.
-    """
-    out = []
-    for i, first in enumerate(runs):
-        stop = run_end(first, kind, died, abrupt)
-        if stop is None:
-            continue
-        for later in runs[i + 1:]:
-            if later.started >= stop:
-                break
-            if not any(start <= later.started and end >= first.started for start, end in cut_off):
-                out.append((first, later))
-    return out
 
 
 def missing_attempts(runs: list[Run], kind: Kind, replays: list[bool], dead: list[DeadEntry]) -> list[int]:
@@ -342,16 +257,6 @@ def _blame(flag, deaths: int, lost_outcomes: Counter, needed: int, otherwise: st
 def _schedule_of(job_id: str) -> str:
     """``schedule:<name>:<due ms>`` -> ``<name>``."""
     return job_id[len(SCHEDULE_PREFIX):].rpartition(":")[0]
-
-
-def most_at_once(runs: list[Run]) -> int:
-    """The most runs under way at one moment, from their start and end times (an end before a start at a tie)."""
-    edges = sorted([(r.started, 1) for r in runs] + [(r.ended, -1) for r in runs if r.ended is not None])
-    now = most = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
 
 
 def judge(ev: Evidence) -> Verdict:
@@ -532,70 +437,3 @@ def judge(ev: Evidence) -> Verdict:
     for rec in ledger.orphan_ends:
         problems.append(f"a ledger end line has no start line: {rec!r}")
     return Verdict(rows, found, problems, notes)
-
-
-def table(verdict: Verdict, order: Iterable[str]) -> str:
-    """The kind x {enqueued, succeeded, dead by reason, max runs, lost runs, discrepancies} table, as text."""
-    head = ("kind", "enqueued", "replays", "succeeded", "dead (by reason)", "max runs", "lost runs", "unsettled",
-            "discrepancies")
-    body = []
-    total = Row("total")
-    for name in order:
-        row = verdict.rows.get(name)
-        if row is None:
-            continue
-        body.append(_cells(row))
-        total.enqueued += row.enqueued
-        total.replays += row.replays
-        total.succeeded += row.succeeded
-        total.dead.update(row.dead)
-        total.max_runs = max(total.max_runs, row.max_runs)
-        total.lost_runs += row.lost_runs
-        total.unsettled += row.unsettled
-        total.discrepancies += row.discrepancies
-    body.append(_cells(total))
-    widths = [max(len(str(r[i])) for r in (head, *body)) for i in range(len(head))]
-
-    def fmt(cells) -> str:
-        return "  ".join(str(c).ljust(w) if i in (0, 4) else str(c).rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([fmt(head), rule, *map(fmt, body[:-1]), rule, fmt(body[-1])])
-
-
-def _cells(row: Row) -> tuple:
-    dead = ", ".join(f"{reason} {n}" for reason, n in sorted(row.dead.items())) or "-"
-    return (row.kind, row.enqueued, row.replays, row.succeeded, dead, row.max_runs, row.lost_runs, row.unsettled,
-            row.discrepancies)
-
-
-def report_notes(verdict: Verdict, per_kind: int = 3) -> str:
-    """The first few findings of each kind the evidence explains (``NOTED``), with their ledger lines."""
-    out: list[str] = []
-    shown: Counter = Counter()
-    for d in verdict.notes:
-        shown[d.what] += 1
-        if shown[d.what] <= per_kind:
-            out.append(f"NOTE ({d.what}): job {d.job_id} ({d.kind}): {d.detail}")
-            out += [f"    {line}" for line in d.lines] or ["    (no ledger line)"]
-    for what, n in sorted(shown.items()):
-        if n > per_kind:
-            out.append(f"... and {n - per_kind} more {what}")
-    return "\n".join(out)
-
-
-def report_discrepancies(verdict: Verdict, per_kind: int = 3) -> str:
-    """The problems, then the first few offending jobs of each kind of discrepancy with their ledger lines."""
-    out = [f"PROBLEM: {p}" for p in verdict.problems]
-    shown: Counter = Counter()
-    counts = verdict.counts()
-    for d in verdict.discrepancies:
-        if shown[d.what] >= per_kind:
-            continue
-        shown[d.what] += 1
-        out.append(f"{d.what.upper()}: job {d.job_id} ({d.kind}): {d.detail}")
-        out += [f"    {line}" for line in d.lines] or ["    (no ledger line)"]
-    for what, n in sorted(counts.items()):
-        if n > shown[what]:
-            out.append(f"... and {n - shown[what]} more {what}")
-    return "\n".join(out)

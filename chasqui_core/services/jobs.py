@@ -13,7 +13,7 @@ from django.tasks import TaskResult
 from django.utils import timezone
 
 from chasqui_core import access
-from chasqui_core.backend import ChasquiTask, discover_tasks
+from chasqui_core.task import ChasquiTask, discover_tasks
 from chasqui_core.engine.ops import cancel, lookup
 from chasqui_core.engine.timing import delayed as delayed_mod
 from chasqui_core.models import AuditEntry

@@ -26,7 +26,7 @@ from chasqui_core.engine.ops.stats import server_ms
 from chasqui_core.models import AuditEntry
 from chasqui_core.services.audit import record
 from chasqui_core.services.common import InvalidInput, NotFound, Source, check_source, redis_client, require
-from chasqui_core.backend import ms_to_datetime
+from chasqui_core.task_results import ms_to_datetime
 
 OUTCOMES = ("SUCCESSFUL", "FAILED", "READY", "RUNNING")
 

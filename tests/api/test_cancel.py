@@ -6,7 +6,7 @@ import time
 import pytest
 from django.tasks import task_backends
 
-from chasqui_core.backend import was_cancelled
+from chasqui_core.task_results import was_cancelled
 from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.worker.worker import Worker
 from chasqui_core.models import AuditEntry

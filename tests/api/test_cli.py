@@ -13,7 +13,7 @@ from django.core.management.base import CommandError
 from chasqui_core.engine.ops import control
 from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.producer.queue import Queue
-from chasqui_core.management.commands.chasqui import ProgressBar, parse_when
+from chasqui_core.management.terminal import ProgressBar, parse_when
 from chasqui_core.models import ApiKey, AuditEntry
 
 from tests.helpers import TASK, add_dead, bulk_dead

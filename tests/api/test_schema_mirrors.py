@@ -1,6 +1,6 @@
 """The API's response schemas that mirror an engine dataclass field for field stay its mirror.
 
-api/schemas.py spells out each response for OpenAPI (types, descriptions,
+api/schemas.py (with dlq_schemas.py and schedule_schemas.py) spells out each response for OpenAPI (types, descriptions,
 examples); the engine's dataclasses are what the services hand it. A field
 added on one side and not the other would be dropped from the API, or be a
 schema field always empty, without any test failing. Each pair below lists
@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from api import schemas
+from api import dlq_schemas, schedule_schemas, schemas
 from chasqui_core.engine.timing import delayed, scheduler
 from chasqui_core.engine.ops import history, metrics, running_jobs, stats
 from chasqui_core.engine.worker import limits
@@ -26,17 +26,17 @@ MIRRORS = [
     (schemas.DelayedJobOut, delayed.DelayedJob, {"run_at": "due_ms as a date, for people"},
      {"member": "the raw delayed-set member, which the API never hands out"}),
     (schemas.DelayedPageOut, delayed.DelayedPage, {}, {}),
-    (schemas.DLQPageOut, browse.Page, {}, {}),
-    (schemas.ErrorGroupOut, browse.ErrorGroup, {"first_seen": "first_seen_ms as a date",
+    (dlq_schemas.DLQPageOut, browse.Page, {}, {}),
+    (dlq_schemas.ErrorGroupOut, browse.ErrorGroup, {"first_seen": "first_seen_ms as a date",
                                                 "last_seen": "last_seen_ms as a date"}, {}),
-    (schemas.DLQSearchOut, search.SearchPage, {}, {}),
+    (dlq_schemas.DLQSearchOut, search.SearchPage, {}, {}),
     (schemas.WorkerOut, stats.WorkerInfo, {"last_seen": "last_seen_ms as a date"}, {}),
     (schemas.RunningJobOut, running_jobs.RunningJob, {"started_at": "started_at_ms as a date"},
      {"band": "internal: the stream the run was read from", "started_at_ms": "given as started_at"}),
     (schemas.RunningPageOut, running_jobs.RunningPage, {}, {}),
     (schemas.TaskFiguresOut, history.TaskFigures, {}, {}),
-    (schemas.FireOut, scheduler.FireRecord, {"fired_at": "at as a date", "outcome": "read from the fire's job"},
-     {"at": "given as fired_at"}),
+    (schedule_schemas.FireOut, scheduler.FireRecord,
+     {"fired_at": "at as a date", "outcome": "read from the fire's job"}, {"at": "given as fired_at"}),
     (schemas.MetricsOut, metrics.Series, {"fields": "the counters' names, listed once for the series"}, {}),
 ]
 

@@ -17,7 +17,7 @@ from django.tasks import TaskResultStatus
 from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
-from chasqui_core.backend import TASK_REGISTRY
+from chasqui_core.task import TASK_REGISTRY
 from chasqui_core.task_runner import build_registry
 from chasqui_core.engine.jobs.envelope import decode
 from chasqui_core.engine.store.keys import QueueKeys
@@ -62,7 +62,7 @@ def test_a_result_built_slot_by_slot_equals_djangos_own():
     from django.tasks import TaskResult
     from django.tasks.base import TaskError
 
-    from chasqui_core.backend import _SLOTS, task_result
+    from chasqui_core.task_results import _SLOTS, task_result
 
     assert _SLOTS is not None  # this Django's TaskResult is the shape the fast path knows
     enqueued, started, attempted = (datetime(2026, 1, 2, 3, 4, second, tzinfo=UTC) for second in (5, 6, 7))

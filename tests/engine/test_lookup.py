@@ -9,6 +9,7 @@ import pytest
 
 from chasqui_core.engine.timing import delayed
 from chasqui_core.engine.ops import lookup
+from chasqui_core.engine.ops.stream_scan import CHUNK
 from chasqui_core.engine.jobs.envelope import Job, new_job_id, now_ms
 from chasqui_core.engine.dlq.index import DLQIndex
 from chasqui_core.engine.dlq.replay import DeadLetters
@@ -48,7 +49,7 @@ def test_a_waiting_job_is_found_in_the_stream_near_its_time(redis):
     assert found.job is not None and found.job.args == [1, 2] and found.job.kwargs == {"password": "hunter2"}
     assert found.stream_entry == added.entry_id
     assert found.delivered_to is None and found.running is None
-    assert found.scanned <= 2 * lookup.CHUNK
+    assert found.scanned <= 2 * CHUNK
     assert any("around the id's time: found" in note for note in found.searched)
 
 
@@ -213,7 +214,7 @@ def test_a_dead_job_the_index_names_is_found_before_any_stream_is_read(redis):
     """Thousands of jobs made about when the dead one was wait in the stream: the index is asked first."""
     queue = Queue(Q, redis_client=redis)
     job = dead_job(args=(7, 8))
-    queue.add_bulk([JobSpec(TASK, [i]) for i in range(3 * lookup.CHUNK)])
+    queue.add_bulk([JobSpec(TASK, [i]) for i in range(3 * CHUNK)])
     entry = add_dead(redis, Q, job)
     assert DLQIndex(redis, Q).rebuild().ready
     found = find(redis, job.id)
@@ -227,7 +228,7 @@ def test_a_replayed_job_is_found_at_the_entry_its_replay_gave_it(redis):
     queue = Queue(Q, redis_client=redis)
     job = dead_job(args=(7, 8))
     entry = add_dead(redis, Q, job)
-    queue.add_bulk([JobSpec(TASK, [i]) for i in range(lookup.NEAR + 2 * lookup.CHUNK)])
+    queue.add_bulk([JobSpec(TASK, [i]) for i in range(lookup.NEAR + 2 * CHUNK)])
     assert DeadLetters(redis, Q).replay([entry]) == 1
     found = find(redis, job.id)
     assert found.state == "waiting" and found.job.args == [7, 8] and found.job.replays == 1
@@ -240,12 +241,12 @@ def test_a_replayed_job_is_found_at_the_entry_its_replay_gave_it(redis):
 def test_a_dead_job_made_long_before_it_died_is_found(redis):
     job = dead_job()
     job = Job("01" + job.id[2:], job.task, job.args, attempt=job.attempt, errors=job.errors)  # made in the 2000s
-    for i in range(3 * lookup.CHUNK):
+    for i in range(3 * CHUNK):
         add_dead(redis, Q, args=(i, 0))
     entry = add_dead(redis, Q, job)
     found = find(redis, job.id)
     assert (found.state, found.dead.entry_id) == ("dead", entry)
-    assert found.scanned <= 2 * lookup.CHUNK  # the newest end is read at once
+    assert found.scanned <= 2 * CHUNK  # the newest end is read at once
 
 
 def test_a_finished_job_is_found_by_its_result_record(redis):

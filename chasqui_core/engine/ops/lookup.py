@@ -49,8 +49,8 @@ priority bands' (priority.py): the same search, per stream.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import msgpack
@@ -65,20 +65,12 @@ from chasqui_core.engine.jobs.progress import Progress
 from chasqui_core.engine.jobs.progress import decode as decode_progress
 from chasqui_core.engine.jobs.results import decode_result
 from chasqui_core.engine.ops.stats import _decode_worker, add_clock_read, server_ms
+from chasqui_core.engine.ops.stream_scan import CLOCK_SKEW_MS, Search, match_stream, packed_id, two_ends, wide
 
 State = Literal["waiting", "running", "delayed", "dead", "finished"]
 
-CHUNK = 1000
-"""Entries read per round trip while scanning a stream."""
-
 NEAR = 4_000
 """Entries read around a ULID's millisecond before the stream is searched more widely."""
-
-CLOCK_SKEW_MS = 60_000
-"""How far a producer's clock may run ahead of the server's: the lower bound of a ULID job's entries."""
-
-NEAR_SKEW_MS = 2_000
-"""The usual bound on a producer clock's lead: the wide scans read from here first, the rest of the margin last."""
 
 ZSCAN_COUNT = 10_000
 """Members the server checks per ZSCAN call (about 10 ms at most of its time)."""
@@ -151,22 +143,6 @@ class JobLookup:
         return self.state is not None
 
 
-@dataclass
-class _Search:
-    client: Client
-    job_id: str
-    scan_limit: int
-    zscan_limit: int
-    created_ms: int | None
-    scanned: int = 0
-    complete: bool = True
-    cut_short: bool = False
-    notes: list[str] = field(default_factory=list)
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-
 def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: int = 200_000,
              zscan_limit: int = 1_000_000) -> JobLookup:
     """Look for ``job_id`` in every one of ``queues``; see the module's docstring for the order.
@@ -182,7 +158,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
         raise ValueError(f"scan_limit must be a whole number of 1 or more, got {scan_limit!r}")
     if isinstance(zscan_limit, bool) or not isinstance(zscan_limit, int) or zscan_limit < 1:
         raise ValueError(f"zscan_limit must be a whole number of 1 or more, got {zscan_limit!r}")
-    search = _Search(client, job_id, scan_limit, zscan_limit, ulid_ms(job_id))
+    search = Search(client, job_id, scan_limit, zscan_limit, ulid_ms(job_id))
     all_keys = [QueueKeys.for_queue(q) for q in queues]
     if not all_keys:
         return _done(search, None, JobLookup(job_id, None))
@@ -276,7 +252,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
                 continue
             where = k.in_band(band_name)
             rows = client.xrange(where.stream, new_entry, new_entry, count=1) if new_entry else []
-            hit = _match_stream(search, rows)
+            hit = match_stream(search, rows)
             if hit is not None:
                 search.note(f"the stream of {_stream_name(where)} at the entry its replay gave it: found")
                 return _done(search, results.get(k.queue), _in_stream(search, where, *hit, running.get(k.queue)))
@@ -326,7 +302,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     return _done(search, results.get(owner) if owner else None, JobLookup(job_id, None, queue=owner))
 
 
-def _done(search: _Search, result: dict[str, Any] | None, found: JobLookup) -> JobLookup:
+def _done(search: Search, result: dict[str, Any] | None, found: JobLookup) -> JobLookup:
     return JobLookup(
         found.job_id, found.state, found.queue, found.job, found.stream_entry, found.delivered_to,
         found.deliveries, found.running, found.run_at_ms, found.dead, result, search.created_ms, search.scanned,
@@ -340,85 +316,12 @@ def _queues(keys: Sequence[QueueKeys]) -> str:
     return f"queue{'s' if len(names) != 1 else ''} {shown}"
 
 
-def _needle(job_id: str) -> bytes:
-    """The id as an envelope packs it: a payload without these bytes is not the job's."""
-    packed: bytes = msgpack.packb(job_id)
-    return packed
-
-
-def _match_stream(search: _Search, rows: list[tuple[bytes, dict[bytes, bytes]]]) -> tuple[bytes, Job] | None:
-    needle = _needle(search.job_id)
-    for eid, fields in rows:
-        payload = fields.get(b"j", b"")
-        if needle in payload:
-            try:
-                job = decode(payload)
-            except DecodeError:
-                continue
-            if job.id == search.job_id:
-                return eid, job
-    return None
-
-
-def _two_ends(search: _Search, key: str, fwd_from: str, rev_from: str, low: str, budget: int, *,
-              converge: bool) -> Iterator[list[tuple[bytes, dict[bytes, bytes]]]]:
-    """Chunks read forwards from ``fwd_from`` and backwards from ``rev_from`` (down to ``low``), one pipelined
-    round trip per pair, until both ends run out or ``budget`` entries were read; ``converge``: the two reads
-    head towards each other and stop where they meet. Sets ``search.cut_short`` when the budget stopped it."""
-    fwd: str | None = fwd_from
-    rev: str | None = rev_from
-    fwd_seen: tuple[int, int] | None = None  # the newest id read forwards
-    rev_seen: tuple[int, int] | None = None  # the oldest id read backwards
-    read = 0
-    search.cut_short = False
-    while fwd is not None or rev is not None:
-        if read >= budget:
-            search.cut_short = True
-            return
-        count = max(1, min(CHUNK, (budget - read) // (2 if fwd is not None and rev is not None else 1)))
-        pipe = search.client.pipeline(transaction=False)
-        if fwd is not None:
-            pipe.xrange(key, fwd, "+", count=count)
-        if rev is not None:
-            pipe.xrevrange(key, rev, low, count=count)
-        replies = pipe.execute()
-        forward = replies.pop(0) if fwd is not None else None
-        backward = replies.pop(0) if rev is not None else None
-        for rows, forwards in ((forward, True), (backward, False)):
-            if rows is None:
-                continue
-            full = len(rows) == count
-            if converge and rows:
-                seen = rev_seen if forwards else fwd_seen
-                if seen is not None:
-                    rows = [r for r in rows if (_sid(r[0]) < seen if forwards else _sid(r[0]) > seen)]
-                    full = False if len(rows) < count else full
-            read += len(rows)
-            search.scanned += len(rows)
-            if rows:
-                yield rows
-            nxt = "(" + rows[-1][0].decode() if full and rows else None
-            if forwards:
-                fwd_seen = _sid(rows[-1][0]) if rows else fwd_seen
-                fwd = nxt
-            else:
-                rev_seen = _sid(rows[-1][0]) if rows else rev_seen
-                rev = nxt
-        if converge and fwd_seen is not None and rev_seen is not None and fwd_seen >= rev_seen:
-            return
-
-
-def _sid(raw: bytes) -> tuple[int, int]:
-    ms, _, seq = raw.partition(b"-")
-    return int(ms), int(seq or 0)
-
-
-def _stream_near(search: _Search, k: QueueKeys, created: int) -> tuple[bytes, Job] | None:
+def _stream_near(search: Search, k: QueueKeys, created: int) -> tuple[bytes, Job] | None:
     low = max(0, created - CLOCK_SKEW_MS)
     budget = min(NEAR, search.scan_limit)
     before = search.scanned
-    for rows in _two_ends(search, k.stream, f"{created}-0", f"({created}-0", f"{low}-0", budget, converge=False):
-        hit = _match_stream(search, rows)
+    for rows in two_ends(search, k.stream, f"{created}-0", f"({created}-0", f"{low}-0", budget, converge=False):
+        hit = match_stream(search, rows)
         if hit is not None:
             search.note(f"the stream of {_stream_name(k)} around the id's time: found")
             return hit
@@ -431,24 +334,10 @@ def _stream_name(k: QueueKeys) -> str:
     return f"{k.queue} ({k.band} priority)" if k.band else k.queue
 
 
-def _wide(search: _Search, key: str) -> Iterator[list[tuple[bytes, dict[bytes, bytes]]]]:
-    """Every entry of a stream the job may be in, within ``scan_limit``: for a ULID, first from a moment
-    before its creation forwards and from the newest entry backwards, then the rest of the clock-skew margin."""
-    if search.created_ms is None:
-        yield from _two_ends(search, key, "-", "+", "-", search.scan_limit, converge=True)
-        return
-    near, low = max(0, search.created_ms - NEAR_SKEW_MS), max(0, search.created_ms - CLOCK_SKEW_MS)
-    start = search.scanned
-    yield from _two_ends(search, key, f"{near}-0", "+", f"{near}-0", search.scan_limit, converge=True)
-    if not search.cut_short and near > low:
-        budget = search.scan_limit - (search.scanned - start)
-        yield from _two_ends(search, key, f"{low}-0", f"({near}-0", f"{low}-0", budget, converge=True)
-
-
-def _stream_wide(search: _Search, k: QueueKeys) -> tuple[bytes, Job] | None:
+def _stream_wide(search: Search, k: QueueKeys) -> tuple[bytes, Job] | None:
     before = search.scanned
-    for rows in _wide(search, k.stream):
-        hit = _match_stream(search, rows)
+    for rows in wide(search, k.stream):
+        hit = match_stream(search, rows)
         if hit is not None:
             search.note(f"the whole stream of {_stream_name(k)}: found")
             return hit
@@ -458,7 +347,7 @@ def _stream_wide(search: _Search, k: QueueKeys) -> tuple[bytes, Job] | None:
     return None
 
 
-def _in_stream(search: _Search, k: QueueKeys, eid: bytes, job: Job, run: Running | None) -> JobLookup:
+def _in_stream(search: Search, k: QueueKeys, eid: bytes, job: Job, run: Running | None) -> JobLookup:
     """A stream hit is waiting, or running when the consumer group delivered it and has not settled it."""
     entry = eid.decode()
     consumer, deliveries = None, 0
@@ -475,7 +364,7 @@ def _in_stream(search: _Search, k: QueueKeys, eid: bytes, job: Job, run: Running
                      deliveries=deliveries, running=run)
 
 
-def _delayed(search: _Search, k: QueueKeys) -> tuple[Job, int] | None:
+def _delayed(search: Search, k: QueueKeys) -> tuple[Job, int] | None:
     pattern = b"*" + _glob_escape(search.job_id) + b"*"
     cursor, read = 0, 0
     size = int(search.client.zcard(k.delayed))
@@ -502,16 +391,16 @@ def _delayed(search: _Search, k: QueueKeys) -> tuple[Job, int] | None:
     return None
 
 
-def _dead(search: _Search, k: QueueKeys) -> DeadJob | None:
+def _dead(search: Search, k: QueueKeys) -> DeadJob | None:
     if DLQIndex(search.client, k.queue).state().ready:  # it would have named the entry
         search.note(f"the dead-letter index of {k.queue}: not there")
         return None
     wanted = search.job_id.encode()
     before = search.scanned
-    for rows in _wide(search, k.dlq):
+    for rows in wide(search, k.dlq):
         for eid, fields in rows:
             stored = fields.get(b"job_id")
-            if stored == wanted or (not stored and _needle(search.job_id) in fields.get(b"j", b"")):
+            if stored == wanted or (not stored and packed_id(search.job_id) in fields.get(b"j", b"")):
                 dead = decode_entry(k.queue, eid, fields)
                 if dead.job_id == search.job_id:
                     search.note(f"the dead-letter queue of {k.queue}: found")

@@ -16,13 +16,8 @@ between two chunks: what is done stays done and nothing is half-moved.
 
 from __future__ import annotations
 
-import re
-import signal
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta, UTC
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -31,6 +26,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from chasqui_core.engine.dlq.entries import REASONS
 from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.management.terminal import Interrupt, ProgressBar, fmt_age, fmt_ms, parse_when, shorten, table
 from chasqui_core.masking import mask, mask_text
 from chasqui_core.models import ApiKey, Operation
 from chasqui_core.services import api_keys as api_keys_service
@@ -43,112 +39,6 @@ from chasqui_core.services import operations as operations_service
 from chasqui_core.services import queues as queues_service
 from chasqui_core.services import workers as workers_service
 from chasqui_core.services.common import Conflict, InvalidInput, NotFound
-
-_AGO = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$", re.IGNORECASE)
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
-def parse_when(value: str, *, now: datetime | None = None) -> datetime:
-    """An ISO 8601 date/time (no zone means UTC) or a span ago: "90s", "30m", "1h", "2d", "1w"."""
-    m = _AGO.match(value)
-    if m:
-        return (now or datetime.now(UTC)) - timedelta(**{_UNITS[m[2].lower()]: int(m[1])})
-    try:
-        parsed = datetime.fromisoformat(value.strip())
-    except ValueError:
-        raise CommandError(
-            f"{value!r} is not a time: use ISO 8601 (2026-01-31T12:00:00Z) or a span ago such as 30m, 1h, 2d"
-        ) from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _fmt_ms(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _age(ms: int) -> str:
-    seconds = ms // 1000
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-
-
-def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _short(text: str, width: int = 60) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[:width - 1] + "…"
-
-
-class ProgressBar:
-    """A one-line bar redrawn in place on a terminal; a line every few seconds elsewhere (logs, CI)."""
-
-    WIDTH = 30
-
-    def __init__(self, out, label: str, *, tty: bool | None = None, every: float = 2.0) -> None:
-        self.out = out
-        self.label = label
-        self.tty = out.isatty() if tty is None else tty
-        self.every = every
-        self._last: float | None = None
-        self.done = 0
-        self.total = 0
-
-    def __call__(self, done: int, total: int) -> None:
-        self.done, self.total = done, total
-        now = time.monotonic()
-        if self.tty:
-            share = done / total if total else 1.0
-            filled = int(self.WIDTH * share)
-            bar = "#" * filled + "." * (self.WIDTH - filled)
-            self.out.write(f"\r{self.label} [{bar}] {done:,}/{total:,} {share:4.0%}")
-            self.out.flush()
-        elif self._last is None or now - self._last >= self.every or done == total:
-            self._last = now
-            self.out.write(f"{self.label}: {done:,}/{total:,}\n")
-
-    def close(self) -> None:
-        if self.tty:
-            self.out.write("\n")
-            self.out.flush()
-
-
-class Interrupt:
-    """Ctrl-C asks the running sweep to stop after its current chunk, instead of killing it mid-call."""
-
-    def __init__(self, out) -> None:
-        self.out = out
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self) -> Interrupt:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:  # a second Ctrl-C: the operator really wants out
-            raise KeyboardInterrupt
-        self.requested = True
-        self.out.write("\nStopping after the current chunk (Ctrl-C again to abort at once)...\n")
-
-    def __call__(self) -> bool:
-        return self.requested
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-
 
 class Command(BaseCommand):
     help = ("Inspect and operate Chasqui queues: stats, dead letters, delayed jobs, pause/resume/purge, workers "
@@ -282,7 +172,7 @@ class Command(BaseCommand):
         else:
             stats = queues_service.queue_overview(self.actor, source="cli")
         rows = [(s.name, "paused" if s.paused else "active", s.stream_length, s.pending, s.in_flight, s.delayed,
-                 s.overdue, _age(s.oldest_overdue_age_ms) if s.overdue else "-", s.dlq, s.workers,
+                 s.overdue, fmt_age(s.oldest_overdue_age_ms) if s.overdue else "-", s.dlq, s.workers,
                  "-" if s.lag is None else s.lag) for s in stats]
         self._say(table(rows, ("QUEUE", "STATE", "STREAM", "PENDING", "IN-FLIGHT", "DELAYED", "OVERDUE",
                                "OLDEST-OVERDUE", "DLQ", "WORKERS", "LAG")))
@@ -294,7 +184,7 @@ class Command(BaseCommand):
         groups = dlq_service.dlq_groups(self.actor, queue, source="cli")[:10]
         if groups:
             self._say(f"\nTop dead-letter errors of {queue}:")
-            self._say(table([(g.count, _fmt_ms(g.last_seen_ms), _short(mask_text(g.fingerprint), 80))
+            self._say(table([(g.count, fmt_ms(g.last_seen_ms), shorten(mask_text(g.fingerprint), 80))
                              for g in groups], ("COUNT", "LAST-SEEN", "ERROR")))
 
     # --- dlq ------------------------------------------------------------------------------------
@@ -322,7 +212,7 @@ class Command(BaseCommand):
             return
         if action == "groups":
             groups = dlq_service.dlq_groups(self.actor, queue, filter=self._filter(opts), source="cli")
-            self._say(table([(g.id, g.count, _fmt_ms(g.first_seen_ms), _fmt_ms(g.last_seen_ms), ",".join(g.tasks),
+            self._say(table([(g.id, g.count, fmt_ms(g.first_seen_ms), fmt_ms(g.last_seen_ms), ",".join(g.tasks),
                               mask_text(g.fingerprint)) for g in groups],
                             ("GROUP (use with --fingerprint)", "COUNT", "FIRST-SEEN", "LAST-SEEN", "TASKS", "ERROR")))
             return
@@ -332,7 +222,7 @@ class Command(BaseCommand):
         if opts.get("entry"):
             dead = dlq_service.dlq_entry(self.actor, queue, opts["entry"], source="cli")
             self._say(f"Entry {dead.entry_id}  job {dead.job_id}  task {dead.task}")
-            self._say(f"Died {_fmt_ms(dead.dead_at_ms)} UTC, reason {dead.reason}")
+            self._say(f"Died {fmt_ms(dead.dead_at_ms)} UTC, reason {dead.reason}")
             if dead.job is not None:
                 self._say(f"args: {mask(dead.job.args)}  kwargs: {mask(dead.job.kwargs)}")
             for record in dead.errors:
@@ -345,7 +235,7 @@ class Command(BaseCommand):
             return
         page = dlq_service.dlq_page(self.actor, queue, filter=self._filter(opts), limit=opts["limit"], source="cli")
         total = dlq_service.dlq_count(self.actor, queue, source="cli")
-        rows = [(d.entry_id, _fmt_ms(d.dead_at_ms), d.task, d.reason, d.error_class, _short(mask_text(d.error)))
+        rows = [(d.entry_id, fmt_ms(d.dead_at_ms), d.task, d.reason, d.error_class, shorten(mask_text(d.error)))
                 for d in page.items]
         self._say(table(rows, ("ENTRY", "DIED (UTC)", "TASK", "REASON", "ERROR-CLASS", "ERROR")))
         more = " (more match: narrow the filter or raise --limit)" if page.next_cursor else ""
@@ -411,7 +301,7 @@ class Command(BaseCommand):
         action, queue = opts["delayed_command"], opts["queue"]
         if action == "list":
             page = delayed_service.delayed_page(self.actor, queue, limit=opts["limit"], source="cli")
-            self._say(table([(j.job_id, j.task, _fmt_ms(j.run_at_ms), j.attempt, _short(str(mask(j.args)), 40))
+            self._say(table([(j.job_id, j.task, fmt_ms(j.run_at_ms), j.attempt, shorten(str(mask(j.args)), 40))
                              for j in page.items], ("JOB", "TASK", "RUN-AT (UTC)", "ATTEMPT", "ARGS")))
             if page.next_cursor:
                 self._say("(more: raise --limit)")
@@ -461,7 +351,7 @@ class Command(BaseCommand):
             self._say("  none")
             return
         self._say(table([(w.id, w.host, w.pid, w.supervisor_pid or "-", ",".join(w.queues), w.concurrency,
-                          w.in_flight, w.processed, w.failed, _fmt_ms(w.last_seen_ms),
+                          w.in_flight, w.processed, w.failed, fmt_ms(w.last_seen_ms),
                           "stale" if w.stale else w.state) for w in workers],
                         ("ID", "HOST", "PID", "SUPERVISOR", "QUEUES", "CONCURRENCY", "IN-FLIGHT", "PROCESSED",
                          "FAILED", "LAST-SEEN", "STATE")))
