@@ -69,7 +69,7 @@ class SyncLane:
         self._wake: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
         """One True per thread woken, one None per thread to end (``close``)."""
         self._lock = threading.Lock()
-        """Guards ``_awake``: taken when a thread goes to sleep or is woken, never per job."""
+        """Guards the changes of ``_awake``: taken when a thread goes to sleep or is woken, never per job."""
         self._awake = 0
         """Threads taking jobs now, or woken to: the rest sleep on ``_wake``."""
         self._size = 0
@@ -89,12 +89,8 @@ class SyncLane:
         """Hand a job to the threads (on the loop): a thread is woken only when none is awake."""
         self.outstanding += 1
         self._waiting.append(delivery)
-        with self._lock:  # a thread going to sleep looks at the inbox under it: one of the two sees the other
-            wake = self._awake <= 0 < self._size
-            if wake:
-                self._awake += 1
-        if wake:
-            self._wake.put(True)
+        if self._awake <= 0:  # no lock per job: a thread going to sleep counts itself out first, then looks
+            self._wake_up(1)  # at the inbox again, so one of the two sees the other
         if self._spreading is None:
             self._seen = self._taken
             self._spreading = self._loop.call_later(SPREAD_S, self._spread)
@@ -162,12 +158,17 @@ class SyncLane:
     # --- in the threads -----------------------------------------------------------
 
     def _sleep(self) -> bool:
-        """Go to sleep unless a job waits (checked under the lock the loop wakes threads under, so no job is left
-        waiting with every thread asleep); False when the thread is to end."""
+        """Go to sleep unless a job waits; False when the thread is to end.
+
+        The thread counts itself out of the awake ones first and looks at the
+        inbox after: a job the loop added before it looked is seen here, and
+        one added after finds no thread awake and wakes one (``submit``)."""
         with self._lock:
-            if self._waiting:
-                return True
             self._awake -= 1
+        if self._waiting:
+            with self._lock:
+                self._awake += 1
+            return True
         return self._wake.get() is not None
 
     def _run(self) -> None:
