@@ -214,6 +214,9 @@ class RunworkerSetup:
 SETUPS = {
     "runworker-async": RunworkerSetup("anoop", "worker-concurrent", "async def noop task, --concurrency 100"),
     "runworker-sync": RunworkerSetup("noop", "worker-sync", "def noop task, --concurrency 10 (threads)"),
+    "runworker-sync-100": RunworkerSetup("noop", "worker-concurrent",
+                                         "def noop task, --concurrency 100 (threads), against the engine's async "
+                                         "drain: what a Django project of plain functions gets"),
     "runworker-retry": RunworkerSetup("fail_once", "worker-retry",
                                       "async task failing on its first run (1 ms backoff), then succeeding; "
                                       "--concurrency 100; successes per second"),

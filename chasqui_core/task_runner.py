@@ -65,7 +65,7 @@ def task_handler(task: ChasquiTask):
     if iscoroutinefunction(func):
         def run_async(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
             """The coroutine the worker awaits: watched for failures only, unless a receiver wants more."""
-            if tracing.enabled():
+            if tracing.enabled(ctx.job.meta):
                 return traced(ctx, args, kwargs)
             return untraced(ctx, args, kwargs)
 
@@ -124,7 +124,7 @@ def task_handler(task: ChasquiTask):
         return run_async
 
     def run_sync(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
-        if not tracing.enabled():
+        if not tracing.enabled(ctx.job.meta):
             return run_untraced(ctx, args, kwargs)
         with _run_span(task, ctx) as span:
             try:

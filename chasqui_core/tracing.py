@@ -10,7 +10,10 @@ retry straight to the run that started the trouble.
 
 The import is tried once, here. Without the package, or with ``CHASQUI["OPENTELEMETRY"] = False``,
 ``enabled()`` is one global read and a settings attribute, and the callers take their untraced path: no
-span, no context in the job.
+span, no context in the job. With the package but no SDK (no tracer provider installed, the API's
+default), a span would record nothing, yet making one cost a fifth of a noop job's run in the worker; so
+the untraced path is taken then too, unless there is a trace context to pass on (one the job carries, or a
+current span's).
 """
 
 from __future__ import annotations
@@ -41,22 +44,29 @@ QUEUE, TASK, JOB_ID, ATTEMPT, OUTCOME, COUNT = (
     "chasqui.queue", "chasqui.task", "chasqui.job_id", "chasqui.attempt", "chasqui.outcome", "chasqui.count")
 
 
-_provider_installed = False
-"""Set once a real tracer provider is seen: OpenTelemetry lets a process install one only once, for good."""
+_provider_set = False
+"""Set once a tracer provider other than the API's default is seen (one cannot be taken back)."""
 
 
-def enabled() -> bool:
-    """Whether spans are made: the package is installed, the setting leaves them on, and the project installed
-    a tracer provider (an SDK). Without a provider every span would be a no-op that still costs a context
-    switch per run, a tenth of a noop job's time on the sync path: the API package alone records nothing."""
-    global _provider_installed
+def enabled(meta: Mapping[str, Any] | None = None) -> bool:
+    """Whether spans are made: the package is installed, the setting leaves them on, and a span would record
+    something or pass a context on (``meta``: a run's job meta, which may carry its enqueuer's context)."""
     if _trace is None or not chasqui_settings().OPENTELEMETRY:
         return False
-    if not _provider_installed:
-        provider = _trace.get_tracer_provider()
-        if isinstance(provider, (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)):
-            return False
-        _provider_installed = True
+    if _provider_set or _recording():
+        return True
+    if meta is not None and META_KEY in meta:
+        return True
+    return bool(_trace.get_current_span().get_span_context().is_valid)
+
+
+def _recording() -> bool:
+    """Whether spans go somewhere: a provider is installed, or the tracer was given one directly."""
+    global _provider_set
+    assert _trace is not None
+    if isinstance(_tracer, _trace.ProxyTracer) and isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+        return False
+    _provider_set = True
     return True
 
 

@@ -34,7 +34,6 @@ def tracer(monkeypatch):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(EXPORTER))
     monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("chasqui"))
-    monkeypatch.setattr(tracing, "_provider_installed", True)  # as a project's own provider would make it
     yield provider.get_tracer("test")
     provider.shutdown()
 

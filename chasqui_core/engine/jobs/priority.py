@@ -87,8 +87,8 @@ class Inbox:
 
     Safe for the sync lane's threads to take from while the loop adds:
     ``deque`` appends and pops are atomic, and a take that finds a line
-    emptied under it tries the next (``pop`` only ever runs with at least one
-    delivery waiting, which the lane's token queue guarantees).
+    emptied under it tries the next, and raises IndexError when all are empty
+    (a lane thread then goes to sleep).
     """
 
     __slots__ = ("lines", "_turns", "_turn")

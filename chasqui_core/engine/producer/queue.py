@@ -17,9 +17,7 @@ import os
 import time
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import hiredis
 import msgpack
@@ -28,22 +26,20 @@ import redis.asyncio as aredis
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 
+from chasqui_core.engine.jobs.errors import EnqueueUnavailable
+from chasqui_core.engine.jobs.idempotency import DEFAULT_TTL, check_ttl
+from chasqui_core.engine.jobs.signing import Signer
 from chasqui_core.engine.ops import cancel
-from chasqui_core.engine.timing import delayed
-from chasqui_core.engine.jobs import job_ids
-from chasqui_core.engine.jobs.backoff import BackoffSpec, coerce_backoff
+from chasqui_core.engine.producer.jobspec import BuiltJob, Enqueued, JobSpec, PayloadTooLarge, build
+from chasqui_core.engine.producer.link import Lane, Link, Retrier, unavailable
 from chasqui_core.engine.store.connection import (aconnect, ais_cluster, connect, is_cluster_client, server_of,
                                                   undetected, url_of)
-from chasqui_core.engine.jobs.envelope import MAX_RESULT_TTL, check_json_types, new_job_id, now_ms, pack_job
-from chasqui_core.engine.jobs.errors import EnqueueUnavailable
-from chasqui_core.engine.jobs.idempotency import DEFAULT_TTL, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, check_key, check_ttl
 from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.producer.link import Lane, Link, Retrier, unavailable
 from chasqui_core.engine.store.scripts import Scripts, source
-from chasqui_core.engine.worker.limits import LIMIT_KEY_META
-from chasqui_core.engine.jobs.priority import PRIORITY_META, band_of, check_priority
-from chasqui_core.engine.jobs.registry import TIMEOUT_META, check_timeout
-from chasqui_core.engine.jobs.signing import SIGNATURE, Signer
+from chasqui_core.engine.timing import delayed
+
+__all__ = ["BuiltJob", "Enqueued", "JobSpec", "PayloadTooLarge", "Queue"]
+"""The value types live in jobspec.py; they are named here too, where callers have always found them."""
 
 DEFAULT_UNIQUE_TTL_MS = 24 * 3600 * 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
@@ -60,86 +56,6 @@ _EMPTY_BULK = b"$0\r\n\r\n"
 
 
 _pack_items = msgpack.Packer(use_bin_type=False).pack
-_RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, TIMEOUT_META, LIMIT_KEY_META, PRIORITY_META})
-
-
-class PayloadTooLarge(ValueError):
-    """An encoded job is bigger than the queue accepts."""
-
-
-@dataclass(slots=True)
-class JobSpec:
-    """One job for ``add_bulk``; the same options as ``Queue.add``."""
-
-    task: str
-    args: Sequence[Any] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    job_id: str | None = None
-    delay: timedelta | int | float | None = None
-    run_at: datetime | None = None
-    attempts: int | None = None
-    backoff: BackoffSpec | int | dict[str, Any] | str | None = None
-    result_ttl: int = 0
-    meta: Mapping[str, Any] | None = None
-    idempotency_key: str | bool | None = None
-    """Guards execution: a job whose key already completed (within its TTL) is acknowledged, not run.
-    True uses the job's id. See idempotency.py."""
-    idempotency_ttl: int | None = None
-    """Seconds the completed key is remembered; None: the queue's ``idempotency_ttl``."""
-    timeout: float | None = None
-    """Seconds a run of this job may take, over its task's and the worker's timeout; None: theirs."""
-    limit_key: str | None = None
-    """The bucket this job takes in its keyed rate and concurrency limits, over the value of their ``key``
-    argument (see limits.py)."""
-    priority: int = 0
-    """-100 to 100, higher first: above 0 the queue's high band, below 0 its low band (priority.py)."""
-
-
-class Enqueued(NamedTuple):
-    """What became of one added job (a named tuple: bulk adds make one per job)."""
-
-    job_id: str
-    queue: str
-    entry_id: str | None
-    """Stream entry id when the job is ready now; None when delayed or a duplicate."""
-    delayed: bool = False
-    duplicate: bool = False
-    """True when a job with the same caller-given id was added within the idempotency window."""
-
-
-class BuiltJob(NamedTuple):
-    """A job validated and encoded by ``Queue.build``, ready to send (now, or on commit)."""
-
-    idempotency_key: str
-    """The caller-given job id ("" when the queue chose one): repeats within the window add nothing."""
-    when: str
-    """Empty to run now; else ``+<delay ms>``, or ``@<epoch ms>`` for a due time."""
-    payload: bytes
-    job_id: str
-
-
-def _when(delay: timedelta | int | float | None, run_at: datetime | None) -> str:
-    if delay is not None and run_at is not None:
-        raise ValueError("Give either delay= or run_at=, not both")
-    if run_at is not None:
-        if not isinstance(run_at, datetime):
-            raise TypeError(f"run_at must be a datetime, not {type(run_at).__name__}")
-        if run_at.tzinfo is None:
-            raise ValueError("run_at must be a timezone-aware datetime")
-        return "@" + str(int(run_at.timestamp() * 1000))
-    if delay is None:
-        return ""
-    if isinstance(delay, timedelta):
-        ms = delay.total_seconds() * 1000
-    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
-        ms = float(delay)
-    else:
-        raise TypeError(f"delay must be a timedelta or a number of milliseconds, not {type(delay).__name__}")
-    if ms != ms or ms < 0:
-        raise ValueError(f"delay must be 0 or more, got {delay!r}")
-    return "+" + str(int(ms)) if ms > 0 else ""
-
-
 class Queue:
     """A named queue on one Redis server.
 
@@ -196,72 +112,10 @@ class Queue:
     # --- building jobs ------------------------------------------------------
 
     def build(self, spec: JobSpec) -> BuiltJob:
-        """Validate and encode one job.
-
-        This runs once per job on the producer's hot path, so the common case
-        (no options) skips straight to packing.
-        """
-        task = spec.task
-        if type(task) is not str or not task:
-            raise ValueError("A job needs a task name (a non-empty string)")
-        args = list(spec.args)
-        kwargs = spec.kwargs if type(spec.kwargs) is dict else dict(spec.kwargs)
-        check_json_types(args, "args")
-        if kwargs:
-            check_json_types(kwargs, "kwargs")
-        attempts = spec.attempts
-        if attempts is not None and (type(attempts) is not int or attempts < 1):
-            raise ValueError(f"attempts must be a whole number of 1 or more, got {attempts!r}")
-        backoff = spec.backoff
-        if backoff is not None:
-            backoff = coerce_backoff(backoff).to_dict()  # type: ignore[union-attr]
-        job_id = spec.job_id
-        if job_id is not None:
-            job_ids.check(job_id)
-        when = "" if spec.delay is None and spec.run_at is None else _when(spec.delay, spec.run_at)
-        result_ttl = spec.result_ttl
-        if type(result_ttl) is not int or not 0 <= result_ttl <= MAX_RESULT_TTL:
-            raise ValueError(f"result_ttl must be a whole number of seconds from 0 to {MAX_RESULT_TTL}, "
-                             f"got {result_ttl!r}")
-        meta = dict(spec.meta) if spec.meta else {}
-        if meta:
-            check_json_types(meta, "meta")
-            if not _RESERVED_META.isdisjoint(meta):
-                raise ValueError(f"meta keys {', '.join(sorted(_RESERVED_META))} are the queue's own; "
-                                 "pass idempotency_key=, idempotency_ttl=, timeout=, limit_key= and priority= instead")
-        jid = job_id or new_job_id()
-        key = spec.idempotency_key
-        if key is not None and key is not False:
-            key = meta[IDEMPOTENCY_KEY] = jid if key is True else check_key(key)
-            ttl = spec.idempotency_ttl
-            meta[IDEMPOTENCY_TTL] = self.idempotency_ttl if ttl is None else check_ttl(ttl)
-        else:
-            key = None
-            if spec.idempotency_ttl is not None:
-                raise ValueError("idempotency_ttl is only meaningful with an idempotency_key")
-        if spec.timeout is not None:
-            meta[TIMEOUT_META] = check_timeout(spec.timeout)
-        if spec.limit_key is not None:
-            if type(spec.limit_key) is not str or not 0 < len(spec.limit_key) <= 200:
-                raise ValueError(f"limit_key must be a non-empty string of at most 200 characters, "
-                                 f"got {spec.limit_key!r}")
-            meta[LIMIT_KEY_META] = spec.limit_key
-        if spec.priority or type(spec.priority) is not int:
-            band = band_of(check_priority(spec.priority))
-            meta[PRIORITY_META] = spec.priority
-            if not when:  # ready now: straight to the band's stream (delayed, the promoter reads the envelope)
-                when = "!" + band
-        created = now_ms()
-        if self._signer is not None:
-            meta[SIGNATURE] = self._signer.sign(jid, task, args, kwargs, created, key)
-        payload = pack_job(jid, task, args, kwargs, created, attempts, backoff, result_ttl, meta)
-        if len(payload) > self.max_payload_bytes:
-            raise PayloadTooLarge(
-                f"Job for task {task!r} is {len(payload)} bytes once encoded; "
-                f"the queue accepts at most {self.max_payload_bytes} bytes. "
-                "Pass a reference (a row id, a file path) instead of the data."
-            )
-        return BuiltJob(job_id or "", when, payload, jid)
+        """Validate and encode one job (``jobspec.build``, with this queue's signing key, idempotency window and
+        payload limit)."""
+        return build(spec, signer=self._signer, idempotency_ttl=self.idempotency_ttl,
+                     max_payload_bytes=self.max_payload_bytes)
 
     @staticmethod
     def _items(built: list[Any]) -> bytes:

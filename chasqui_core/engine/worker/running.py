@@ -11,19 +11,21 @@ charged by ``watch_deadlines``.
 the sync lane, deadlines, journal marks and slot releases) and gets its
 collaborators in its constructor; the worker (worker.py) builds one per
 ``run()`` and is the only part that knows every other. The per-job path
-touches only the runner's own attributes.
+touches only the runner's own attributes. Two parts of it that a plain job
+never meets live beside it as mixins over the same state: the checks before
+a start (gates.py: limits, cancel requests, idempotency keys) and the
+isolation of suspects after a crash (suspects.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import enum
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from chasqui_core.engine.ops import cancel
 from chasqui_core.engine.worker.admission import Admission
@@ -31,7 +33,6 @@ from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.worker.delivery import Delivery, ref_of
 from chasqui_core.engine.jobs.envelope import check_json_types, now_ms
 from chasqui_core.engine.jobs.errors import JobCancelled, JobTimeout
-from chasqui_core.engine.jobs.idempotency import completed_by
 from chasqui_core.engine.worker.inflight import InFlight
 from chasqui_core.engine.recovery.journal import StartJournal
 from chasqui_core.engine.store.keys import QueueKeys
@@ -39,23 +40,13 @@ from chasqui_core.engine.worker.limits import LimitGate, Limits
 from chasqui_core.engine.settle.outcomes import Outcomes
 from chasqui_core.engine.jobs.priority import Inbox
 from chasqui_core.engine.settle.settler import Settler
+from chasqui_core.engine.worker.gates import Gates
+from chasqui_core.engine.worker.suspects import Suspects
 from chasqui_core.engine.worker.sync_lane import FAILED, LATE, REQUEUE, SyncLane
 from chasqui_core.engine.jobs.tracebacks import class_path, message
 
 logger = logging.getLogger("chasqui.worker")
 
-
-class _Unread(enum.Enum):
-    UNREAD = 0
-
-
-UNREAD: Final = _Unread.UNREAD
-"""What ``_read_or_requeue`` returns when the read failed and its deliveries went back on the stream."""
-
-T = TypeVar("T")
-
-LIMIT_RETRY_S = 0.5
-"""How long a reader waits after a failed limit check before reading again."""
 
 DEADLINE_TICK_S = 0.2
 """How often sync jobs are checked against their timeouts (async jobs have a timer each)."""
@@ -69,7 +60,7 @@ class Tally(Protocol):
     failed: int
 
 
-class Runner:
+class Runner(Gates, Suspects):
     """Runs one worker's admitted deliveries, up to ``concurrency`` at once, and hands their outcomes on."""
 
     def __init__(self, worker_id: str, *, concurrency: int, prefetch: int, priority_mode: str,
@@ -256,210 +247,6 @@ class Runner:
         if keyed:
             await self._screen(keys, keyed)
 
-    async def _limit(self, keys: QueueKeys, limited: list[Delivery]) -> None:
-        """Start the limited jobs whose limits have room now; the others wait in the delayed set (limits.py).
-
-        If Redis cannot answer, the jobs go back on the stream as they were:
-        none runs unchecked, none is lost.
-        """
-        taken = await self._read_or_requeue(keys, limited, "checking the limits", self.gate.take(keys, limited))
-        if taken is UNREAD:
-            await asyncio.sleep(LIMIT_RETRY_S)  # this reader only: no hot loop while the check keeps failing
-            return
-        if len(taken.admitted) < len(limited):
-            admitted = set(taken.admitted)
-            for d in limited:
-                if d not in admitted:  # parked (or no longer pending here): nothing more to do with it
-                    self._release(d)
-        if taken.earliest_ms >= 0:
-            self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
-        await self._start(keys, taken.admitted)
-        if self.buffered <= self.prefetch // 2:
-            self._room.set()
-
-    async def _read_or_requeue(self, keys: QueueKeys, deliveries: list[Delivery], doing: str,
-                               read: Awaitable[T]) -> T | _Unread:
-        """Await a read the batch depends on (idempotency markers, cancel requests, limit slots).
-
-        If Redis cannot answer, the deliveries go back on the stream as they
-        were, so nothing runs unchecked and nothing is lost; returns UNREAD then.
-        """
-        try:
-            return await read
-        except asyncio.CancelledError:
-            for d in deliveries:
-                self._requeue(d)
-            raise
-        except Exception as exc:
-            logger.warning("%s of %d job(s) on %s failed (%s: %s); they go back on the stream", doing,
-                           len(deliveries), keys.queue, type(exc).__name__, exc)
-            for d in deliveries:
-                self._requeue(d)
-            return UNREAD
-
-    def _retake_later(self, late: list[Delivery]) -> None:
-        """Take again, off the dispatch path, the rate tokens of jobs that did not start within their grace
-        (limits.py): a rate limit is a promise about starts, and a token taken at read time may have lapsed."""
-        by_stream: dict[str, list[Delivery]] = {}
-        for d in late:
-            by_stream.setdefault(d.keys.stream, []).append(d)
-        for group in by_stream.values():
-            task = asyncio.ensure_future(self._retake(group[0].keys, group))
-            self._side_tasks.add(task)
-            task.add_done_callback(self._side_tasks.discard)
-
-    async def _retake(self, keys: QueueKeys, late: list[Delivery]) -> None:
-        """Start the late jobs whose rate has room now; the others wait in the delayed set, uncharged."""
-        taken = await self._read_or_requeue(keys, late, "taking rate tokens again", self.gate.retake(keys, late))
-        if taken is UNREAD:
-            return
-        admitted = set(taken.admitted)
-        for d in late:
-            if d not in admitted:  # parked: let go, its slots given back
-                self._release(d)
-        if taken.earliest_ms >= 0:
-            self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
-        dispatch = alone = False
-        for d in taken.admitted:
-            if self._stop.is_set() or d.taken_back:
-                self._requeue(d)
-            elif d is self._alone:  # the suspect, late to run alone: it runs alone now
-                if d.handler.is_async:
-                    self._inbox.append(d)
-                    alone = True
-                else:
-                    self._to_lane(d)
-            elif self._isolating:  # a suspect waits or runs alone: this one waits too
-                self._isolate(d)
-            elif d.handler.is_async:
-                self._inbox.append(d)
-                dispatch = True
-            else:
-                self._to_lane(d)
-        if alone:
-            self._dispatch(alone=True)
-        elif dispatch:
-            self._dispatch()
-
-    def _give_back(self, d: Delivery) -> None:
-        """Give back a run's concurrency slots soon, with the others of this turn of the loop (one call)."""
-        waiting = self._releases.get(d.keys.queue)
-        if waiting is None:
-            self._releases[d.keys.queue] = [d]
-        else:
-            waiting.append(d)
-        if len(self._releases) == 1 and len(self._releases[d.keys.queue]) == 1:
-            self._loop.call_soon(self._send_releases)
-
-    def _send_releases(self) -> None:
-        releases, self._releases = self._releases, {}
-        for deliveries in releases.values():
-            self._spawn_release(deliveries[0].keys, deliveries)
-
-    def _spawn_release(self, keys: QueueKeys, deliveries: list[Delivery]) -> None:
-        async def release() -> None:
-            try:
-                await self.gate.release(keys, deliveries)
-            except Exception as exc:  # the slots lapse by themselves after a lease
-                logger.warning("giving back %d concurrency slot(s) on %s failed (%s: %s); they lapse after the "
-                               "visibility timeout", len(deliveries), keys.queue, type(exc).__name__, exc)
-        task = asyncio.ensure_future(release())
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
-
-    async def _unless_cancelled(self, keys: QueueKeys, admitted: list[Delivery], version: bytes) -> list[Delivery]:
-        """The deliveries no cancel request names; the others are dead-lettered as cancelled without running.
-
-        If Redis cannot answer, the jobs go back on the stream as they were: nothing runs unchecked."""
-        record = await self._read_or_requeue(keys, admitted, "reading the cancel requests",
-                                             self.cancel_copies.of(self.client, keys, version))
-        if record is UNREAD:
-            return []
-        if not record:
-            return admitted
-        kept = []
-        for d in admitted:
-            requested = record.get(d.job.id)
-            if requested is not None:
-                self._release(d)
-                self.outcomes.cancelled_unstarted(d, requested)
-            else:
-                kept.append(d)
-        return kept
-
-    def cancel_delivery(self, d: Delivery, requested: int) -> None:
-        """Act on a cancel request for a delivery this worker holds (cancel_watch.Watch found it)."""
-        if not self.held.holds(d) or d.cancel_requested:
-            return
-        if d.handler.is_async and not d.started and d not in self._inbox:
-            return  # it waits on its idempotency key's check: the next poll finds it in the inbox or running
-        d.cancel_requested = requested
-        d.cancel_seen = now_ms()
-        if d.handler.is_async:
-            if d.started:
-                if d.task is not None:
-                    d.task.cancel()
-            else:
-                self._inbox.remove(d)
-                self._release(d)
-                self.outcomes.cancelled_unstarted(d, requested)
-        else:  # told through its context; a thread that has not started it puts it back (sync_lane.py)
-            self.cancelling.add(d)
-        logger.info("worker %s: job %s (%s) cancelled %s", self.id, d.job.id, d.job.task,
-                    "while it ran" if d.started else "before it started")
-
-    # --- suspects run alone -----------------------------------------------------------
-
-    def _isolate(self, d: Delivery) -> None:
-        """Set a delivery aside while a suspect runs alone: a suspect (a job charged a run lost with a worker
-        that died) waits for its turn; any other job waits until no suspect is left.
-
-        A job that kills its process takes with it every job running beside it, and each of those is charged a
-        lost run. Run beside the same neighbours again, it would kill them a second time, and two deaths make
-        a ``panic``: innocent jobs dead-lettered beside the pill. So a suspect runs with nothing else running in
-        its process; if it dies then, the death is its own. What was fetched and has not started waits too,
-        so that only the runs under way must end before the suspect starts."""
-        if d.job.deaths:
-            self._suspects.append(d)
-        else:
-            self._set_aside.append(d)
-        if not self._isolating:
-            self._isolating = True
-            self._set_aside.extend(self._inbox)
-            self._inbox.clear()
-            if self._lane is not None:
-                self._set_aside.extend(self._lane.take_unstarted())
-        self._loop.call_soon(self._run_alone)
-
-    def _run_alone(self) -> None:
-        """Start the next suspect once nothing runs in this process; when none is left, start what was set aside.
-        Called whenever a run ends while isolating."""
-        if self._alone is not None or not self._isolating or self._stop.is_set() or self.in_flight:
-            return
-        while self._suspects:
-            d = self._suspects.popleft()
-            if d.taken_back or not self.held.holds(d):
-                continue
-            self._alone = d
-            logger.info("worker %s: job %s (%s) runs alone: it was running when a worker died (%d time(s)); "
-                        "alone, a death of its process is its own", self.id, d.job.id, d.job.task, d.job.deaths)
-            if d.handler.is_async:
-                self._inbox.append(d)
-                self._dispatch(alone=True)
-            else:
-                self._to_lane(d)
-            return
-        self._isolating = False
-        set_aside, self._set_aside = self._set_aside, deque()
-        for d in set_aside:
-            if d.taken_back or not self.held.holds(d):
-                continue
-            if d.handler.is_async:
-                self._inbox.append(d)
-            else:
-                self._to_lane(d)
-        self._dispatch()
-
     def _release(self, d: Delivery) -> bool:
         """Let a delivery go from the worker's hands (its outcome handed on, given back, parked or let go), with
         the concurrency slots it holds; False when it was gone already. The suspect running alone that leaves
@@ -479,38 +266,6 @@ class Runner:
         if d.timeout is not None:
             self._timed_sync.add(d)
         self._lane.submit(d)
-
-    async def _screen(self, keys: QueueKeys, keyed: list[Delivery]) -> None:
-        """Run the keyed jobs whose key has not completed; acknowledge the others without running them.
-
-        One MGET for the batch's markers. If Redis cannot answer, the jobs go
-        back on the stream as they were (nothing runs unchecked, nothing is lost).
-        """
-        done = await self._read_or_requeue(keys, keyed, "checking the idempotency keys", completed_by(
-            self.client, [keys.done + (d.idempotency_key or "") for d in keyed]))
-        if done is UNREAD:
-            return
-        accepted = False
-        for d, by in zip(keyed, done, strict=True):
-            if d.taken_back:  # let go while its key was checked: another worker's now
-                continue
-            if by is not None:
-                self._release(d)
-                try:
-                    self.outcomes.skipped(d, by)
-                except Exception as exc:  # whatever goes wrong touches this job only
-                    self.outcomes.internal(d, "acknowledging a job whose idempotency key had completed", exc)
-            elif self._stop.is_set():  # stopping while the markers were read: it must not start now
-                self._requeue(d)
-            elif self._isolating or d.job.deaths:
-                self._isolate(d)
-            elif d.handler.is_async:
-                self._inbox.append(d)
-                accepted = True
-            else:
-                self._to_lane(d)
-        if accepted:
-            self._dispatch()
 
     # --- running ------------------------------------------------------------------
 

@@ -1,12 +1,22 @@
 """Threads that run sync handlers.
 
 A sync handler (a plain ``def``, the Django-typical case) cannot run on the
-event loop. Handing each job to a thread pool costs a Future and two thread
-wake-ups per job; instead, the reader feeds sync jobs straight into an
-inbox that a fixed set of threads drain, and the threads hand outcomes back
-in batches: one loop wake-up carries every outcome that finished meanwhile.
-The inbox keeps one line per priority band (priority.py); a queue of tokens,
-one per job waiting, wakes the threads.
+event loop, so the reader feeds sync jobs into an inbox (one line per
+priority band, priority.py) that a fixed set of threads take from, and the
+threads hand outcomes back in batches: one loop wake-up carries every outcome
+that finished meanwhile.
+
+Throughput comes from waking few threads, not many. A noop job takes a few
+µs of the GIL; waking a thread for it (a token, a futex, the GIL handed over
+from the loop) costs more than the job, and with a hundred threads each
+woken per job a sync worker ran at a quarter of an async one. So a woken
+thread keeps taking jobs from the inbox until it is empty, and the loop wakes
+a thread only when none is awake (``submit``). Threads are added as the jobs
+need them: while jobs wait, the loop looks every ``SPREAD_S``, and if no
+thread took a job in that time (the awake ones are busy in slow jobs: a
+query, a call to another service), it wakes as many more as jobs wait. So
+quick jobs run on one or two threads with no hand-over per job, and slow
+ones spread over the whole lane within a few milliseconds, as before.
 
 A thread writes its job to the start journal (journal.py) just before the
 handler starts, so a crash charges the jobs that were running and none of
@@ -28,9 +38,9 @@ from collections.abc import Callable
 from typing import Any
 
 from chasqui_core.engine.jobs.envelope import check_json_types, now_ms
+from chasqui_core.engine.jobs.priority import STRICT, Inbox
 from chasqui_core.engine.recovery.journal import StartJournal
 from chasqui_core.engine.worker.delivery import Delivery
-from chasqui_core.engine.jobs.priority import STRICT, Inbox
 
 OK, FAILED, REQUEUE, LATE = 0, 1, 2, 3
 """What became of a job handed to the lane: ran (OK, FAILED), went back unstarted (REQUEUE), or came back to the
@@ -38,6 +48,9 @@ loop unstarted because its rate token lapsed while it waited (LATE: it takes one
 
 Outcome = tuple[int, Delivery, Any, int, int]
 """(kind, delivery, result or exception, started at ms, duration ms)."""
+
+SPREAD_S = 0.001
+"""How long jobs may wait with no thread taking one before the loop wakes more threads."""
 
 
 class SyncLane:
@@ -53,8 +66,18 @@ class SyncLane:
         self._loop = asyncio.get_running_loop()
         self._on_outcomes = on_outcomes
         self._waiting = Inbox(priority_mode)
-        self._queue: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
-        """One True per job in ``_waiting``, one None per thread to end (``close``)."""
+        self._wake: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
+        """One True per thread woken, one None per thread to end (``close``)."""
+        self._lock = threading.Lock()
+        """Guards the changes of ``_awake``: taken when a thread goes to sleep or is woken, never per job."""
+        self._awake = 0
+        """Threads taking jobs now, or woken to: the rest sleep on ``_wake``."""
+        self._size = 0
+        """Threads in the lane (not counting those abandoned in a run past its timeout)."""
+        self._taken = 0
+        """Jobs taken by the threads so far (a hint for ``_spread``: a lost update only delays a wake-up)."""
+        self._spreading: asyncio.TimerHandle | None = None
+        self._seen = -1
         self._done: deque[Outcome] = deque()
         self._notified = False
         self._names = itertools.count()
@@ -63,40 +86,90 @@ class SyncLane:
             self.replace()
 
     def submit(self, delivery: Delivery) -> None:
+        """Hand a job to the threads (on the loop): a thread is woken only when none is awake."""
         self.outstanding += 1
         self._waiting.append(delivery)
-        self._queue.put(True)
+        if self._awake <= 0:  # no lock per job: a thread going to sleep counts itself out first, then looks
+            self._wake_up(1)  # at the inbox again, so one of the two sees the other
+        if self._spreading is None:
+            self._seen = self._taken
+            self._spreading = self._loop.call_later(SPREAD_S, self._spread)
+
+    def _wake_up(self, wanted: int) -> None:
+        with self._lock:
+            n = min(wanted, self._size - self._awake)
+            if n <= 0:
+                return
+            self._awake += n
+        for _ in range(n):
+            self._wake.put(True)
+
+    def _spread(self) -> None:
+        """While jobs wait: if none was taken since the last look, the awake threads are busy in slow jobs, so wake
+        as many again (at most one per job waiting): a lane of slow jobs is all awake within a few looks."""
+        self._spreading = None
+        waiting = len(self._waiting)
+        if not waiting:
+            return
+        taken = self._taken
+        if taken == self._seen:
+            self._wake_up(min(waiting, max(1, self._awake)))
+        self._seen = taken
+        self._spreading = self._loop.call_later(SPREAD_S, self._spread)
 
     def take_unstarted(self) -> list[Delivery]:
         """Remove and return the jobs no thread has picked up yet."""
         taken: list[Delivery] = []
         while True:
             try:
-                token = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if token is not None:  # a job no thread will take now
                 taken.append(self._waiting.popleft())
+            except IndexError:
+                break
         self.outstanding -= len(taken)
         return taken
 
     def abandon(self, delivery: Delivery) -> None:
-        """Stop counting a job whose run passed its timeout (its outcome was written already; on the loop)."""
+        """Stop counting a job whose run passed its timeout (its outcome was written already; on the loop).
+        Its thread is counted out of the lane: it leaves once the handler returns."""
         delivery.timed_out = True
         self.outstanding -= 1
         self.abandoned += 1
+        with self._lock:
+            self._awake -= 1
+            self._size -= 1
 
     def replace(self) -> None:
         """Start one more thread: at start, and in place of one stuck in a job that passed its timeout."""
+        with self._lock:
+            self._size += 1
         thread = threading.Thread(target=self._run, name=f"chasqui-sync-{next(self._names)}", daemon=True)
         self._threads.append(thread)
         thread.start()
+        if self._waiting:
+            self._wake_up(1)
 
     def close(self) -> None:
+        if self._spreading is not None:
+            self._spreading.cancel()
+            self._spreading = None
         for _ in self._threads:
-            self._queue.put(None)
+            self._wake.put(None)
 
     # --- in the threads -----------------------------------------------------------
+
+    def _sleep(self) -> bool:
+        """Go to sleep unless a job waits; False when the thread is to end.
+
+        The thread counts itself out of the awake ones first and looks at the
+        inbox after: a job the loop added before it looked is seen here, and
+        one added after finds no thread awake and wakes one (``submit``)."""
+        with self._lock:
+            self._awake -= 1
+        if self._waiting:
+            with self._lock:
+                self._awake += 1
+            return True
+        return self._wake.get() is not None
 
     def _run(self) -> None:
         """Take jobs and run them until told to end.
@@ -108,16 +181,23 @@ class SyncLane:
         """
         done = self._done
         journal = self.journal
-        token: bool | None = self._queue.get()
+        waiting = self._waiting
+        if self._wake.get() is None:
+            return
         ahead: Delivery | None = None
         """The next job, taken while the last run's mark was struck, its start mark already written."""
         while True:
             if ahead is not None:
                 d, ahead, marked = ahead, None, True
-            elif token is None:
-                return
             else:
-                d, marked = self._take(), False
+                try:
+                    d = waiting.popleft()
+                except IndexError:
+                    if not self._sleep():
+                        return
+                    continue
+                marked = False
+            self._taken += 1
             if self.stopping or d.cancel_requested or d.taken_back or 0.0 < d.rate_by < time.monotonic():
                 # back unstarted (cancel.py, Runner.let_go), or back to the loop for a rate token (limits.py)
                 if marked:
@@ -125,32 +205,32 @@ class SyncLane:
                 late = not (self.stopping or d.cancel_requested or d.taken_back)
                 d.started = 0
                 done.append((LATE if late else REQUEUE, d, None, 0, 0))
-                token = self._queue.get() if not self._notify() else None
+                if self._notify():
+                    return
                 continue
             started = now_ms()
             if not marked:
                 journal.started_one(d.keys.stream, d.entry_id, started)
             outcome = self._call(d, started)
-            # strike its mark at once; with the next job's start when one waits (not after an abandoned run:
-            # this thread leaves the lane then)
-            token = None
-            if not d.timed_out:
-                try:
-                    token = self._queue.get_nowait()
-                except queue.Empty:
-                    token = False
-            if token:
-                ahead = self._take()
+            if d.timed_out:  # abandoned: its outcome is written, and this thread is out of the lane
+                journal.finished_one(d.keys.stream, d.entry_id)
+                done.append(outcome)
+                self._notify()
+                return
+            # strike its mark at once, with the next job's start when one waits
+            try:
+                ahead = waiting.popleft()
+            except IndexError:
+                ahead = None
+            if ahead is not None:
                 ahead.started = now_ms()
                 journal.ended_and_started(d.keys.stream, d.entry_id, ahead.keys.stream, ahead.entry_id,
                                           ahead.started)
             else:
                 journal.finished_one(d.keys.stream, d.entry_id)
             done.append(outcome)
-            if self._notify() or d.timed_out:  # the loop is gone, or this run was abandoned: another thread
-                return                          # took this one's place
-            if token is False:
-                token = self._queue.get()
+            if self._notify():  # the loop is gone (an abandoned run ending late)
+                return
 
     def _notify(self) -> bool:
         """Wake the loop to drain the outcomes (once for all that finished meanwhile); True when it is gone.
@@ -164,15 +244,6 @@ class SyncLane:
             except RuntimeError:  # the loop is closed: the worker is gone (an abandoned run ending late)
                 return True
         return False
-
-    def _take(self) -> Delivery:
-        """The next job to run, for a thread that holds a token: one waits for it, though another thread
-        may have taken the one this thread first looked at (then it looks again)."""
-        while True:
-            try:
-                return self._waiting.popleft()
-            except IndexError:
-                time.sleep(0)
 
     def _call(self, d: Delivery, started: int) -> Outcome:
         """Run the handler; never raises (whatever it raises is the job's outcome)."""

@@ -1,0 +1,92 @@
+"""Suspects run alone: a job charged a run lost with a worker that died runs with nothing beside it.
+
+Part of the ``Runner`` (running.py), kept apart because it is a mode the
+runner enters only after a crash, and nothing of it runs otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from chasqui_core.engine.jobs.priority import Inbox
+from chasqui_core.engine.worker.delivery import Delivery
+from chasqui_core.engine.worker.inflight import InFlight
+from chasqui_core.engine.worker.sync_lane import SyncLane
+
+logger = logging.getLogger("chasqui.worker")
+
+
+class Suspects:
+    """The runner's isolation of suspects (a mixin of ``running.Runner``, which owns the state named here)."""
+
+    id: str
+    held: InFlight
+    _loop: asyncio.AbstractEventLoop
+    _stop: asyncio.Event
+    _inbox: Inbox
+    _lane: SyncLane | None
+    _isolating: bool
+    _suspects: deque[Delivery]
+    _set_aside: deque[Delivery]
+    _alone: Delivery | None
+    _to_lane: Callable[[Delivery], None]
+    _dispatch: Callable[..., None]
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs running now (the runner's)."""
+        raise NotImplementedError
+
+    def _isolate(self, d: Delivery) -> None:
+        """Set a delivery aside while a suspect runs alone: a suspect (a job charged a run lost with a worker
+        that died) waits for its turn; any other job waits until no suspect is left.
+
+        A job that kills its process takes with it every job running beside it, and each of those is charged a
+        lost run. Run beside the same neighbours again, it would kill them a second time, and two deaths make
+        a ``panic``: innocent jobs dead-lettered beside the pill. So a suspect runs with nothing else running in
+        its process; if it dies then, the death is its own. What was fetched and has not started waits too,
+        so that only the runs under way must end before the suspect starts."""
+        if d.job.deaths:
+            self._suspects.append(d)
+        else:
+            self._set_aside.append(d)
+        if not self._isolating:
+            self._isolating = True
+            self._set_aside.extend(self._inbox)
+            self._inbox.clear()
+            if self._lane is not None:
+                self._set_aside.extend(self._lane.take_unstarted())
+        self._loop.call_soon(self._run_alone)
+
+    def _run_alone(self) -> None:
+        """Start the next suspect once nothing runs in this process; when none is left, start what was set aside.
+        Called whenever a run ends while isolating."""
+        if self._alone is not None or not self._isolating or self._stop.is_set() or self.in_flight:
+            return
+        while self._suspects:
+            d = self._suspects.popleft()
+            if d.taken_back or not self.held.holds(d):
+                continue
+            self._alone = d
+            logger.info("worker %s: job %s (%s) runs alone: it was running when a worker died (%d time(s)); "
+                        "alone, a death of its process is its own", self.id, d.job.id, d.job.task, d.job.deaths)
+            if d.handler.is_async:
+                self._inbox.append(d)
+                self._dispatch(alone=True)
+            else:
+                self._to_lane(d)
+            return
+        self._isolating = False
+        set_aside, self._set_aside = self._set_aside, deque()
+        for d in set_aside:
+            if d.taken_back or not self.held.holds(d):
+                continue
+            if d.handler.is_async:
+                self._inbox.append(d)
+            else:
+                self._to_lane(d)
+        self._dispatch()
+
