@@ -48,8 +48,8 @@ LOST_FIELD = b"lost"
 """The stream field reclaim.lua writes on a dead worker's running entries: one line per lost run."""
 
 RECOVERED_FIELD = b"recovered"
-"""The stream field reclaim.lua writes on an entry it puts back: how many workers it was taken back from, uncharged
-or charged a death (a run lost only to lost contact does not count)."""
+"""The stream field reclaim.lua writes on an entry it puts back: how many workers whose death is on record it was
+taken back from, uncharged or charged a death (a worker that only lost contact does not count)."""
 
 LOST_CLASS = "WorkerLost"
 """The error class a run lost with a worker known dead leaves in the job's error history."""
