@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 import signal
+import uuid
 
 import msgpack
 import pytest
 
 from chasqui_core.engine.jobs.envelope import now_ms
 from chasqui_core.engine.ops import stats
-from chasqui_core.engine.recovery.deathwatch import SPACE_FIELD, DeathWatch, process_space
+from chasqui_core.engine.recovery.deathwatch import SPACE_FIELD, DeathWatch, note_clean_stop, process_space
 from chasqui_core.engine.store.connection import aconnect
 from chasqui_core.engine.store.keys import QueueKeys
 from tests.supervisor.app import DONE, QUEUE, STARTED
@@ -60,14 +61,18 @@ def _beat(redis, keys: QueueKeys, worker_id: str, *, pid: int, started_at: int, 
 
 
 async def test_only_workers_of_this_process_space_whose_process_ended_are_recorded_dead(redis, redis_url):
-    """A live process is not dead; a pid now held by a process that began later (reused) is; a worker of another
-    host or pid namespace is never judged, whatever its pid; a record already there is kept."""
+    """A live process is not dead; a pid now held by a process that began later (reused) is, unless it left the
+    note of a clean stop; a worker of another host or pid namespace is never judged, whatever its pid; a record
+    already there is kept."""
     keys = QueueKeys.for_queue("deathwatch")
     here = process_space()
     assert here, "this test needs /proc (Linux)"
     began_here = now_ms() - 10
     _beat(redis, keys, "live", pid=os.getpid(), started_at=began_here, space=here)
     _beat(redis, keys, "reused", pid=os.getpid(), started_at=began_here - 3600_000 * 24 * 365, space=here)
+    stopped = f"stopped-{uuid.uuid4().hex}"
+    _beat(redis, keys, stopped, pid=os.getpid(), started_at=0, space=here)
+    note_clean_stop(stopped)  # it exited cleanly while Redis was out of its reach
     _beat(redis, keys, "elsewhere", pid=os.getpid(), started_at=0, space="another-host/pid:[1]")
     _beat(redis, keys, "recorded", pid=os.getpid(), started_at=0, space=here)
     redis.set(keys.died("recorded"), "1 was killed by SIGKILL")
@@ -79,5 +84,5 @@ async def test_only_workers_of_this_process_space_whose_process_ended_are_record
     finally:
         await client.aclose()
     assert redis.exists(keys.died("reused")) and not redis.exists(keys.died("live"))
-    assert not redis.exists(keys.died("elsewhere"))
+    assert not redis.exists(keys.died("elsewhere")) and not redis.exists(keys.died(stopped))
     assert redis.get(keys.died("recorded")) == b"1 was killed by SIGKILL", "the first record says how it ended"

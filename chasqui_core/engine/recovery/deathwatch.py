@@ -17,12 +17,21 @@ began after the worker did) is dead, and its death is put on record, unless
 one is there already. Workers elsewhere are never judged: a worker on another
 host that stopped answering may be alive, and its runs stay lost contact
 unless its own supervisor records its death.
+
+A process can also end cleanly without a word to Redis: a worker cut off by a
+partition as it stops settles nothing and cannot take its heartbeat away. Its
+runs all ended; what it could not write is lost contact, not a death. So such
+a worker leaves a note on the host as it exits (``note_clean_stop``, a file
+named for it in the temporary directory), and a worker with a note is not
+recorded dead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
 from collections.abc import Sequence
 
 import msgpack
@@ -81,9 +90,26 @@ def process_gone(pid: int, began_ms: int) -> bool:
     return state in ("Z", "X") or began > began_ms + REUSE_MARGIN_MS
 
 
+def _stop_note(worker_id: str) -> str:
+    return os.path.join(tempfile.gettempdir(), "chasqui-stopped", worker_id.replace(os.sep, "_"))
+
+
+def note_clean_stop(worker_id: str) -> None:
+    """Leave the note that this worker's process stopped cleanly though it could not tell Redis (best effort)."""
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(_stop_note(worker_id)), exist_ok=True)
+        with open(_stop_note(worker_id), "w"):
+            pass
+
+
+def stopped_cleanly(worker_id: str) -> bool:
+    """The worker's process left the note of a clean stop (``note_clean_stop``)."""
+    return os.path.exists(_stop_note(worker_id))
+
+
 class DeathWatch:
     """One worker's look at its neighbours: records the deaths of workers of its process space whose processes
-    are gone (see the module's docstring)."""
+    are gone without a clean stop (see the module's docstring)."""
 
     def __init__(self, client: Client, own_id: str, space: str | None = None) -> None:
         self.client = client
@@ -114,7 +140,7 @@ class DeathWatch:
                     same = info.get(SPACE_FIELD) == self.space
                 except Exception:
                     continue  # a heartbeat that cannot be read, or one from before process spaces: not judged
-                if same and process_gone(pid, began):
+                if same and process_gone(pid, began) and not stopped_cleanly(worker_id):
                     found.append((keys, worker_id))
         self.recorded &= listed  # forgotten workers leave the workers lists for good
         if not found:

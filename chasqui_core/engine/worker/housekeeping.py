@@ -31,7 +31,7 @@ from chasqui_core.engine.settle.outcomes import Outcomes
 from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.settle.settler import Settler
 from chasqui_core.engine.jobs.envelope import now_ms
-from chasqui_core.engine.recovery.deathwatch import SPACE_FIELD, DeathWatch
+from chasqui_core.engine.recovery.deathwatch import SPACE_FIELD, DeathWatch, note_clean_stop
 from chasqui_core.engine.recovery.reclaim import Leases, add_death_record, forget_dead_workers, reclaim_abandoned
 
 logger = logging.getLogger("chasqui.worker")
@@ -290,11 +290,13 @@ class Housekeeping:
     async def unregister(self) -> None:
         """Leave the workers list and drop the alive key; the start journal too, unless runs are still under way:
         then this process ends with them, and says so (a death record), so that another worker reclaims their
-        entries charged with a death, not as lost contact (recovery.py)."""
+        entries charged with a death, not as lost contact (recovery.py). With Redis out of reach and every run
+        ended, it leaves the note of a clean stop on the host instead, so that no worker beside it records its
+        end as a death (recovery.deathwatch)."""
         w = self.w
+        under_way = w.in_flight
         try:
             pipe = w.client.pipeline(transaction=False)
-            under_way = w.in_flight
             for k in w.keys:
                 pipe.hdel(k.workers, w.id)
                 pipe.delete(k.alive(w.id))
@@ -305,4 +307,5 @@ class Housekeeping:
             pipe.delete(control.control_key(w.id))
             await pipe.execute()
         except Exception:
-            pass
+            if not under_way:
+                note_clean_stop(w.id)
