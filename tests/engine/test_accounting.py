@@ -414,6 +414,7 @@ def test_a_job_taken_back_from_five_dead_workers_is_a_poison_pill_even_if_none_n
     Queue(keys.queue, redis_client=redis).add("t", attempts=10)
     for n in range(5):
         ghost_reads(redis, keys, f"ghost-{n}")
+        bury(redis, keys, f"ghost-{n}")
         time.sleep(0.3)
         [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
         assert not moved.charged
@@ -423,3 +424,21 @@ def test_a_job_taken_back_from_five_dead_workers_is_a_poison_pill_even_if_none_n
     [entry] = dlq(redis, keys)
     assert entry[b"reason"] == b"panic"
     assert b"taken back from 5 workers" in entry[b"error"]
+
+
+def test_a_job_taken_back_from_workers_that_only_lost_contact_is_never_a_poison_pill(redis, redis_url):
+    """Every partition past the visibility timeout takes back all a live worker fetched; with no death on record
+    those put-backs are not counted toward panic, however many: the job runs, once, on its first attempt."""
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("cut-off")
+    job_id = Queue(keys.queue, redis_client=redis).add("t").job_id
+    for n in range(6):
+        ghost_reads(redis, keys, f"cut-{n}")  # fetched, not started, and no death on record
+        time.sleep(0.3)
+        [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
+        assert not moved.charged
+    assert [f.get(b"recovered") for _, f in redis.xrange(keys.stream)] == [None]
+    with running(redis_url, [keys.queue], registry):
+        wait_for(lambda: runs, 10, "the job to run")
+    assert runs == [("t", job_id, 1)] and redis.xlen(keys.dlq) == 0

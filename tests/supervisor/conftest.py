@@ -1,10 +1,10 @@
-"""Fixtures of the supervisor tests: ``start`` runs ``manage.py runworker --processes N`` as operators do."""
+"""The supervisor's tests' fixture: ``start`` runs a ``runworker`` supervisor and kills what it left at the end."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.supervisor.supervised import Supervised
+from tests.supervisor.processes import Supervised
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Recycling under ``runworker --processes N``, with real processes: a successor reads before its predecessor stops.
 
 A process past a sync job's timeout, its ``--max-jobs`` or its memory limit is replaced without a gap in
-reading; started as in test_supervisor.py (tests/supervisor/supervised.py), with the same generous bounds.
+reading; started as in test_supervisor.py (tests/supervisor/processes.py), with the same generous bounds.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from chasqui_core.engine.ops import control, stats
 from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.engine.store.scripts import Scripts
 from tests.supervisor.app import HANG, HUNG, QUEUE, START_HOOK_ENV, STARTS, TICK, TICKS
-from tests.supervisor.supervised import KEYS, Supervised, WAIT, _alive, _children_of
+from tests.supervisor.processes import KEYS, Supervised, WAIT, alive as _alive, children_of as _children_of
 
 
 # --- recycling: the successor reads before its predecessor stops ------------------------------------------------

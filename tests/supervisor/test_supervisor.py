@@ -31,7 +31,11 @@ from chasqui_core.supervisor import (READY_FD_ENV, SUPERVISOR_PID_ENV, Supervise
                                      restart_delay)
 from tests.engine.worker_app import wait_for
 from tests.supervisor.app import DONE, QUEUE, STARTED
-from tests.supervisor.supervised import KEYS, WAIT, _alive, _children_of, _nap, _runs
+from tests.supervisor.processes import KEYS, WAIT
+from tests.supervisor.processes import alive as _alive
+from tests.supervisor.processes import children_of as _children_of
+from tests.supervisor.processes import nap as _nap
+from tests.supervisor.processes import runs as _runs
 
 
 # --- with real processes ---------------------------------------------------------------------------

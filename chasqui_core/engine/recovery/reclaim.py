@@ -17,7 +17,8 @@ partition or a blocked event loop lapses it too, and that worker may finish
 the run and try to settle it. So a lost run is charged as a *death* (toward
 ``panic``) only when the worker's death is on record (``record_death``:
 written by whoever saw the process end: its supervisor, when the child
-exits); otherwise it is *lost contact*: a run made, a
+exits; the worker itself as it stops; a worker of the same host that finds
+its process gone, deathwatch.py); otherwise it is *lost contact*: a run made, a
 ``LostContact`` line in the job's history, and no death. The job runs again
 either way (at least once). Should the silent worker come back, its lease pass
 learns which of its entries were taken back (reclaim.lua notes them) apart from
@@ -47,8 +48,8 @@ LOST_FIELD = b"lost"
 """The stream field reclaim.lua writes on a dead worker's running entries: one line per lost run."""
 
 RECOVERED_FIELD = b"recovered"
-"""The stream field reclaim.lua writes on an entry it puts back: how many workers it was taken back from, uncharged
-or charged a death (a run lost only to lost contact does not count)."""
+"""The stream field reclaim.lua writes on an entry it puts back: how many workers whose death is on record it was
+taken back from, uncharged or charged a death (a worker that only lost contact does not count)."""
 
 LOST_CLASS = "WorkerLost"
 """The error class a run lost with a worker known dead leaves in the job's error history."""
@@ -172,15 +173,17 @@ async def reclaim_abandoned(scripts: Scripts, keys: QueueKeys, consumer: str, *,
     return moved
 
 
-def add_death_record(pipe: Any, keys: QueueKeys, worker_id: str, how: str, at_ms: int) -> None:
+def add_death_record(pipe: Any, keys: QueueKeys, worker_id: str, how: str, at_ms: int, *,
+                     first_only: bool = False) -> None:
     """Queue on ``pipe`` (sync or asyncio) the record that ``worker_id``'s process ended, on one queue.
 
     Only whoever saw the process end may write it: its supervisor when the
-    child exits, or the worker itself as it leaves with runs still under way.
-    The reclaim then charges those runs as deaths (toward ``panic``); without
-    it they are only lost contact.
+    child exits, the worker itself as it stops, or a worker beside it that
+    sees its process gone (deathwatch.py). The reclaim then charges its runs
+    as deaths (toward ``panic``); without it they are only lost contact.
+    ``first_only``: keep a record already written (it says how the process ended).
     """
-    pipe.set(keys.died(worker_id), f"{at_ms} {how}", px=DEATH_RECORD_TTL_MS)
+    pipe.set(keys.died(worker_id), f"{at_ms} {how}", px=DEATH_RECORD_TTL_MS, nx=first_only)
 
 
 def record_death(client: Client, queues: Iterable[str], *, host: str, pid: int, how: str,

@@ -24,9 +24,9 @@ PANIC_AFTER_DEATHS = 2
 """A job that was running when this many workers died is a poison pill: dead-lettered as ``panic``."""
 
 RECOVERIES_BEFORE_PANIC = 5
-"""A job taken back from this many silent workers is a poison pill even if none was known to be running it: an
-async job that kills its process before its first ``await`` is never written to the start journal. A run on
-record as lost contact is not counted (reclaim.lua)."""
+"""A job taken back from this many dead workers is a poison pill even if none was known to be running it: an
+async job that kills its process before its first ``await`` is never written to the start journal. Only workers
+whose death is on record count; one that only lost contact does not (reclaim.lua)."""
 
 CLOCK_AHEAD_MS = 24 * 3600 * 1000
 """A job created further than this in the future (by its producer's clock) is not a job anyone sent."""

@@ -31,6 +31,7 @@ from chasqui_core.engine.settle.outcomes import Outcomes
 from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.settle.settler import Settler
 from chasqui_core.engine.jobs.envelope import now_ms
+from chasqui_core.engine.recovery.deathwatch import SPACE_FIELD, DeathWatch, note_clean_stop
 from chasqui_core.engine.recovery.reclaim import Leases, add_death_record, forget_dead_workers, reclaim_abandoned
 
 logger = logging.getLogger("chasqui.worker")
@@ -111,6 +112,7 @@ class Housekeeping:
         self.let_go = let_go
         self._failures = LogBudget(logger, "housekeeping failures", per_second=1)
         self.leases = Leases(worker.scripts, worker.id, worker.visibility_timeout_ms)
+        self.deaths = DeathWatch(worker.client, worker.id)
 
     async def run(self) -> None:
         """Each chore at its own pace, and each on its own: one that keeps failing (a lease pass on a stream
@@ -184,9 +186,20 @@ class Housekeeping:
             raise failed
 
     async def reclaim(self) -> None:
-        """Put dead workers' entries back, stream by stream; a stream that fails does not hold back the others."""
+        """Put dead workers' entries back, stream by stream; a stream that fails does not hold back the others.
+
+        First the deaths of this host's workers whose processes are gone go on
+        record (recovery.deathwatch), so that their runs are charged as deaths
+        even when nobody else saw them end (a child whose supervisor was killed).
+        """
         w = self.w
         failed: Exception | None = None
+        try:
+            await self.deaths.look([k for k in w.keys if not w.paused[k.queue]])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # their runs are lost contact then, if reclaimed before the next look
+            failed = exc
         for keys in w.all_streams():
             if not w.paused[keys.queue]:
                 try:
@@ -236,7 +249,7 @@ class Housekeeping:
             "processed": w.stats.processed, "failed": w.stats.failed,
             "started_at": int(w.stats.started_at * 1000), "last_seen": now_ms(),
             "problem": w.problem, "rss_kb": resident_kb(), "current": self.current_jobs(),
-            "supervisor": w.supervisor_pid, "state": w.state,
+            "supervisor": w.supervisor_pid, "state": w.state, SPACE_FIELD: self.deaths.space,
         })
         pipe = w.client.pipeline(transaction=False)
         for k in w.keys:
@@ -261,11 +274,11 @@ class Housekeeping:
         """Put this process's end on record before its last runs finish: a run of it found lost from now on was
         lost with its exit (a crash while it winds down, or a supervisor gone, whose children stop by themselves
         and that can no longer record their deaths), so the reclaim charges it as a death, not lost contact.
-        Runs that end as they should leave no mark to charge, so the record costs them nothing. Best effort:
-        with Redis away, those runs count as lost contact, as before."""
+        Written even with nothing running: a job fetched before the stop may still start (and crash) while the
+        readers wind down. Runs that end as they should leave no mark to charge, so the record costs them
+        nothing. Best effort: with Redis away, those runs count as lost contact, unless a worker of the same
+        host sees the process gone (recovery.deathwatch)."""
         w = self.w
-        if not w.in_flight:
-            return
         try:
             pipe = w.client.pipeline(transaction=False)
             for k in w.keys:
@@ -277,11 +290,13 @@ class Housekeeping:
     async def unregister(self) -> None:
         """Leave the workers list and drop the alive key; the start journal too, unless runs are still under way:
         then this process ends with them, and says so (a death record), so that another worker reclaims their
-        entries charged with a death, not as lost contact (recovery.py)."""
+        entries charged with a death, not as lost contact (recovery.py). With Redis out of reach and every run
+        ended, it leaves the note of a clean stop on the host instead, so that no worker beside it records its
+        end as a death (recovery.deathwatch)."""
         w = self.w
+        under_way = w.in_flight
         try:
             pipe = w.client.pipeline(transaction=False)
-            under_way = w.in_flight
             for k in w.keys:
                 pipe.hdel(k.workers, w.id)
                 pipe.delete(k.alive(w.id))
@@ -292,4 +307,5 @@ class Housekeeping:
             pipe.delete(control.control_key(w.id))
             await pipe.execute()
         except Exception:
-            pass
+            if not under_way:
+                note_clean_stop(w.id)

@@ -20,11 +20,15 @@
 -- and applies the attempt budget and the poison-pill rule (see retry.py):
 -- one rule, in one place (recovery.lost_runs reads these lines). An entry
 -- fetched but never started goes back exactly as it was, uncharged. An entry
--- put back also carries a `recovered` field, the number of workers it has
--- been taken back from uncharged or charged a death: a job that kills its
--- worker before anything could note it running is caught by that count
--- instead (retry.RECOVERIES_BEFORE_PANIC). A run on record as lost contact
--- does not raise it: lost contact never counts toward panic.
+-- put back also carries a `recovered` field, the number of workers whose
+-- death is on record it has been taken back from, uncharged or charged a
+-- death: a job that kills its worker before anything could note it running
+-- is caught by that count instead (retry.RECOVERIES_BEFORE_PANIC). A worker
+-- with no death on record does not raise it, whether it was running the
+-- entry or had only fetched it: lost contact never counts toward panic (a
+-- partition past the visibility timeout takes back every entry a live
+-- worker held, and a few of them would otherwise make an innocent job a
+-- `panic`).
 --
 -- Every id taken from a worker is added to its taken set (<ARGV[9]><worker>,
 -- TTL ARGV[10] ms): should the worker still live, its lease pass tells these
@@ -71,10 +75,10 @@ for _, p in ipairs(pending) do
         local running = ARGV[8] .. owner
         local started = redis.call('HGET', running, id)
         local fields, line, had, verdict = e[1][2], nil, false, nil
+        if died[owner] == nil then
+          died[owner] = redis.call('EXISTS', prefix .. 'died:' .. owner) == 1
+        end
         if started then
-          if died[owner] == nil then
-            died[owner] = redis.call('EXISTS', prefix .. 'died:' .. owner) == 1
-          end
           verdict = died[owner] and 'died' or 'contact'
           line = owner .. '\t' .. started .. '\t' .. now .. '\t' .. verdict
           redis.call('HDEL', running, id)
@@ -98,7 +102,7 @@ for _, p in ipairs(pending) do
           copy[#copy + 1] = 'lost'
           copy[#copy + 1] = line
         end
-        if verdict ~= 'contact' then times = times + 1 end
+        if died[owner] then times = times + 1 end
         if times > 0 then
           copy[#copy + 1] = 'recovered'
           copy[#copy + 1] = times

@@ -1,6 +1,8 @@
-"""A supervisor started as operators start it (``manage.py runworker --processes N``), and what the tests read of it.
+"""The supervisor's tests' helpers: a ``runworker`` started as operators do, and what its processes did.
 
-Used through the ``start`` fixture (tests/supervisor/conftest.py), which kills whatever is left at the end.
+``Supervised`` runs ``manage.py runworker supervised <args>`` on the test
+server with ``tests.supervisor.settings`` and follows its children through
+their heartbeats; ``runs`` reads what the ``nap`` task recorded in Redis.
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ import time
 from pathlib import Path
 
 from chasqui_core.engine.ops import stats
-from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.supervisor import SUPERVISOR_PID_ENV
 from tests.supervisor.app import NAP, QUEUE
-
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = QueueKeys.for_queue(QUEUE)
@@ -25,7 +26,7 @@ WAIT = 120.0
 """Seconds any one step may take: Django start-up of a child on a machine other test runs keep busy."""
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """The process exists and is not a zombie (an exited child nobody reaped yet)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -35,7 +36,7 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _children_of(pid: int) -> set[int]:
+def children_of(pid: int) -> set[int]:
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -54,7 +55,8 @@ class Supervised:
     """``manage.py runworker supervised <args>``, output in a file; every process it left is killed at the end."""
 
     def __init__(self, tmp_path: Path, redis_url: str, *args: str, env: dict[str, str] | None = None) -> None:
-        self.log_path = tmp_path / "runworker.log"
+        earlier = len(list(tmp_path.glob("runworker*.log")))  # a second supervisor of a test logs beside the first
+        self.log_path = tmp_path / (f"runworker-{earlier + 1}.log" if earlier else "runworker.log")
         env = {**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "tests.supervisor.settings",
                "PYTHONPATH": str(ROOT), **(env or {})}
         env.pop(SUPERVISOR_PID_ENV, None)
@@ -73,7 +75,7 @@ class Supervised:
 
     def worker_pids(self, redis) -> set[int]:
         """Pids of the live workers whose heartbeat names this supervisor."""
-        pids = {w.pid for w in stats.workers(redis, QUEUE) if w.supervisor_pid == self.pid and _alive(w.pid)}
+        pids = {w.pid for w in stats.workers(redis, QUEUE) if w.supervisor_pid == self.pid and alive(w.pid)}
         self.seen_children |= pids
         return pids
 
@@ -101,15 +103,16 @@ class Supervised:
             raise AssertionError(f"the supervisor did not exit after {sig!r}; its output:\n{self.log()}") from None
 
     def kill_everything(self) -> None:
-        self.seen_children |= _children_of(self.pid) if self.proc.poll() is None else set()
+        self.seen_children |= children_of(self.pid) if self.proc.poll() is None else set()
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         for pid in self.seen_children:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
-def _runs(redis, key: str) -> list[tuple[str, int]]:
+
+def runs(redis, key: str) -> list[tuple[str, int]]:
     """(job key, pid) of every run recorded in ``key``."""
     out = []
     for raw in redis.lrange(key, 0, -1):
@@ -118,5 +121,5 @@ def _runs(redis, key: str) -> list[tuple[str, int]]:
     return out
 
 
-def _nap(redis, key: str, seconds: float) -> None:
+def nap(redis, key: str, seconds: float) -> None:
     Queue(QUEUE, redis_client=redis).add(NAP, [key, seconds])
