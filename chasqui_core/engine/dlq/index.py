@@ -100,8 +100,10 @@ class IndexKeys:
     def reason(self, name: str) -> str:
         return f"{self.prefix}r:{name}"
 
-    def error_class(self, name: str) -> str:
-        return f"{self.prefix}c:{name}"
+    @property
+    def group_classes(self) -> str:
+        """Error group id -> its error class: a class's entries are the union of its groups' sets."""
+        return self.prefix + "fc"
 
     def group(self, fp: str) -> str:
         return f"{self.prefix}f:{fp}"
@@ -297,6 +299,8 @@ class DLQIndex:
         pipe.hgetall(self.ix.counts)
         if f.fingerprint is not None:
             pipe.zscore(self.ix.groups, group_id(f.fingerprint))
+        if f.error_class is not None:
+            pipe.hgetall(self.ix.group_classes)
         replies = pipe.execute()
         counts = {k.decode("utf-8", "replace"): int(v) for k, v in replies[0].items()}
         dims: list[tuple[list[str], int]] = []
@@ -306,9 +310,10 @@ class DLQIndex:
             dims.append(([self.ix.reason(f.reason)], counts.get("r:" + f.reason, 0)))
         if f.error_class is not None:
             wanted = f.error_class
-            classes = [name[2:] for name in counts if name.startswith("c:")
-                       and (name[2:] == wanted or name[2:].rpartition(".")[2] == wanted)]
-            dims.append(([self.ix.error_class(c) for c in classes], sum(counts["c:" + c] for c in classes)))
+            classes = {name[2:] for name in counts if name.startswith("c:")
+                       and (name[2:] == wanted or name[2:].rpartition(".")[2] == wanted)}
+            groups = [fp.decode() for fp, cls in replies[-1].items() if cls.decode("utf-8", "replace") in classes]
+            dims.append(([self.ix.group(fp) for fp in sorted(groups)], sum(counts["c:" + c] for c in classes)))
         if f.fingerprint is not None:
             fp = group_id(f.fingerprint)
             dims.append(([self.ix.group(fp)], int(replies[1] or 0)))

@@ -27,6 +27,7 @@ from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.dlq.browse import check_positive
 from chasqui_core.engine.dlq.entries import DeadJob, decode_entry, format_id, id_of, parse_id
+from chasqui_core.engine.dlq.shared import resolve
 
 CHUNK = 2000
 """Entries one script call reads: about 7 ms of Redis time on a small host (3.5 µs an entry).
@@ -113,10 +114,10 @@ class TextSearch:
         pipe = self.client.pipeline(transaction=False)
         for eid in ids:
             pipe.xrange(self.keys.dlq, eid, eid, count=1)
-        for found in pipe.execute():
-            if not found:
-                continue  # replayed or discarded since
-            dead = decode_entry(self.queue, *found[0])
+        rows = [found[0] for found in pipe.execute() if found]  # the others were replayed or discarded since
+        decoded = [decode_entry(self.queue, *row) for row in rows]
+        resolve(self.client, self.keys.dlq, decoded)
+        for dead in decoded:
             if any(folded in t.casefold() for t in visible_texts(dead, self.masked_keys)):
                 yield dead
 
