@@ -10,6 +10,7 @@ import pytest
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.search import TextSearch
 from chasqui_core.engine.dlq.shared import texts_key
+from chasqui_core.engine.jobs.errors import UnrecoverableError
 from chasqui_core.engine.jobs.registry import HandlerRegistry
 from chasqui_core.engine.ops.lookup import find_job
 from chasqui_core.engine.producer.queue import JobSpec, Queue
@@ -71,6 +72,24 @@ def test_tracebacks_are_stored_once_per_group_and_read_back_whole(redis, redis_u
 
     [match] = TextSearch(redis, Q).search("order 7 has").items
     check_history(match.errors, 7)
+
+
+class PaymentDeclined(UnrecoverableError):
+    pass
+
+
+def test_a_search_finds_the_last_errors_class_which_the_envelope_leaves_to_the_entry(redis, redis_url):
+    def handler(n):
+        raise PaymentDeclined(f"card {n} refused")
+
+    registry = HandlerRegistry()
+    registry.register("shop.charge", handler)
+    Queue(Q, redis_client=redis).add_bulk([JobSpec("shop.charge", [n]) for n in range(5)])
+    run_worker(redis_url, registry, lambda: redis.xlen(KEYS.dlq) == 5, policy=FAST_RETRIES)
+    assert all(b"PaymentDeclined" not in fields[b"j"] for _, fields in redis.xrange(KEYS.dlq))
+    found = TextSearch(redis, Q).search("paymentdeclined", time_limit=30).items
+    assert len(found) == 5
+    assert all(d.errors[-1]["class"].endswith("PaymentDeclined") for d in found)
 
 
 def test_a_replayed_job_goes_back_with_its_whole_history(redis, redis_url, dl):

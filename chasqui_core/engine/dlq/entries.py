@@ -102,6 +102,9 @@ class DeadJob:
     """The envelope's error history; a panic gets a ``WorkerLost`` record at the end (see ``_synthesised``)."""
     stored_fingerprint_id: str = ""
     """The fingerprint id the worker wrote with the entry (its ``fp`` field); empty for older entries."""
+    indexed_as: tuple[str, str, str, str, str] = ("", "", "", "", "")
+    """The fields the index keeps the entry under, as stored (reason, task, error_class, fp, job_id): what a
+    replay hands ``dlq_move.lua`` so it takes the entry out of the index without reading it again."""
 
     @property
     def fingerprint(self) -> str:
@@ -182,4 +185,6 @@ def decode_entry(queue: str, raw_id: bytes | str, fields: dict[bytes, bytes]) ->
         payload=payload,
         errors=errors,
         stored_fingerprint_id=field_text(fields, b"fp"),
+        indexed_as=(reason, field_text(fields, b"task"), error_class, field_text(fields, b"fp"),
+                    field_text(fields, b"job_id")),
     )

@@ -135,7 +135,7 @@ class DeadLetters(DLQReader):
         resolve(self.client, self.keys.dlq, dead)  # the job goes back with its whole history, tracebacks included
         for d in dead:
             if d.job is not None:
-                argv += (d.entry_id, _replayed(d, reset_attempts), when, d.job.id)
+                argv += (d.entry_id, _replayed(d, reset_attempts), when, d.job.id, *d.indexed_as)
         if len(argv) == 2:
             return 0
         return int(self._scripts.dlq_move(keys=[self.keys.dlq, self.keys.stream, self.keys.delayed, self.keys.totals],

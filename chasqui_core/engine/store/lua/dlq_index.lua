@@ -37,6 +37,13 @@
 --   false when the entry was not there (so two callers never both take it);
 --   dlq_removal_flush then undoes the notes of every entry taken, a command
 --   per key rather than a dozen per entry.
+-- dlq_indexed(dlq, entries, from, step), dlq_take_known(removal, id, reason, task, class, fp, job_id, indexed)
+--   The same for entries whose fields the caller read (replay): dlq_indexed tells,
+--   with one ZMSCORE per reason, which of the entries laid flat in `entries` (from
+--   index `from`, every `step` items: id, then reason at +4) the index holds;
+--   dlq_take_known deletes one (the XDEL gates it) and notes its index from the
+--   fields given, with no read of the entry: an id is never reused, so the fields
+--   of an entry still there are those the caller read.
 -- dlq_texts_put(batch, fp, texts)
 --   Note the shared texts of an entry of group fp (msgpack [id, text, ...], or ""),
 --   written by dlq_index_flush, one HSET per group.
@@ -181,6 +188,44 @@ local function dlq_take(b, id)
     b.jobs[#b.jobs + 1] = {job_id, id}
   end
   return fields
+end
+
+local function dlq_indexed(dlq, entries, from, step)
+  local by_reason, indexed = {}, {}
+  for i = from, #entries, step do
+    local reason = entries[i + 4]
+    local ids = by_reason[reason]
+    if not ids then
+      ids = {}
+      by_reason[reason] = ids
+    end
+    ids[#ids + 1] = entries[i]
+  end
+  for reason, ids in pairs(by_reason) do
+    for s = 1, #ids, 4000 do
+      local e = math.min(s + 3999, #ids)
+      local scores = redis.call('ZMSCORE', dlq .. ':ix:r:' .. reason, unpack(ids, s, e))
+      for k = s, e do
+        if scores[k - s + 1] then
+          indexed[ids[k]] = true
+        end
+      end
+    end
+  end
+  return indexed
+end
+
+local function dlq_take_known(b, id, reason, task, class, fp, job_id, indexed)
+  if redis.call('XDEL', b.dlq, id) == 0 then
+    return false
+  end
+  if indexed then
+    dlq_index_tally(b, task, reason, class, fp, nil, id)
+    if job_id ~= '' then
+      b.jobs[#b.jobs + 1] = {job_id, id}
+    end
+  end
+  return true
 end
 
 local function dlq_removal_flush(b)
