@@ -72,6 +72,11 @@ def test_tracebacks_are_stored_once_per_group_and_read_back_whole(redis, redis_u
 
     [match] = TextSearch(redis, Q).search("order 7 has").items
     check_history(match.errors, 7)
+    # text only the shared traceback holds (the handler's source line): found through the entries naming it
+    assert not any(b"raise LookupError" in fields[b"j"] for _, fields in rows)
+    found = TextSearch(redis, Q).search('RAISE lookuperror(f"order', limit=100, time_limit=30).items
+    assert sorted(d.job_id for d in found) == sorted(numbers)
+    assert TextSearch(redis, Q).search("raise nothing like this", time_limit=30).items == []
 
 
 class PaymentDeclined(UnrecoverableError):

@@ -24,7 +24,7 @@ are read as they are.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -98,6 +98,30 @@ def restore_record(errors: list[Any], error_class: str, error: str) -> None:
         last = errors[-1]
         del last[FROM_ENTRY]
         last["class"], last["message"] = error_class, error
+
+
+MAX_GROUPS_SEARCHED = 10_000
+"""Error groups whose shared tracebacks a text search reads (the biggest first)."""
+
+
+def text_ids_holding(client: Any, dlq_key: str, groups_key: str, folded: str,
+                     mask: Callable[[str], str]) -> list[str]:
+    """The ids of the shared tracebacks whose visible (masked) text holds ``folded``: a text search looks for
+    the entries naming them, since the entries no longer hold the text. ``groups_key``: the index's error
+    groups (``IndexKeys.groups``), biggest first."""
+    groups = client.zrevrange(groups_key, 0, MAX_GROUPS_SEARCHED - 1)
+    if not groups:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for group in groups:
+        pipe.hgetall(texts_key(dlq_key, group.decode() if isinstance(group, bytes) else group))
+    found = []
+    for texts in pipe.execute():
+        for tid, text in texts.items():
+            shown = (text if isinstance(text, str) else text.decode("utf-8", "replace")).replace(MESSAGE, "")
+            if folded in mask(shown).casefold():
+                found.append(tid.decode() if isinstance(tid, bytes) else tid)
+    return found
 
 
 def resolve(client: Any, dlq_key: str, dead: Sequence[DeadJob]) -> None:

@@ -26,6 +26,8 @@
 -- ARGV[1] where to start, inclusive (an entry id, or '+' for the newest)   ARGV[2] entries to read
 -- ARGV[3] the needle, ASCII letters lower-cased   ARGV[4] the anchor's position in the needle (1-based)
 -- ARGV[5] entries per XREVRANGE step
+-- ARGV[6..] ids of shared tracebacks that hold the needle (engine/dlq/shared.py): an entry whose
+--         envelope names one is a candidate too, found by a plain find of the id
 -- Returns {entries read, where to start next ('' when the oldest entry was read), candidate id, ...}
 
 local count, step = tonumber(ARGV[2]), tonumber(ARGV[5])
@@ -53,8 +55,22 @@ local function holds_case(text, case)
   end
 end
 
+local named = {}
+for k = 6, #ARGV do
+  named[#named + 1] = ARGV[k]
+end
+
 local function holds(text)
   return holds_case(text, anchor) or (upper ~= nil and holds_case(text, upper))
+end
+
+local function names_one(envelope)
+  for k = 1, #named do
+    if find(envelope, named[k], 1, true) then
+      return true
+    end
+  end
+  return false
 end
 
 local out = {0, ''}
@@ -69,11 +85,12 @@ while true do
     local fields = rows[i][2]
     local hit = false
     if fields[1] == 'j' and fields[11] == 'error_class' and fields[13] == 'error' then
-      hit = holds(fields[2]) or holds(fields[14]) or holds(fields[12])
+      hit = holds(fields[2]) or holds(fields[14]) or holds(fields[12]) or (#named > 0 and names_one(fields[2]))
     else
       for k = 1, #fields, 2 do
         local name = fields[k]
-        if (name == 'j' or name == 'error' or name == 'error_class') and holds(fields[k + 1]) then
+        if (name == 'j' or name == 'error' or name == 'error_class') and holds(fields[k + 1])
+            or name == 'j' and #named > 0 and names_one(fields[k + 1]) then
           hit = true
           break
         end
