@@ -30,6 +30,7 @@ from typing import Any
 import msgpack
 
 from chasqui_core.engine.dlq.fingerprint import error_group
+from chasqui_core.engine.dlq.shared import split
 from chasqui_core.engine.jobs.envelope import Job, error_record, new_job_id, now_ms
 from chasqui_core.engine.jobs.events import EVENTS_MAXLEN
 from chasqui_core.engine.store.keys import GROUP, QueueKeys
@@ -81,6 +82,7 @@ GOAL_GROUPS = "grouped view"
 GOAL_RARE = "rare filter, first page"
 GOAL_COUNT = "filtered count"
 GOAL_FIND = "find by id"
+MEMORY = "memory per dead job, index included"
 
 
 def label(size: int, case: str) -> str:
@@ -163,7 +165,8 @@ def build_dead(client, queue: str, n: int, *, start: int = 0, chunk: int = 1000,
         for (eid, _), (task, job_id, cls, message, payload) in zip(rows, items, strict=True):
             fp, text = error_group(cls, message)
             reason = "unrecoverable" if _kind(start + len(job_ids)) == 3 else "retries_exhausted"
-            dead += (eid, payload, reason, task, job_id, cls, message, 1, 12, fp, text)
+            stored, texts = split(payload, cls, message)
+            dead += (eid, stored, reason, task, job_id, cls, message, 1, 12, fp, text, texts)
             job_ids.append(job_id)
         args = [GROUP, keys.metrics, EVENTS_MAXLEN, b"", 0, 0, 0, size, _pack(dead), 0, 0, 0, 0, size]
         scripts.settle(keys=[keys.stream, keys.delayed, keys.dlq, keys.events, keys.running(consumer)], args=args)
@@ -292,6 +295,13 @@ def measure(ctx, built: Built) -> list[Measurement]:
                                lower_is_better=True, note=f"{note}; server memory {memory:,.0f} MB"))
 
     index_mb = index_memory_mb(ctx.client, built.queue)
+    entry_bytes, index_bytes, shared_bytes = dead_job_bytes(ctx.client, built.queue)
+    out.append(Measurement("console-scale", label(size, MEMORY), "bytes",
+                           [(entry_bytes + index_bytes + shared_bytes) / length], jobs=size, lower_is_better=True,
+                           note=f"{entry_bytes / length:,.0f} for the entry, "
+                                f"{index_bytes / length:,.0f} for the index, "
+                                f"{shared_bytes / length:,.1f} for the texts kept once per error group "
+                                f"(MEMORY USAGE of every key, the stream's counted whole)"))
     grouping = dl.grouping()
     shown = sum(g.count for g in grouping.groups)
     adds_up = shown + grouping.other_entries == length
@@ -349,6 +359,20 @@ def index_memory_mb(client, queue: str) -> float:
     prefix = IndexKeys.for_queue(QueueKeys.for_queue(queue)).prefix
     total = sum(int(client.memory_usage(key) or 0) for key in client.scan_iter(match=prefix + "*", count=1000))
     return total / 1e6
+
+
+def dead_job_bytes(client, queue: str) -> tuple[int, int, int]:
+    """Bytes of the DLQ stream (counted whole), of its index, and of the texts its groups share."""
+    from chasqui_core.engine.dlq.index import IndexKeys
+
+    keys = QueueKeys.for_queue(queue)
+    prefix = IndexKeys.for_queue(keys).prefix
+
+    def usage(pattern: str) -> int:
+        return sum(int(client.memory_usage(key, samples=0) or 0)
+                   for key in client.scan_iter(match=pattern, count=1000))
+
+    return int(client.memory_usage(keys.dlq, samples=0) or 0), usage(prefix + "*"), usage(keys.dlq + ":tb:*")
 
 
 def extra_measurements(ctx, built: Built) -> list[Measurement]:

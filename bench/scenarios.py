@@ -117,7 +117,8 @@ def _on_its_twin(label: str) -> Limit:
 def _console_goals(size: int) -> dict[str, Goal]:
     """Issue 29's goals for the console at ``size`` dead jobs, on every console-scale row they apply to."""
     cs = console_scale
-    goals = {cs.label(size, cs.GOAL_GROUPS): Goal("< 300 ms, counts that add up")}
+    goals = {cs.label(size, cs.GOAL_GROUPS): Goal("< 300 ms, counts that add up"),
+             cs.label(size, cs.MEMORY): Goal("≤ 700 bytes")}
     for case in ("task", "error class", "group", "reason", "task and reason"):
         goals[cs.label(size, f"{cs.GOAL_RARE} ({case})")] = Goal("< 300 ms, complete page")
     for case in ("error class, 1 in 3", "task and reason"):

@@ -8,6 +8,7 @@ from urllib.parse import unquote
 import pytest
 from django.test import Client
 
+from bench.console_scale import build_dead
 from chasqui_core.engine.jobs.envelope import new_job_id
 from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.producer.queue import Queue
@@ -72,6 +73,19 @@ def test_a_dead_jobs_page_offers_replay_and_discard_to_operators_only(operator, 
     assert "csrfmiddlewaretoken" in html and "abc123" not in html
     viewer_html = _client(viewer).get(f"/jobs/{job.id}/").content.decode()
     assert 'data-action="replay"' not in viewer_html and 'data-action="discard"' not in viewer_html
+
+
+def test_a_dead_jobs_pages_show_the_traceback_its_error_group_keeps_once(viewer, redis):
+    """An entry written as settle.lua writes it now (its traceback kept once per error group): the job page
+    and the entry page show the traceback whole, with the job's own message in its last line."""
+    [job_id] = build_dead(redis, Q, 1)
+    [(entry, fields)] = redis.xrange(QueueKeys.for_queue(Q).dlq)
+    assert b"Traceback" not in fields[b"j"]
+    for url in (f"/jobs/{job_id}/", f"/queues/{Q}/dlq/{entry.decode()}/"):
+        html = _client(viewer).get(url).content.decode()
+        assert "Traceback (most recent call last)" in html, url
+        assert "response = client.post(url, json=payload, timeout=5)" in html, url
+        assert "httpx.ReadTimeout: upstream api-0.example.com did not answer in 0 ms\n</pre>" in html, url
 
 
 def test_replaying_from_the_job_page_comes_back_to_it(operator, redis):

@@ -22,6 +22,7 @@ from chasqui_core.engine.jobs.errors import UnrecoverableError
 from chasqui_core.engine.ops.lookup import find_job
 from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.store.keys import DLQ_INDEX_VERSION
 from tests.engine.test_dlq import FAST_RETRIES, KEYS, Q, add_dead, bulk_dead, dead_job, run_worker
 
 IX = IndexKeys.for_queue(KEYS)
@@ -30,15 +31,16 @@ IX = IndexKeys.for_queue(KEYS)
 def expected_index(redis):
     """What the index must hold, read from the stream (an entry without ``fp`` gets the fingerprint computed)."""
     want = {"counts": Counter(), "members": defaultdict(set), "groups": Counter(), "group_tasks": defaultdict(Counter),
-            "jobs": {}}
+            "jobs": {}, "classes": {}}
     for eid, flds in redis.xrange(KEYS.dlq):
         dead = decode_entry(Q, eid, flds)
         fp = field_text(flds, b"fp") or fingerprint_id(fingerprint(dead.error_class, dead.error))
         task = field_text(flds, b"task") if b"fp" in flds else dead.task
         reason, cls = field_text(flds, b"reason"), field_text(flds, b"error_class")
         want["counts"].update({"all": 1, f"t:{task}": 1, f"r:{reason}": 1, f"c:{cls}": 1})
-        for key in (IX.task(task), IX.reason(reason), IX.error_class(cls), IX.group(fp)):
+        for key in (IX.task(task), IX.reason(reason), IX.group(fp)):
             want["members"][key].add(eid)
+        want["classes"][fp] = cls
         want["groups"][fp] += 1
         want["group_tasks"][fp][task] += 1
         want["jobs"][dead.job_id] = eid  # oldest first: the newest entry of a job wins
@@ -58,6 +60,9 @@ def assert_index_matches(redis):
     for fp, tasks in want["group_tasks"].items():
         assert {t.decode(): int(n) for t, n in redis.hgetall(IX.group_tasks(fp)).items()} == dict(tasks)
     assert set(redis.hkeys(IX.texts)) == {fp.encode() for fp in want["groups"]}
+    assert {fp.decode(): c.decode() for fp, c in redis.hgetall(IX.group_classes).items()} == want["classes"]
+    for key in redis.scan_iter(match=KEYS.dlq + ":tb:*"):  # shared tracebacks live exactly as long as their group
+        assert key.decode().rpartition(":")[2] in want["groups"], f"{key!r} outlived its group"
     assert {j.decode(): e for j, e in redis.hgetall(IX.jobs).items()} == want["jobs"]
     assert DLQIndex(redis, Q).state().ready
 
@@ -96,7 +101,8 @@ def test_dead_jobs_of_a_real_worker_are_indexed_as_they_are_written(redis, redis
     jobs = [q.add("users.sync" if i % 2 else "billing.charge", [kinds[i % 3], i]) for i in range(30)]
     run_worker(redis_url, registry, lambda: redis.xlen(KEYS.dlq) == 30, policy=FAST_RETRIES)
 
-    assert redis.hget(IX.version, "version") == b"1", "the first dead job records the index's version"
+    assert redis.hget(IX.version, "version") == DLQ_INDEX_VERSION.encode(), \
+        "the first dead job records the index's version"
     assert all(b"fp" in flds for _, flds in redis.xrange(KEYS.dlq)), "the worker writes each entry's group"
     assert_index_matches(redis)
 

@@ -35,6 +35,7 @@ from chasqui_core.engine.dlq.entries import (
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.fingerprint import fingerprint, fingerprint_id
 from chasqui_core.engine.dlq.index import DLQIndex, IndexState, has_dimensions
+from chasqui_core.engine.dlq.shared import resolve
 
 SCAN_CHUNK = 500
 """Entries read per round trip when scanning; bounds each call's work and memory."""
@@ -179,7 +180,12 @@ class DLQReader:
                 f"No dead-letter entry {eid} in queue {self.queue!r}: it was replayed or discarded, "
                 f"or the id is wrong"
             )
-        return decode_entry(self.queue, *rows[0])
+        return self._whole(decode_entry(self.queue, *rows[0]))
+
+    def _whole(self, dead: DeadJob) -> DeadJob:
+        """The entry with the tracebacks it shares with its group put back (``shared.resolve``)."""
+        resolve(self.client, self.keys.dlq, [dead])
+        return dead
 
     def find_by_job_id(self, job_id: str, *, scan_limit: int = 100_000) -> DeadJob | None:
         """The job's entry: from the index when it has it, or the newest among the newest ``scan_limit`` entries."""
@@ -189,7 +195,7 @@ class DLQReader:
         if entry_id is not None:
             rows = self.client.xrange(self.keys.dlq, entry_id, entry_id, count=1)
             if rows:
-                return decode_entry(self.queue, *rows[0])
+                return self._whole(decode_entry(self.queue, *rows[0]))
         if ready:
             return None
         wanted = job_id.encode()
@@ -197,11 +203,11 @@ class DLQReader:
             stored = flds.get(b"job_id")
             if stored:
                 if stored == wanted:
-                    return decode_entry(self.queue, eid, flds)
+                    return self._whole(decode_entry(self.queue, eid, flds))
             else:
                 dead = decode_entry(self.queue, eid, flds)
                 if dead.job_id == job_id:
-                    return dead
+                    return self._whole(dead)
         return None
 
     def count_matching(self, filter: DLQFilter, *, chunk: int = 1000) -> int:

@@ -3,7 +3,10 @@
 An entry's id is ``<milliseconds>-<sequence>``, the time the job died, so
 the id helpers here turn times into id ranges for the readers. An entry
 keeps the job's envelope (``j``) beside plain fields (reason, task, last
-error) that filters can check without decoding the envelope.
+error) that filters can check without decoding the envelope. What entries
+share (tracebacks, the last error's class and message) is stored once
+(``shared.py``): ``decode_entry`` puts back what the entry holds, and
+``shared.resolve`` the tracebacks.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from chasqui_core.engine.jobs.envelope import DecodeError, Job, decode
 from chasqui_core.engine.dlq.fingerprint import fingerprint, fingerprint_id
+from chasqui_core.engine.dlq.shared import restore_record
 
 REASONS = ("retries_exhausted", "unrecoverable", "panic", "decode_failed", "internal", "unknown_task", "oversize",
            "bad_signature", "invalid", "cancelled")
@@ -98,6 +102,9 @@ class DeadJob:
     """The envelope's error history; a panic gets a ``WorkerLost`` record at the end (see ``_synthesised``)."""
     stored_fingerprint_id: str = ""
     """The fingerprint id the worker wrote with the entry (its ``fp`` field); empty for older entries."""
+    indexed_as: tuple[str, str, str, str, str] = ("", "", "", "", "")
+    """The fields the index keeps the entry under, as stored (reason, task, error_class, fp, job_id): what a
+    replay hands ``dlq_move.lua`` so it takes the entry out of the index without reading it again."""
 
     @property
     def fingerprint(self) -> str:
@@ -154,8 +161,10 @@ def decode_entry(queue: str, raw_id: bytes | str, fields: dict[bytes, bytes]) ->
         job = None
     reason = field_text(fields, b"reason")
     error = field_text(fields, b"error")
+    error_class = field_text(fields, b"error_class")
     dead_at_ms = id_of(entry_id)[0]
     errors = list(job.errors) if job is not None else []
+    restore_record(errors, error_class, error)  # the envelope's job shares these records: restored for both
     if reason == "panic":
         last = errors[-1] if errors and isinstance(errors[-1], dict) else None
         current = job.replays if job is not None else 0
@@ -169,11 +178,13 @@ def decode_entry(queue: str, raw_id: bytes | str, fields: dict[bytes, bytes]) ->
         job_id=field_text(fields, b"job_id") or (job.id if job is not None else ""),
         task=field_text(fields, b"task") or (job.task if job is not None else ""),
         source_id=field_text(fields, b"source_id"),
-        error_class=field_text(fields, b"error_class"),
+        error_class=error_class,
         error=error,
         dead_at_ms=dead_at_ms,
         job=job,
         payload=payload,
         errors=errors,
         stored_fingerprint_id=field_text(fields, b"fp"),
+        indexed_as=(reason, field_text(fields, b"task"), error_class, field_text(fields, b"fp"),
+                    field_text(fields, b"job_id")),
     )

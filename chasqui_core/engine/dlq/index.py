@@ -26,7 +26,6 @@ until it is ready again: counts are never shown from a half-built index.
 
 from __future__ import annotations
 
-import heapq
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -36,10 +35,11 @@ from typing import Any
 from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.store.keys import DLQ_INDEX_VERSION, QueueKeys
 from chasqui_core.engine.store.scripts import Scripts
-from chasqui_core.engine.dlq.entries import (Row, StreamId, decode_entry, field_text, format_id, id_after, id_of,
+from chasqui_core.engine.dlq.entries import (Row, StreamId, decode_entry, field_text, format_id, id_of,
                                              parse_id)
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.fingerprint import error_group, fingerprint_id
+from chasqui_core.engine.dlq.index_sets import SEQ_SLOTS, IndexSets, Position, high_bound, low_bound, score_of
 
 INDEX_VERSION = DLQ_INDEX_VERSION
 """Written in the index's ``v`` hash; an index of another version is rebuilt."""
@@ -55,13 +55,6 @@ READ_BUDGET_S = 0.2
 
 _FINGERPRINT_ID = re.compile(r"[0-9a-f]{16}")
 
-SEQ_SLOTS = 2048
-"""An entry's score is its id's millisecond * SEQ_SLOTS + its sequence number (capped at SEQ_SLOTS - 1): the
-stream's own order, exact in a double until 2109; ids past the cap in one millisecond order by their bytes."""
-
-Position = tuple[int, bytes]
-"""Where a walk stands: an entry's score and its id, in the index's order (newest first; equal scores in
-reverse byte order, as Redis gives them)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +93,10 @@ class IndexKeys:
     def reason(self, name: str) -> str:
         return f"{self.prefix}r:{name}"
 
-    def error_class(self, name: str) -> str:
-        return f"{self.prefix}c:{name}"
+    @property
+    def group_classes(self) -> str:
+        """Error group id -> its error class: a class's entries are the union of its groups' sets."""
+        return self.prefix + "fc"
 
     def group(self, fp: str) -> str:
         return f"{self.prefix}f:{fp}"
@@ -171,6 +166,7 @@ class DLQIndex:
         self.queue = queue
         self.keys = QueueKeys.for_queue(queue)
         self.ix = IndexKeys.for_queue(self.keys)
+        self.sets = IndexSets(client, self.keys)
         self._scripts: Scripts | None = None
 
     @property
@@ -297,6 +293,8 @@ class DLQIndex:
         pipe.hgetall(self.ix.counts)
         if f.fingerprint is not None:
             pipe.zscore(self.ix.groups, group_id(f.fingerprint))
+        if f.error_class is not None:
+            pipe.hgetall(self.ix.group_classes)
         replies = pipe.execute()
         counts = {k.decode("utf-8", "replace"): int(v) for k, v in replies[0].items()}
         dims: list[tuple[list[str], int]] = []
@@ -306,9 +304,10 @@ class DLQIndex:
             dims.append(([self.ix.reason(f.reason)], counts.get("r:" + f.reason, 0)))
         if f.error_class is not None:
             wanted = f.error_class
-            classes = [name[2:] for name in counts if name.startswith("c:")
-                       and (name[2:] == wanted or name[2:].rpartition(".")[2] == wanted)]
-            dims.append(([self.ix.error_class(c) for c in classes], sum(counts["c:" + c] for c in classes)))
+            classes = {name[2:] for name in counts if name.startswith("c:")
+                       and (name[2:] == wanted or name[2:].rpartition(".")[2] == wanted)}
+            groups = [fp.decode() for fp, cls in replies[-1].items() if cls.decode("utf-8", "replace") in classes]
+            dims.append(([self.ix.group(fp) for fp in sorted(groups)], sum(counts["c:" + c] for c in classes)))
         if f.fingerprint is not None:
             fp = group_id(f.fingerprint)
             dims.append(([self.ix.group(fp)], int(replies[1] or 0)))
@@ -326,10 +325,10 @@ class DLQIndex:
                 return size
             pipe = self.client.pipeline(transaction=False)
             for key in keys:
-                pipe.zcount(key, _low(lo), _high(hi))
+                pipe.zcount(key, low_bound(lo), high_bound(hi))
             return sum(int(n) for n in pipe.execute())
         dims.sort(key=lambda d: d[1])
-        return sum(len(self._intersect(batch, dims[1:])) for batch in self._walk(dims[0][0], None, lo, hi,
+        return sum(len(self.sets.intersect(batch, dims[1:])) for batch in self.sets.walk(dims[0][0], None, lo, hi,
                                                                                  WALK_CHUNK * 5))
 
     def count_range(self, since_ms: int | None, until_ms: int | None) -> int:
@@ -339,7 +338,7 @@ class DLQIndex:
                    if field.startswith(b"r:")]
         pipe = self.client.pipeline(transaction=False)
         for reason in reasons:
-            pipe.zcount(self.ix.reason(reason), _low(lo), _high(hi))
+            pipe.zcount(self.ix.reason(reason), low_bound(lo), high_bound(hi))
         return sum(int(n) for n in pipe.execute())
 
     def page(self, f: DLQFilter, *, cursor: str | None, limit: int, scan_limit: int,
@@ -360,15 +359,15 @@ class DLQIndex:
         rows: list[Row] = []
         scanned = 0
         chunk = limit + 1 if len(dims) == 1 and check is None else WALK_CHUNK
-        for batch in self._walk(dims[0][0], start, lo, hi, chunk):
-            kept = self._intersect(batch, dims[1:])
+        for batch in self.sets.walk(dims[0][0], start, lo, hi, chunk):
+            kept = self.sets.intersect(batch, dims[1:])
             i = 0
             while i < len(kept):
                 need = limit - len(rows)
                 if need == 0 and check is None:  # one more match: the next page starts after the last row
                     return Walked(rows, rows[-1][0].decode(), scanned + len(batch))
                 take = kept[i:i + (max(need, 1) if check is None else max(need, 50))]
-                for row in self._rows([eid for _, eid in take]):
+                for row in self.sets.rows([eid for _, eid in take]):
                     if row is None or (check is not None and not check(row)):
                         continue
                     if len(rows) == limit:
@@ -393,7 +392,7 @@ class DLQIndex:
         pipe.hget(self.ix.counts, "all")
         top, total_groups, indexed = pipe.execute()
         lo_ms, hi_ms = _ms_range(DLQFilter(since_ms=since_ms, until_ms=until_ms))
-        lo, hi = _low(lo_ms), _high(hi_ms)
+        lo, hi = low_bound(lo_ms), high_bound(hi_ms)
         ids = [raw.decode() for raw, _ in top]
         pipe = self.client.pipeline(transaction=False)
         for fp in ids:
@@ -449,130 +448,9 @@ class DLQIndex:
             lo = None
         else:
             start = None
-        for walked in self._ascend(dims[0][0], start, lo, top, chunk):
-            kept = self._intersect(walked, dims[1:])
+        for walked in self.sets.ascend(dims[0][0], start, lo, top, chunk):
+            kept = self.sets.intersect(walked, dims[1:])
             yield [eid for _, eid in kept], id_of(walked[-1][1])
-
-    def _ascend(self, keys: list[str], start: StreamId | None, lo: int | None, hi: int | None,
-                chunk: int) -> Iterator[list[Position]]:
-        """The ids of a union of sorted sets in stream order (oldest first), from ``start`` or score ``lo``.
-
-        Members sharing a score (the SEQ_SLOTS-th entry of a millisecond
-        and those after it) are in byte order in Redis, not in the stream's;
-        so a step that stops on such a score leaves it to the next step, which
-        reads it whole, and each step orders its ids by id.
-        """
-        cursor = start
-        while True:
-            pipe = self.client.pipeline(transaction=False)
-            low = _low(lo) if cursor is None else f"({score_of(cursor)}"
-            for key in keys:
-                if cursor is not None:
-                    s = score_of(cursor)
-                    pipe.zrangebyscore(key, s, s, withscores=True)
-                pipe.zrangebyscore(key, low, _high(hi), start=0, num=chunk, withscores=True)
-            replies = pipe.execute()
-            found: dict[bytes, int] = {}
-            bound = None
-            step = 1 if cursor is None else 2
-            for k in range(len(keys)):
-                if cursor is not None:
-                    for member, score in replies[k * step]:
-                        if id_of(member) >= cursor and (hi is None or score <= hi):
-                            found[member] = int(score)
-                above = replies[k * step + step - 1]
-                for member, score in above:
-                    found[member] = int(score)
-                last = int(above[-1][1]) if above else 0
-                if len(above) == chunk and last % SEQ_SLOTS == SEQ_SLOTS - 1:
-                    # cut short on a shared score: it may have more members, and in byte order
-                    bound = last if bound is None else min(bound, last)
-            keep = [(score, member) for member, score in found.items() if bound is None or score < bound]
-            if not keep and bound is not None:  # a whole step of one score: read that score whole
-                pipe = self.client.pipeline(transaction=False)
-                for key in keys:
-                    pipe.zrangebyscore(key, bound, bound, withscores=True)
-                for reply in pipe.execute():
-                    for member, score in reply:
-                        if cursor is None or id_of(member) >= cursor:
-                            keep.append((int(score), member))
-                keep = list(dict.fromkeys(keep))
-            keep.sort(key=lambda pos: (pos[0], id_of(pos[1])))
-            batch = keep[:chunk]
-            if batch:
-                yield batch
-            if bound is None and len(keep) <= chunk and all(len(r) < chunk for r in replies[step - 1::step]):
-                return
-            nxt = id_after(id_of(batch[-1][1]))
-            if nxt is None:
-                return
-            cursor = nxt
-
-
-    def _walk(self, keys: list[str], start: Position | None, lo: int | None, hi: int | None,
-              chunk: int) -> Iterator[list[Position]]:
-        """The ids of a union of sorted sets within scores [lo, hi], newest first, after ``start``, ``chunk`` at a time.
-
-        Each set gives its next ``chunk`` ids (and, after a position, the ids
-        of that position's millisecond below it); the ``chunk`` newest of their
-        union are exactly the union's next ``chunk``.
-        """
-        pos = start
-        if pos is not None and hi is not None and pos[0] > hi:
-            pos = None
-        while True:
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                if pos is None:
-                    pipe.zrevrangebyscore(key, _high(hi), _low(lo), start=0, num=chunk, withscores=True)
-                else:
-                    pipe.zrevrangebyscore(key, pos[0], pos[0], withscores=True)
-                    pipe.zrevrangebyscore(key, f"({pos[0]}", _low(lo), start=0, num=chunk, withscores=True)
-            replies = pipe.execute()
-            candidates: list[Position] = []
-            if pos is None:
-                for reply in replies:
-                    candidates += [(int(score), member) for member, score in reply]
-            else:
-                in_range = lo is None or pos[0] >= lo
-                for ties, below in zip(replies[::2], replies[1::2], strict=True):
-                    if in_range:
-                        candidates += [(int(score), member) for member, score in ties if member < pos[1]]
-                    candidates += [(int(score), member) for member, score in below]
-            batch = heapq.nlargest(chunk, candidates)
-            if batch:
-                yield batch
-            if len(batch) < chunk:
-                return
-            pos = batch[-1]
-
-    def _intersect(self, batch: list[Position], others: list[tuple[list[str], int]]) -> list[Position]:
-        """The positions whose id is in at least one set of every other value."""
-        if not others or not batch:
-            return batch
-        members = [eid for _, eid in batch]
-        pipe = self.client.pipeline(transaction=False)
-        for keys, _ in others:
-            for key in keys:
-                pipe.zmscore(key, members)
-        replies = iter(pipe.execute())
-        keep = [True] * len(batch)
-        for keys, _ in others:
-            found = [False] * len(batch)
-            for _key in keys:
-                for i, score in enumerate(next(replies)):
-                    if score is not None:
-                        found[i] = True
-            keep = [k and f for k, f in zip(keep, found, strict=True)]
-        return [pos for pos, k in zip(batch, keep, strict=True) if k]
-
-    def _rows(self, ids: list[bytes]) -> list[Row | None]:
-        if not ids:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        for eid in ids:
-            pipe.xrange(self.keys.dlq, eid, eid, count=1)
-        return [found[0] if found else None for found in pipe.execute()]
 
 
 def _ms_range(f: DLQFilter) -> tuple[int | None, int | None]:
@@ -581,20 +459,6 @@ def _ms_range(f: DLQFilter) -> tuple[int | None, int | None]:
             f.until_ms * SEQ_SLOTS - 1 if f.until_ms is not None else None)
 
 
-def _low(lo: int | None) -> str:
-    return "-inf" if lo is None else str(lo)
-
-
-def _high(hi: int | None) -> str:
-    return "+inf" if hi is None else str(hi)
-
-
 def _position(cursor: str) -> Position:
     sid = parse_id(cursor, "cursor")
     return score_of(sid), format_id(sid).encode()
-
-
-def score_of(sid: tuple[int, int]) -> int:
-    """An entry id's score in the index's sorted sets."""
-    return sid[0] * SEQ_SLOTS + min(sid[1], SEQ_SLOTS - 1)
-

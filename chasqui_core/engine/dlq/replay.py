@@ -17,6 +17,7 @@ from chasqui_core.engine.store.keys import REPLAY_MARK_TTL_MS
 from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.dlq.browse import DLQReader, check_positive
 from chasqui_core.engine.dlq.entries import DeadJob, decode_entry, format_id, parse_id
+from chasqui_core.engine.dlq.shared import resolve
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.selection import chunks, matching_total
 
@@ -131,9 +132,10 @@ class DeadLetters(DLQReader):
     def _move(self, dead: list[DeadJob], reset_attempts: bool, run_at_ms: int | None) -> int:
         argv: list[Any] = [self.keys.replay_marks, REPLAY_MARK_TTL_MS]
         when = "" if run_at_ms is None else str(run_at_ms)
+        resolve(self.client, self.keys.dlq, dead)  # the job goes back with its whole history, tracebacks included
         for d in dead:
             if d.job is not None:
-                argv += (d.entry_id, _replayed(d, reset_attempts), when, d.job.id)
+                argv += (d.entry_id, _replayed(d, reset_attempts), when, d.job.id, *d.indexed_as)
         if len(argv) == 2:
             return 0
         return int(self._scripts.dlq_move(keys=[self.keys.dlq, self.keys.stream, self.keys.delayed, self.keys.totals],

@@ -27,6 +27,8 @@ from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.dlq.browse import check_positive
 from chasqui_core.engine.dlq.entries import DeadJob, decode_entry, format_id, id_of, parse_id
+from chasqui_core.engine.dlq.index import IndexKeys
+from chasqui_core.engine.dlq.shared import resolve, text_ids_holding
 
 CHUNK = 2000
 """Entries one script call reads: about 7 ms of Redis time on a small host (3.5 µs an entry).
@@ -113,10 +115,10 @@ class TextSearch:
         pipe = self.client.pipeline(transaction=False)
         for eid in ids:
             pipe.xrange(self.keys.dlq, eid, eid, count=1)
-        for found in pipe.execute():
-            if not found:
-                continue  # replayed or discarded since
-            dead = decode_entry(self.queue, *found[0])
+        rows = [found[0] for found in pipe.execute() if found]  # the others were replayed or discarded since
+        decoded = [decode_entry(self.queue, *row) for row in rows]
+        resolve(self.client, self.keys.dlq, decoded)
+        for dead in decoded:
             if any(folded in t.casefold() for t in visible_texts(dead, self.masked_keys)):
                 yield dead
 
@@ -146,12 +148,14 @@ class TextSearch:
         pattern = needle.encode().lower()  # ASCII letters only, as Lua's string.lower does
         at = anchor(pattern)
         total = int(self.client.xlen(self.keys.dlq))
+        named = text_ids_holding(self.client, self.keys.dlq, IndexKeys.for_queue(self.keys).groups, folded,
+                                 lambda t: redact.mask_text(t, self.masked_keys))
         items: list[DeadJob] = []
         scanned = 0
         began = time.monotonic()
         while True:
             reply = self.scripts.dlq_search(
-                keys=[self.keys.dlq], args=[start, min(chunk, scan_limit - scanned), pattern, at, step]
+                keys=[self.keys.dlq], args=[start, min(chunk, scan_limit - scanned), pattern, at, step, *named]
             )
             read, nxt, candidates = int(reply[0]), reply[1].decode(), reply[2:]
             size = 0

@@ -58,6 +58,7 @@ import msgpack
 from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.timing.delayed import _glob_escape, by_mark
 from chasqui_core.engine.dlq.entries import DeadJob, decode_entry
+from chasqui_core.engine.dlq.shared import resolve
 from chasqui_core.engine.dlq.index import DLQIndex, IndexKeys
 from chasqui_core.engine.jobs.envelope import DecodeError, Job, decode
 from chasqui_core.engine.store.keys import BANDS, GROUP, QueueKeys
@@ -240,6 +241,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
                 rows = search.client.xrange(k.dlq, eid, eid, count=1)
                 if rows:
                     entry = decode_entry(k.queue, *rows[0])
+                    resolve(search.client, k.dlq, [entry])
                     search.note(f"the dead-letter index of {k.queue}: found")
                     return _done(search, results.get(k.queue), JobLookup(job_id, "dead", queue=k.queue,
                                                                          job=entry.job, dead=entry))
@@ -403,6 +405,7 @@ def _dead(search: Search, k: QueueKeys) -> DeadJob | None:
             if stored == wanted or (not stored and packed_id(search.job_id) in fields.get(b"j", b"")):
                 dead = decode_entry(k.queue, eid, fields)
                 if dead.job_id == search.job_id:
+                    resolve(search.client, k.dlq, [dead])
                     search.note(f"the dead-letter queue of {k.queue}: found")
                     return dead
     since = " made since the job was" if search.created_ms is not None else ""

@@ -20,6 +20,7 @@ import msgpack
 from chasqui_core.engine.jobs import events
 from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.dlq.fingerprint import error_group
+from chasqui_core.engine.dlq.shared import split
 from chasqui_core.engine.jobs.events import Event
 from chasqui_core.engine.store.keys import GROUP, QueueKeys
 from chasqui_core.engine.store.scripts import Scripts
@@ -40,9 +41,9 @@ SETTLE_TRIES = 30
 # settle.lua's records, laid flat in their sections: how many items each takes (the script's header lists them).
 RETRY_ITEMS = 3
 """A retry: stream id, delay ms, payload."""
-DEAD_ITEMS = 11
+DEAD_ITEMS = 12
 """A dead job: stream id, payload, reason, task, job id, error class, error, counts-as-failure, duration ms,
-fingerprint id, fingerprint text."""
+fingerprint id, fingerprint text, shared texts (the payload as ``dlq.shared.split`` leaves it, and its texts)."""
 REQUEUE_ITEMS = 2
 """A requeue: stream id, payload."""
 SKIPPED_ITEMS = 5
@@ -216,8 +217,9 @@ class Settler:
         batch = self._batch(keys)
         error = error[:2000]
         group, group_text = error_group(error_class, error)
+        payload, texts = split(payload, error_class, error)  # what a million entries share is stored once
         batch.dead += (entry_id, payload, reason, task, job_id, error_class, error, 1 if handler_failed else 0,
-                       duration_ms, group, group_text)
+                       duration_ms, group, group_text, texts)
         batch.n_dead += 1
         if handler_failed:
             batch.failed_tasks.append(task)

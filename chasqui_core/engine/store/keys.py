@@ -33,7 +33,7 @@ SNAPSHOT_5M = "snap:5m:"
 SNAPSHOT_1H = "snap:1h:"
 """What follows a queue's ``metrics`` prefix in an hourly snapshot of its totals and histograms (history.py)."""
 
-DLQ_INDEX_VERSION = "1"
+DLQ_INDEX_VERSION = "2"
 """The layout of a DLQ's index (``dlq/index.py``, ``lua/dlq_index.lua``): an index of another version is rebuilt.
 The scripts that keep the index record it when they first write one, so a queue indexed from its first dead job
 is never rebuilt."""

@@ -10,8 +10,9 @@
 --   n          hash: entries indexed (all), and per value t:<task>, r:<reason>, c:<error class>
 --   groups     zset: fingerprint id -> entries
 --   fp         hash: fingerprint id -> fingerprint text
+--   fc         hash: fingerprint id -> its error class (a class's entries are its groups' f: sets)
 --   ft:<fp>    hash: task -> entries of that fingerprint
---   t:<task>, r:<reason>, c:<class>, f:<fp>
+--   t:<task>, r:<reason>, f:<fp>
 --              zsets: entry id, score = the id's millisecond * 2048 + its sequence
 --              (at most 2047), so the sets keep the stream's order (exact in a
 --              double until the year 2109)
@@ -22,6 +23,9 @@
 --   v          hash: the index's version, and the rebuild's cursor while one runs
 -- An entry is indexed when its id is in r:<its reason>; adding and removing
 -- both check that first, so neither ever counts an entry twice.
+-- Beside the index (not under ix:, so a rebuild keeps them), <dlq>:tb:<fp> holds
+-- the tracebacks the entries of group fp name by id (engine/dlq/shared.py); it is
+-- deleted with the group's last entry.
 --
 -- dlq_index_batch(dlq), dlq_index_put(batch, id, task, reason, class, fp, text, job_id), dlq_index_flush(batch)
 --   Index entries not indexed yet (ids XADD returned): put each in a batch, then
@@ -33,6 +37,16 @@
 --   false when the entry was not there (so two callers never both take it);
 --   dlq_removal_flush then undoes the notes of every entry taken, a command
 --   per key rather than a dozen per entry.
+-- dlq_indexed(dlq, entries, from, step), dlq_take_known(removal, id, reason, task, class, fp, job_id, indexed)
+--   The same for entries whose fields the caller read (replay): dlq_indexed tells,
+--   with one ZMSCORE per reason, which of the entries laid flat in `entries` (from
+--   index `from`, every `step` items: id, then reason at +4) the index holds;
+--   dlq_take_known deletes one (the XDEL gates it) and notes its index from the
+--   fields given, with no read of the entry: an id is never reused, so the fields
+--   of an entry still there are those the caller read.
+-- dlq_texts_put(batch, fp, texts)
+--   Note the shared texts of an entry of group fp (msgpack [id, text, ...], or ""),
+--   written by dlq_index_flush, one HSET per group.
 -- dlq_index_tally(batch, task, reason, class, fp, score, id)
 --   What adding or removing one entry changes, noted in a batch or a removal:
 --   its id in each value's zset (with its score when adding; nil when
@@ -52,7 +66,7 @@ local function dlq_index_score(id)
 end
 
 local function dlq_index_tally(b, task, reason, class, fp, score, id)
-  for _, key in ipairs({'r:' .. reason, 't:' .. task, 'c:' .. class, 'f:' .. fp}) do
+  for _, key in ipairs({'r:' .. reason, 't:' .. task, 'f:' .. fp}) do
     local z = b.zsets[key]
     if not z then
       z = {}
@@ -74,11 +88,25 @@ local function dlq_index_tally(b, task, reason, class, fp, score, id)
     b.group_tasks[fp] = tasks
   end
   tasks[task] = (tasks[task] or 0) + 1
+  b.classes[fp] = class
 end
 
 local function dlq_index_batch(dlq)
   return {p = dlq .. ':ix:', dlq = dlq, n = 0, zsets = {}, counts = {}, groups = {}, group_tasks = {}, texts = {},
-    jobs = {}}
+    jobs = {}, classes = {}, shared = {}}
+end
+
+local function dlq_texts_put(b, fp, texts)
+  if texts and texts ~= '' then
+    local pairs_of = b.shared[fp]
+    if not pairs_of then
+      pairs_of = {}
+      b.shared[fp] = pairs_of
+    end
+    for _, part in ipairs(cmsgpack.unpack(texts)) do
+      pairs_of[#pairs_of + 1] = part
+    end
+  end
 end
 
 local function dlq_index_put(b, id, task, reason, class, fp, text, job_id)
@@ -109,19 +137,25 @@ local function dlq_index_flush(b)
     redis.call('HINCRBY', n, field, count)
   end
   for fp, count in pairs(b.groups) do
-    if tonumber(redis.call('ZINCRBY', p .. 'groups', count, fp)) == count and b.texts[fp] ~= '' then
-      redis.call('HSET', p .. 'fp', fp, b.texts[fp])
+    if tonumber(redis.call('ZINCRBY', p .. 'groups', count, fp)) == count then
+      if b.texts[fp] ~= '' then
+        redis.call('HSET', p .. 'fp', fp, b.texts[fp])
+      end
+      redis.call('HSET', p .. 'fc', fp, b.classes[fp])
     end
     for task, c in pairs(b.group_tasks[fp]) do
       redis.call('HINCRBY', p .. 'ft:' .. fp, task, c)
     end
   end
   call_in_chunks('HSET', p .. 'jobs', b.jobs, 4000)
+  for fp, texts in pairs(b.shared) do
+    call_in_chunks('HSET', b.dlq .. ':tb:' .. fp, texts, 4000)
+  end
 end
 
 local function dlq_removal(dlq)
   return {p = dlq .. ':ix:', dlq = dlq, n = 0, zsets = {}, counts = {}, groups = {}, group_tasks = {}, jobs = {},
-    legacy = {}}
+    legacy = {}, classes = {}}
 end
 
 local function dlq_take(b, id)
@@ -156,6 +190,44 @@ local function dlq_take(b, id)
   return fields
 end
 
+local function dlq_indexed(dlq, entries, from, step)
+  local by_reason, indexed = {}, {}
+  for i = from, #entries, step do
+    local reason = entries[i + 4]
+    local ids = by_reason[reason]
+    if not ids then
+      ids = {}
+      by_reason[reason] = ids
+    end
+    ids[#ids + 1] = entries[i]
+  end
+  for reason, ids in pairs(by_reason) do
+    for s = 1, #ids, 4000 do
+      local e = math.min(s + 3999, #ids)
+      local scores = redis.call('ZMSCORE', dlq .. ':ix:r:' .. reason, unpack(ids, s, e))
+      for k = s, e do
+        if scores[k - s + 1] then
+          indexed[ids[k]] = true
+        end
+      end
+    end
+  end
+  return indexed
+end
+
+local function dlq_take_known(b, id, reason, task, class, fp, job_id, indexed)
+  if redis.call('XDEL', b.dlq, id) == 0 then
+    return false
+  end
+  if indexed then
+    dlq_index_tally(b, task, reason, class, fp, nil, id)
+    if job_id ~= '' then
+      b.jobs[#b.jobs + 1] = {job_id, id}
+    end
+  end
+  return true
+end
+
 local function dlq_removal_flush(b)
   if b.n == 0 then
     return
@@ -175,7 +247,8 @@ local function dlq_removal_flush(b)
     if tonumber(redis.call('ZINCRBY', p .. 'groups', -count, fp)) <= 0 then
       redis.call('ZREM', p .. 'groups', fp)
       redis.call('HDEL', p .. 'fp', fp)
-      redis.call('DEL', p .. 'ft:' .. fp)
+      redis.call('HDEL', p .. 'fc', fp)
+      redis.call('DEL', p .. 'ft:' .. fp, b.dlq .. ':tb:' .. fp)
     else
       for task, c in pairs(b.group_tasks[fp]) do
         if redis.call('HINCRBY', p .. 'ft:' .. fp, task, -c) <= 0 then

@@ -27,7 +27,7 @@ local v = p .. 'v'
 if ARGV[1] == 'reset' or ARGV[1] == 'start' then
   if ARGV[1] == 'reset' then
     local n = redis.call('HGETALL', p .. 'n')
-    local drop = {p .. 'n', p .. 'groups', p .. 'fp', p .. 'jobs', p .. 'legacy'}
+    local drop = {p .. 'n', p .. 'groups', p .. 'fp', p .. 'fc', p .. 'jobs', p .. 'legacy'}
     for k = 1, #n, 2 do
       if n[k] ~= 'all' then
         drop[#drop + 1] = p .. n[k]

@@ -2,9 +2,10 @@
 --
 -- An entry is a candidate when the needle is found in its envelope bytes
 -- (which hold the job id, the task, the arguments and the error history with
--- each error's class and message) or in its last error (which differs from
--- the envelope's for a run lost with its worker), ASCII letters compared
--- without case. Only those two fields are read: each plain find is a call,
+-- each error's class and message, but for the last error's, which entries
+-- written since the shared texts leave to the entry: engine/dlq/shared.py) or
+-- in its last error's class or message, ASCII letters compared without case.
+-- Only those three fields are read: each plain find is a call,
 -- and calls, not bytes, are what a scan pays for. The caller checks each
 -- candidate against what it may show, with secrets masked, so a masked value
 -- is never found; candidates are few, the scan is the cost.
@@ -18,13 +19,15 @@
 -- costs about a quarter less per entry when the chunk is read in small steps
 -- (a few hundred entries): each step's reply and tables stay in the CPU's
 -- cache and are garbage before the next step, where one big read of the whole
--- chunk spills out of it. Entries written by settle.lua hold 'j' and 'error'
--- at fixed places (fields 1 and 13); others are found by name.
+-- chunk spills out of it. Entries written by settle.lua hold 'j', 'error_class'
+-- and 'error' at fixed places (fields 1, 11 and 13); others are found by name.
 --
 -- KEYS[1] dlq
 -- ARGV[1] where to start, inclusive (an entry id, or '+' for the newest)   ARGV[2] entries to read
 -- ARGV[3] the needle, ASCII letters lower-cased   ARGV[4] the anchor's position in the needle (1-based)
 -- ARGV[5] entries per XREVRANGE step
+-- ARGV[6..] ids of shared tracebacks that hold the needle (engine/dlq/shared.py): an entry whose
+--         envelope names one is a candidate too, found by a plain find of the id
 -- Returns {entries read, where to start next ('' when the oldest entry was read), candidate id, ...}
 
 local count, step = tonumber(ARGV[2]), tonumber(ARGV[5])
@@ -52,8 +55,22 @@ local function holds_case(text, case)
   end
 end
 
+local named = {}
+for k = 6, #ARGV do
+  named[#named + 1] = ARGV[k]
+end
+
 local function holds(text)
   return holds_case(text, anchor) or (upper ~= nil and holds_case(text, upper))
+end
+
+local function names_one(envelope)
+  for k = 1, #named do
+    if find(envelope, named[k], 1, true) then
+      return true
+    end
+  end
+  return false
 end
 
 local out = {0, ''}
@@ -67,12 +84,13 @@ while true do
   for i = 1, got do
     local fields = rows[i][2]
     local hit = false
-    if fields[1] == 'j' and fields[13] == 'error' then
-      hit = holds(fields[2]) or holds(fields[14])
+    if fields[1] == 'j' and fields[11] == 'error_class' and fields[13] == 'error' then
+      hit = holds(fields[2]) or holds(fields[14]) or holds(fields[12]) or (#named > 0 and names_one(fields[2]))
     else
       for k = 1, #fields, 2 do
         local name = fields[k]
-        if (name == 'j' or name == 'error') and holds(fields[k + 1]) then
+        if (name == 'j' or name == 'error' or name == 'error_class') and holds(fields[k + 1])
+            or name == 'j' and #named > 0 and names_one(fields[k + 1]) then
           hit = true
           break
         end

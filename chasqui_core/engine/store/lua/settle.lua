@@ -29,10 +29,13 @@
 --         retry was scheduled (the usual case), so the script only unpacks it
 --         when some were not. Each retry's mark (the job id read from its
 --         payload's head, see mark_delayed) is written with it
--- then    number of dead jobs D and, when D > 0, one msgpack array of 11 items per
+-- then    number of dead jobs D and, when D > 0, one msgpack array of 12 items per
 --         job laid flat: stream id, payload, reason, task, job id, error class,
 --         error message, counts-as-failure (0/1), duration ms, error fingerprint
---         id, fingerprint text (the worker computes them: engine/dlq/fingerprint.py)
+--         id, fingerprint text (the worker computes them: engine/dlq/fingerprint.py),
+--         shared texts: "" or a msgpack array [text id, traceback, ...] of the
+--         tracebacks the payload names by id (engine/dlq/shared.py), kept once
+--         per error group in <dlq>:tb:<fingerprint id>
 -- (one packed argument per section keeps a batch cheap to send)
 -- then    number of requeues Q, then Q pairs: stream id, payload
 -- then    number of histogram fields H and, when H > 0, one msgpack array of
@@ -63,8 +66,8 @@
 -- task, reason, error class and fingerprint, the entry's id under each, its
 -- job id), so the console reads them without scanning; see dlq_index.lua.
 --
--- Calls server_ms, call_in_chunks, bump_counters, durations_key and mark_delayed from prelude.lua; dlq_index_batch, dlq_index_put and
--- dlq_index_flush from dlq_index.lua.
+-- Calls server_ms, call_in_chunks, bump_counters, durations_key and mark_delayed from prelude.lua; dlq_index_batch, dlq_index_put,
+-- dlq_texts_put and dlq_index_flush from dlq_index.lua.
 
 local stream, delayed, dlq, events, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
@@ -96,10 +99,12 @@ local function count_reason(reason)
 end
 
 -- the one way a job enters the dead-letter queue here: its entry, its place in the index, its event, its count
-local function dead_letter(source_id, payload, reason, task, job_id, error_class, error, fp, fp_text, duration)
+local function dead_letter(source_id, payload, reason, task, job_id, error_class, error, fp, fp_text, duration,
+                           texts)
   local eid = redis.call('XADD', dlq, '*', 'j', payload, 'reason', reason, 'task', task, 'job_id', job_id,
     'source_id', source_id, 'error_class', error_class, 'error', error, 'fp', fp)
   dlq_index_put(index, eid, task, reason, error_class, fp, fp_text, job_id)
+  dlq_texts_put(index, fp, texts)
   redis.call('XADD', events, 'MAXLEN', '~', evcap, '*', 'type', 'dlq', 'job_id', job_id, 'task', task,
     'reason', reason, 'error_class', error_class, 'error', error, 'duration_ms', duration)
   count_reason(reason)
@@ -158,7 +163,7 @@ if n > 0 then
         jobs = jobs or cmsgpack.unpack(record)
         local job_id, task, duration = jobs[k][1], jobs[k][2], jobs[k][5]
         dead_letter(id, payload, 'internal', task, job_id, 'InvalidRetry', why, INVALID_RETRY_FP, INVALID_RETRY_TEXT,
-          duration)
+          duration, '')
         internal = internal + 1
       end
     elseif settle(id) then
@@ -188,10 +193,11 @@ local dead, failed_dead, bad_signature = internal, internal, 0
 local d = tonumber(ARGV[i]); i = i + 1
 if d > 0 then
   local r = cmsgpack.unpack(ARGV[i]); i = i + 1
-  for j = 1, #r, 11 do
+  for j = 1, #r, 12 do
     local id = r[j]
     if settle(id) then
-      dead_letter(id, r[j + 1], r[j + 2], r[j + 3], r[j + 4], r[j + 5], r[j + 6], r[j + 9], r[j + 10], r[j + 8])
+      dead_letter(id, r[j + 1], r[j + 2], r[j + 3], r[j + 4], r[j + 5], r[j + 6], r[j + 9], r[j + 10], r[j + 8],
+        r[j + 11])
       dead = dead + 1
       failed_dead = failed_dead + (tonumber(r[j + 7]) or 0)
       if r[j + 2] == 'bad_signature' then bad_signature = bad_signature + 1 end
