@@ -13,18 +13,24 @@ is lost contact.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import uuid
+from urllib.parse import urlsplit
 
 import msgpack
 import pytest
 
 from chasqui_core.engine.jobs.envelope import now_ms
+from bench.faultproxy import FaultProxy
+from chasqui_core.engine.jobs.registry import HandlerRegistry
 from chasqui_core.engine.ops import stats
-from chasqui_core.engine.recovery.deathwatch import SPACE_FIELD, DeathWatch, note_clean_stop, process_space
+from chasqui_core.engine.recovery.deathwatch import (SPACE_FIELD, DeathWatch, note_clean_stop, process_space,
+                                                    stopped_cleanly)
 from chasqui_core.engine.store.connection import aconnect
 from chasqui_core.engine.store.keys import QueueKeys
+from chasqui_core.engine.worker.worker import Worker
 from tests.supervisor.app import DONE, QUEUE, STARTED
 from tests.supervisor.processes import KEYS, alive, nap, runs
 
@@ -86,3 +92,24 @@ async def test_only_workers_of_this_process_space_whose_process_ended_are_record
     assert redis.exists(keys.died("reused")) and not redis.exists(keys.died("live"))
     assert not redis.exists(keys.died("elsewhere")) and not redis.exists(keys.died(stopped))
     assert redis.get(keys.died("recorded")) == b"1 was killed by SIGKILL", "the first record says how it ended"
+
+
+async def test_a_worker_that_stops_cleanly_out_of_redis_reach_leaves_the_note_that_keeps_it_from_being_judged_dead(
+        redis, redis_url):
+    """Cut off as it stops, a worker can neither settle nor take its heartbeat away; its runs had ended, so it
+    notes its clean stop on the host, and no worker beside it may record its end as a death."""
+    keys = QueueKeys.for_queue("stops-cut-off")
+    server = urlsplit(redis_url)
+    with FaultProxy(int(server.port or 6379)) as proxy:
+        worker = Worker([keys.queue], HandlerRegistry(), url=f"redis://{proxy.host}:{proxy.port}{server.path or '/0'}",
+                        install_signal_handlers=False, heartbeat_interval=0.05, shutdown_timeout=1.0)
+        run = asyncio.ensure_future(worker.run())
+        while not redis.hexists(keys.workers, worker.id):
+            assert not run.done(), "the worker stopped before its first heartbeat"
+            await asyncio.sleep(0.05)
+        assert not stopped_cleanly(worker.id)
+        proxy.refuse()
+        worker.request_stop()
+        await asyncio.wait_for(run, timeout=120)
+    assert redis.hexists(keys.workers, worker.id), "it could not take its heartbeat away"
+    assert stopped_cleanly(worker.id), "a clean stop out of Redis's reach is noted on the host"
