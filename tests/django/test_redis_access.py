@@ -24,7 +24,7 @@ from django.core.management import CommandError, call_command
 
 from chasqui_core.engine.ops import control, history, metrics, running_jobs, stats, totals, waiting
 from chasqui_core.engine.timing import delayed, scheduler
-from chasqui_core.engine.worker.worker import limits
+from chasqui_core.engine.worker import limits
 from chasqui_core.engine.dlq.estimate import estimate_matching
 from chasqui_core.engine.dlq.filter import DLQFilter
 from chasqui_core.engine.dlq.search import TextSearch
