@@ -66,3 +66,31 @@ async def test_slow_sync_jobs_spread_over_the_whole_lane(redis, redis_url):
     assert sorted(int(i) for i in finished) == list(range(2 * size))
     assert len(threads) == size
     assert redis.xlen(q.keys.dlq) == 0
+
+
+async def test_jobs_of_half_a_millisecond_spread_too(redis, redis_url):
+    """Jobs that wait on I/O for less than the lane's look (a quick query) still get more threads: a job that
+    waited a whole look wakes more, whether or not the awake threads took others meanwhile."""
+    size, jobs = 16, 400
+    lock = threading.Lock()
+    running = [0]
+    most = [0]
+    finished: list[int] = []
+
+    def query(i: int) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.0005)  # releases the GIL, as a database driver does while it waits
+        with lock:
+            running[0] -= 1
+        finished.append(i)
+
+    registry = HandlerRegistry()
+    registry.register("query", query)
+    q = Queue("lane-quick-io", redis_client=redis)
+    q.add_bulk([JobSpec("query", [i]) for i in range(jobs)])
+    worker = Worker(["lane-quick-io"], registry, url=redis_url, concurrency=size, install_signal_handlers=False)
+    await _run_until(redis, worker, lambda: len(finished) >= jobs)
+    assert sorted(finished) == list(range(jobs))
+    assert most[0] >= 4, f"at most {most[0]} jobs ran at once on a lane of {size} threads"

@@ -12,11 +12,11 @@ from the loop) costs more than the job, and with a hundred threads each
 woken per job a sync worker ran at a quarter of an async one. So a woken
 thread keeps taking jobs from the inbox until it is empty, and the loop wakes
 a thread only when none is awake (``submit``). Threads are added as the jobs
-need them: while jobs wait, the loop looks every ``SPREAD_S``, and if no
-thread took a job in that time (the awake ones are busy in slow jobs: a
-query, a call to another service), it wakes as many more as jobs wait. So
-quick jobs run on one or two threads with no hand-over per job, and slow
-ones spread over the whole lane within a few milliseconds, as before.
+need them: while jobs wait, the loop looks every ``SPREAD_S``, and if a job
+waiting at the last look still waits (the awake threads are busy in slower
+jobs: a query, a call to another service), it wakes as many again as are
+awake. So quick jobs run on one or two threads with no hand-over per job,
+and slower ones spread over the whole lane within a few milliseconds.
 
 A thread writes its job to the start journal (journal.py) just before the
 handler starts, so a crash charges the jobs that were running and none of
@@ -77,6 +77,9 @@ class SyncLane:
         """Jobs taken by the threads so far (a hint for ``_spread``: a lost update only delays a wake-up)."""
         self._spreading: asyncio.TimerHandle | None = None
         self._seen = -1
+        """``_taken`` at the last look (``_spread``)."""
+        self._seen_waiting = 0
+        """Jobs waiting at the last look."""
         self._done: deque[Outcome] = deque()
         self._notified = False
         self._names = itertools.count()
@@ -92,6 +95,7 @@ class SyncLane:
             self._wake_up(1)                   # the inbox again: one of the two sees the other)
         if self._spreading is None:
             self._seen = self._taken
+            self._seen_waiting = len(self._waiting)
             self._spreading = self._loop.call_later(SPREAD_S, self._spread)
 
     def _wake_up(self, wanted: int) -> None:
@@ -104,16 +108,19 @@ class SyncLane:
             waker.put(True)
 
     def _spread(self) -> None:
-        """While jobs wait: if none was taken since the last look, the awake threads are busy in slow jobs, so wake
-        as many again (at most one per job waiting): a lane of slow jobs is all awake within a few looks."""
+        """While jobs wait: if the threads took fewer jobs since the last look than were waiting then, a job has
+        waited a whole look (the awake threads are busy in slower jobs: a query, a call to another service), so
+        wake as many again (at most one per job waiting): such a lane is all awake within a few looks, while
+        quick jobs, taken faster than they come, wake nobody."""
         self._spreading = None
         waiting = len(self._waiting)
         if not waiting:
             return
         taken = self._taken
-        if taken == self._seen:
+        if taken - self._seen < self._seen_waiting:
             self._wake_up(min(waiting, max(1, self._size - len(self._asleep))))
         self._seen = taken
+        self._seen_waiting = waiting
         self._spreading = self._loop.call_later(SPREAD_S, self._spread)
 
     def take_unstarted(self) -> list[Delivery]:
