@@ -147,10 +147,10 @@ handed from the loop to that thread and back; the async path paid for an OpenTel
 nothing (the API installed, no SDK).
 
 - **The sync lane wakes few threads.** A woken thread takes jobs until none waits; the loop wakes a thread
-  only when none is awake; while jobs wait and none was taken for a millisecond (the awake threads are in
-  slow jobs), it wakes as many again. Quick jobs run on one or two threads, slow ones (a query, a call to
+  only when none is awake; when a job has waited a whole millisecond (the awake threads are in slower
+  jobs), it wakes as many again as are awake. Quick jobs run on one or two threads, slow ones (a query, a call to
   another service) still spread over the whole `--concurrency` within a few milliseconds
-  (`tests/engine/test_sync_lane.py` holds a burst of jobs that can only finish together). No lock per job:
+  (`tests/engine/test_sync_lane.py`: a burst of jobs that can only finish together, and jobs of half a millisecond of I/O). No lock per job:
   sleeping threads leave their own wake-up queue on a deque, which the loop pops.
 - **No span without a tracer provider.** `chasqui_core/tracing.py` makes no span when no provider is
   installed and there is no trace context to pass on (and asks the API, which reads the environment, at most
