@@ -18,6 +18,7 @@ current span's).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -60,11 +61,25 @@ def enabled(meta: Mapping[str, Any] | None = None) -> bool:
     return bool(_trace.get_current_span().get_span_context().is_valid)
 
 
+_none_until = 0.0
+"""Until this monotonic time, no provider is taken as installed without asking (the API reads the environment
+for one each time it is asked, which cost more than the rest of an untraced run's checks)."""
+
+PROVIDER_RECHECK_S = 1.0
+"""How long "no provider" is believed: a provider installed later is used within this many seconds."""
+
+
 def _recording() -> bool:
     """Whether spans go somewhere: a provider is installed, or the tracer was given one directly."""
-    global _provider_set
+    global _provider_set, _none_until
     assert _trace is not None
-    if isinstance(_tracer, _trace.ProxyTracer) and isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+    if not isinstance(_tracer, _trace.ProxyTracer):
+        return True
+    now = time.monotonic()
+    if now < _none_until:
+        return False
+    if isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+        _none_until = now + PROVIDER_RECHECK_S
         return False
     _provider_set = True
     return True

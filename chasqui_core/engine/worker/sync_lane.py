@@ -12,11 +12,11 @@ from the loop) costs more than the job, and with a hundred threads each
 woken per job a sync worker ran at a quarter of an async one. So a woken
 thread keeps taking jobs from the inbox until it is empty, and the loop wakes
 a thread only when none is awake (``submit``). Threads are added as the jobs
-need them: while jobs wait, the loop looks every ``SPREAD_S``, and if no
-thread took a job in that time (the awake ones are busy in slow jobs: a
-query, a call to another service), it wakes as many more as jobs wait. So
-quick jobs run on one or two threads with no hand-over per job, and slow
-ones spread over the whole lane within a few milliseconds, as before.
+need them: while jobs wait, the loop looks every ``SPREAD_S``, and if a job
+waiting at the last look still waits (the awake threads are busy in slower
+jobs: a query, a call to another service), it wakes as many again as are
+awake. So quick jobs run on one or two threads with no hand-over per job,
+and slower ones spread over the whole lane within a few milliseconds.
 
 A thread writes its job to the start journal (journal.py) just before the
 handler starts, so a crash charges the jobs that were running and none of
@@ -66,18 +66,20 @@ class SyncLane:
         self._loop = asyncio.get_running_loop()
         self._on_outcomes = on_outcomes
         self._waiting = Inbox(priority_mode)
-        self._wake: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
-        """One True per thread woken, one None per thread to end (``close``)."""
-        self._lock = threading.Lock()
-        """Guards the changes of ``_awake``: taken when a thread goes to sleep or is woken, never per job."""
-        self._awake = 0
-        """Threads taking jobs now, or woken to: the rest sleep on ``_wake``."""
+        self._asleep: deque[queue.SimpleQueue[bool | None]] = deque()
+        """The wake-up queues of the threads asleep (True: take jobs again; None: end). A thread puts its own
+        here, and the loop takes one out to wake it: appends and pops of a deque are atomic, so no lock is
+        taken, by the loop or a thread."""
+        self._wakers: list[queue.SimpleQueue[bool | None]] = []
         self._size = 0
-        """Threads in the lane (not counting those abandoned in a run past its timeout)."""
+        """Threads in the lane (not counting those abandoned in a run past its timeout; on the loop only)."""
         self._taken = 0
         """Jobs taken by the threads so far (a hint for ``_spread``: a lost update only delays a wake-up)."""
         self._spreading: asyncio.TimerHandle | None = None
         self._seen = -1
+        """``_taken`` at the last look (``_spread``)."""
+        self._seen_waiting = 0
+        """Jobs waiting at the last look."""
         self._done: deque[Outcome] = deque()
         self._notified = False
         self._names = itertools.count()
@@ -89,32 +91,36 @@ class SyncLane:
         """Hand a job to the threads (on the loop): a thread is woken only when none is awake."""
         self.outstanding += 1
         self._waiting.append(delivery)
-        if self._awake <= 0:  # no lock per job: a thread going to sleep counts itself out first, then looks
-            self._wake_up(1)  # at the inbox again, so one of the two sees the other
+        if len(self._asleep) >= self._size:  # none awake (a thread going to sleep says so first, then looks at
+            self._wake_up(1)                   # the inbox again: one of the two sees the other)
         if self._spreading is None:
             self._seen = self._taken
+            self._seen_waiting = len(self._waiting)
             self._spreading = self._loop.call_later(SPREAD_S, self._spread)
 
     def _wake_up(self, wanted: int) -> None:
-        with self._lock:
-            n = min(wanted, self._size - self._awake)
-            if n <= 0:
+        asleep = self._asleep
+        for _ in range(wanted):
+            try:
+                waker = asleep.pop()
+            except IndexError:
                 return
-            self._awake += n
-        for _ in range(n):
-            self._wake.put(True)
+            waker.put(True)
 
     def _spread(self) -> None:
-        """While jobs wait: if none was taken since the last look, the awake threads are busy in slow jobs, so wake
-        as many again (at most one per job waiting): a lane of slow jobs is all awake within a few looks."""
+        """While jobs wait: if the threads took fewer jobs since the last look than were waiting then, a job has
+        waited a whole look (the awake threads are busy in slower jobs: a query, a call to another service), so
+        wake as many again (at most one per job waiting): such a lane is all awake within a few looks, while
+        quick jobs, taken faster than they come, wake nobody."""
         self._spreading = None
         waiting = len(self._waiting)
         if not waiting:
             return
         taken = self._taken
-        if taken == self._seen:
-            self._wake_up(min(waiting, max(1, self._awake)))
+        if taken - self._seen < self._seen_waiting:
+            self._wake_up(min(waiting, max(1, self._size - len(self._asleep))))
         self._seen = taken
+        self._seen_waiting = waiting
         self._spreading = self._loop.call_later(SPREAD_S, self._spread)
 
     def take_unstarted(self) -> list[Delivery]:
@@ -134,15 +140,15 @@ class SyncLane:
         delivery.timed_out = True
         self.outstanding -= 1
         self.abandoned += 1
-        with self._lock:
-            self._awake -= 1
-            self._size -= 1
+        self._size -= 1
 
     def replace(self) -> None:
         """Start one more thread: at start, and in place of one stuck in a job that passed its timeout."""
-        with self._lock:
-            self._size += 1
-        thread = threading.Thread(target=self._run, name=f"chasqui-sync-{next(self._names)}", daemon=True)
+        self._size += 1
+        waker: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
+        self._wakers.append(waker)
+        thread = threading.Thread(target=self._run, args=(waker,), name=f"chasqui-sync-{next(self._names)}",
+                                  daemon=True)
         self._threads.append(thread)
         thread.start()
         if self._waiting:
@@ -152,26 +158,28 @@ class SyncLane:
         if self._spreading is not None:
             self._spreading.cancel()
             self._spreading = None
-        for _ in self._threads:
-            self._wake.put(None)
+        for waker in self._wakers:
+            waker.put(None)
 
     # --- in the threads -----------------------------------------------------------
 
-    def _sleep(self) -> bool:
+    def _sleep(self, waker: queue.SimpleQueue[bool | None]) -> bool:
         """Go to sleep unless a job waits; False when the thread is to end.
 
-        The thread counts itself out of the awake ones first and looks at the
-        inbox after: a job the loop added before it looked is seen here, and
-        one added after finds no thread awake and wakes one (``submit``)."""
-        with self._lock:
-            self._awake -= 1
+        The thread says it is asleep first and looks at the inbox after: a job
+        the loop added before it looked is seen here, and one added after
+        finds no thread awake and wakes one (``submit``). A thread that finds
+        a job but was taken out to be woken meanwhile takes its wake-up too."""
+        self._asleep.append(waker)
         if self._waiting:
-            with self._lock:
-                self._awake += 1
+            try:
+                self._asleep.remove(waker)
+            except ValueError:  # being woken: its token is on the way
+                return waker.get() is not None
             return True
-        return self._wake.get() is not None
+        return waker.get() is not None
 
-    def _run(self) -> None:
+    def _run(self, waker: queue.SimpleQueue[bool | None]) -> None:
         """Take jobs and run them until told to end.
 
         A run's journal mark is struck the moment its handler returns, before
@@ -182,8 +190,6 @@ class SyncLane:
         done = self._done
         journal = self.journal
         waiting = self._waiting
-        if self._wake.get() is None:
-            return
         ahead: Delivery | None = None
         """The next job, taken while the last run's mark was struck, its start mark already written."""
         while True:
@@ -193,7 +199,7 @@ class SyncLane:
                 try:
                     d = waiting.popleft()
                 except IndexError:
-                    if not self._sleep():
+                    if not self._sleep(waker):
                         return
                     continue
                 marked = False
