@@ -174,13 +174,17 @@ class BatchStatus:
     kind: str
     status: str
     total: int
+    """Children (a chain: steps); ``succeeded``, ``dead`` and ``discarded`` count the same things."""
     succeeded: int
     dead: int
     discarded: int
     results: list[Any]
+    """A batch: each child's return value in order. A chain: each step's (a batch step's as the list)."""
     children: list[str]
     states: list[str]
     callbacks: dict[str, Callback]
+    child_results: list[Any] = field(default_factory=list)
+    """Each child's return value, in the order of ``children`` (None until it succeeds)."""
     steps: int = 0
     stopped_at: int | None = None
     """The chain's step (1-based) that died: the chain goes on if it is replayed and succeeds."""
@@ -192,7 +196,7 @@ class BatchStatus:
 
 def _of_batch(state: BatchState) -> BatchStatus:
     return BatchStatus(state.id, "batch", state.status, state.total, state.succeeded, state.dead, state.discarded,
-                       state.results, state.children, state.states, state.callbacks)
+                       state.results, state.children, state.states, state.callbacks, state.results)
 
 
 def _of_chain(chain_id: str, steps: list[BatchState]) -> BatchStatus:
@@ -202,11 +206,23 @@ def _of_chain(chain_id: str, steps: list[BatchState]) -> BatchStatus:
     done = sum(1 for s in steps if s.status == "succeeded")
     dead = sum(1 for s in steps if s.dead)
     gone = sum(1 for s in steps if s.discarded and not s.dead)
-    results = [s.results if len(s.results) != 1 or k == 0 and s.total != 1 else s.results[0]
-               for k, s in enumerate(steps)]
+    results = [s.results[0] if len(s.results) == 1 else s.results for s in steps]
     return BatchStatus(chain_id, "chain", status, len(steps), done, dead, gone, results,
                        [c for s in steps for c in s.children], [st for s in steps for st in s.states],
-                       steps[0].callbacks, len(steps), stopped)
+                       steps[0].callbacks, [r for s in steps for r in s.results], len(steps), stopped)
+
+
+def read_status(client: Any, batch_id: str) -> BatchStatus:
+    """A batch's or a chain's state read with ``client``; ``UnknownBatch`` when none has this id (or it expired),
+    ValueError when the id is not a batch id."""
+    try:
+        return _of_batch(batches.read(client, batch_id))
+    except UnknownBatch:
+        try:
+            return _of_chain(batch_id, read_chain(client, batch_id))
+        except UnknownBatch:
+            raise UnknownBatch(f"no batch or chain {batch_id!r}: it never existed, or it ended long enough ago "
+                               "to expire") from None
 
 
 def get_batch(batch_id: str, *, backend: str = "default") -> BatchStatus:
@@ -216,11 +232,4 @@ def get_batch(batch_id: str, *, backend: str = "default") -> BatchStatus:
     chasqui = task_backends[backend]
     if not isinstance(chasqui, ChasquiBackend):
         raise WorkflowError(f"backend {backend!r} is not Chasqui's")
-    try:
-        return _of_batch(batches.read(chasqui.client, batch_id))
-    except UnknownBatch:
-        try:
-            return _of_chain(batch_id, read_chain(chasqui.client, batch_id))
-        except UnknownBatch:
-            raise UnknownBatch(f"no batch or chain {batch_id!r}: it never existed, or it ended long enough ago "
-                               "to expire") from None
+    return read_status(chasqui.client, batch_id)

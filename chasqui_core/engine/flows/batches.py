@@ -28,6 +28,10 @@ READ_CHUNK = 1000
 """Children read per command when a batch is read (a fan-in of 10,000 is ten round trips)."""
 
 
+ID_PATTERN = r"^[A-Za-z0-9_.\-]{1,100}:[0-9A-HJKMNP-TV-Z]{26}(-[1-9][0-9]{0,5})?$"
+"""What a batch id looks like: its queue, a colon, a ULID; a chain's step adds ``-<step>``."""
+
+
 class UnknownBatch(LookupError):
     """No batch has this id (it never existed, or its keys expired)."""
 
