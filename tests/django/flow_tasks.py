@@ -55,3 +55,9 @@ def lister(context, n: int) -> int:
 @task(queue_name="emails")
 def elsewhere() -> None:
     RUNS.append(("elsewhere",))
+
+
+@task(queue_name="default", max_attempts=1)
+def broken(value: str) -> None:
+    RUNS.append(("broken", value))
+    raise ValueError(f"cannot handle {value}")

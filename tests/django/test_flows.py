@@ -10,7 +10,7 @@ from chasqui_core.engine.worker.worker import Worker
 from tests.helpers import run_until
 
 from . import flow_tasks
-from .flow_tasks import elsewhere, fetch, lister, notify, parse, square, store, total
+from .flow_tasks import broken, elsewhere, fetch, lister, notify, parse, square, store, total
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +54,23 @@ def test_a_fan_in_gets_the_batch_results_in_order(redis, redis_url):
     _run(redis_url, lambda: _ran("total"))
     assert _ran("total") == [("total", [i * i for i in range(10)])]
     assert get_batch(handle.id).results[-1] == sum(i * i for i in range(10))
+
+
+def test_a_dead_step_stops_its_chain_and_its_replay_carries_it_on(redis, redis_url):
+    from chasqui_core.engine.dlq.replay import DeadLetters
+
+    handle = chain(step(fetch, "x"), step(broken), step(notify)).enqueue()
+    _run(redis_url, lambda: redis.xlen("{chasqui:default}:dlq") == 1)
+    status = get_batch(handle.id)
+    assert (status.status, status.stopped_at, status.states) == ("stopped", 2, ["succeeded", "dead", "pending"])
+    assert _ran("notify") == []
+    # the step is fixed (here: its dead envelope's task is pointed at one that works) and replayed
+    [(entry_id, _)] = redis.xrange("{chasqui:default}:dlq")
+    assert DeadLetters(redis, "default").replay([entry_id]) == 1
+    flow_tasks.RUNS.clear()
+    _run(redis_url, lambda: _ran("notify") or len(_ran("broken")) == 1 and redis.xlen("{chasqui:default}:dlq"))
+    assert _ran("broken") == [("broken", "<p>x</p>")], "the replayed step ran, fed as before"
+    assert get_batch(handle.id).stopped_at == 2, "it failed again: the chain stays stopped there"
 
 
 def test_a_child_adds_children_to_its_running_batch(redis, redis_url):

@@ -296,3 +296,22 @@ def test_the_worker_running_the_last_child_crashes_and_each_callback_still_runs_
     by_job = runs_by_job(read_runs(redis, log))
     assert len(by_job[s.job_ids[1]]) == 2, "the last child ran again after the crash"
     assert [len(by_job[c]) for c in callbacks] == [1, 1]
+
+
+def test_a_dead_step_stops_its_chain_and_replayed_to_success_carries_it_on(redis, redis_url):
+    q = Queue("wf-chain-replay", redis_client=redis)
+    started = start_chain(q, [JobSpec("square", [2]), JobSpec("fail"), JobSpec("echo", ["after"])])
+    with worker_running(redis_url, ["wf-chain-replay"], registry(redis)):
+        wait_for(lambda: redis.xlen(q.keys.dlq) == 1, 30, "the second step's death")
+        quiet(redis)
+        steps = read_chain(redis, started.id)
+        assert [s.status for s in steps] == ["succeeded", "failed", "running"]
+        assert not runs(redis, steps[2].children[0]), "a dead step stops its chain"
+        redis.set("fixed", 1)
+        [(entry_id, _)] = redis.xrange(q.keys.dlq)
+        DeadLetters(redis, "wf-chain-replay").replay([entry_id])
+        wait_for(lambda: read_chain(redis, started.id)[2].status == "succeeded", 30, "the chain's last step")
+        quiet(redis)
+    steps = read_chain(redis, started.id)
+    assert steps[2].results == [["fixed", "after"]]
+    assert [runs(redis, s.children[0]) for s in steps] == [1, 2, 1]
