@@ -269,7 +269,7 @@ def test_workflows_on_queues_of_every_master_fire_each_callback_once(cluster, cl
     try:
         wait_for(lambda: sum(1 for r in ran if r[0] in ("done", "total")) == 2 * len(names), 60,
                  "every callback and fan-in")
-        for name, (b, c) in started.items():
+        for b, c in started.values():
             state = batches.read(client, b.id)
             assert (state.status, state.results) == ("succeeded", [0, 1, 4, 9, 16])
             assert read_chain(client, c.id)[1].results == [14]
