@@ -31,6 +31,10 @@
 --   once (HSETNX fired:<callback>). Returns 1 when the end changed the batch.
 -- flow_fire(key, which)
 --   Enqueue callback `which` of the batch at `key` unless it fired before.
+-- flow_tally(key), flow_record(key, child, outcome, result, tally), flow_apply(tally)
+--   flow_end in parts, so a settle call that ends many children of one batch
+--   counts them with one HSETNX each and writes the counts, the results and
+--   the check for due callbacks once per batch.
 -- discard_flow_end(dlq, fields)
 --   dlq_discard.lua's part: a discarded dead-letter entry (its fields, laid
 --   flat) of a workflow's job ends it there as "gone".
@@ -114,34 +118,49 @@ local function flow_fire(key, which)
   bump_counters(h[10], server_ms(), {'enqueued', 1})
 end
 
-local function flow_end(any, flow, child, outcome, result)
-  local key = flow_key(any, flow)
+local function flow_record(key, child, outcome, result, tally)
   local field = 'k:' .. child
-  local was = redis.call('HGET', key, field)
-  if was == 'ok' or was == 'gone' or was == outcome then
-    return 0
+  if redis.call('HSETNX', key, field, outcome) == 0 then
+    if outcome == 'dead' or redis.call('HGET', key, field) ~= 'dead' then
+      return
+    end
+    redis.call('HSET', key, field, outcome)
+    tally.dead = tally.dead - 1
   end
-  local total = tonumber(redis.call('HGET', key, 'total'))
-  if not total then
-    return 0
-  end
-  redis.call('HSET', key, field, outcome)
-  if was then
-    redis.call('HINCRBY', key, was, -1)
-  end
-  redis.call('HINCRBY', key, outcome, 1)
+  tally[outcome] = tally[outcome] + 1
+  tally.changed = true
   if outcome == 'ok' and result ~= '' then
-    redis.call('HSET', key, 'r:' .. child, result)
+    tally.results[#tally.results + 1] = 'r:' .. child
+    tally.results[#tally.results + 1] = result
   end
-  local c = redis.call('HMGET', key, 'ok', 'dead', 'gone', 'ttl')
-  local ok = tonumber(c[1]) or 0
-  local ended = ok + (tonumber(c[2]) or 0) + (tonumber(c[3]) or 0)
+end
+
+local function flow_tally(key)
+  return {key = key, ok = 0, dead = 0, gone = 0, changed = false, results = {}}
+end
+
+local function flow_apply(tally)
+  local key = tally.key
+  if not tally.changed then
+    return 0
+  end
+  if #tally.results > 0 then
+    call_in_chunks('HSET', key, tally.results, 4000)
+  end
+  for _, name in ipairs({'ok', 'dead', 'gone'}) do
+    if tally[name] ~= 0 then
+      redis.call('HINCRBY', key, name, tally[name])
+    end
+  end
+  local c = redis.call('HMGET', key, 'total', 'ok', 'dead', 'gone', 'ttl')
+  local total, ok = tonumber(c[1]), tonumber(c[2]) or 0
+  local ended = ok + (tonumber(c[3]) or 0) + (tonumber(c[4]) or 0)
   if ok == total then
     flow_fire(key, 'success')
   end
   if ended == total then
     flow_fire(key, 'complete')
-    local ttl = tonumber(c[4])
+    local ttl = tonumber(c[5])
     if ttl then
       redis.call('PEXPIRE', key, ttl)
       redis.call('PEXPIRE', key .. ':kids', ttl)
@@ -150,15 +169,46 @@ local function flow_end(any, flow, child, outcome, result)
   return 1
 end
 
-local function settle_flow_ends(stream, acked, ends)
-  local here = {}
-  for k = 1, #acked do
-    here[acked[k]] = true
+local function flow_end(any, flow, child, outcome, result)
+  local key = flow_key(any, flow)
+  if redis.call('HEXISTS', key, 'total') == 0 then
+    return 0
   end
+  local tally = flow_tally(key)
+  flow_record(key, child, outcome, result, tally)
+  return flow_apply(tally)
+end
+
+local function settle_flow_ends(stream, acked, ends)
+  local here
+  local tallies, order = {}, {}
   for j = 1, #ends, 5 do
-    if ends[j + 3] ~= 'dead' or here[ends[j]] then
-      flow_end(stream, ends[j + 1], ends[j + 2], ends[j + 3], ends[j + 4])
+    local outcome = ends[j + 3]
+    if outcome == 'dead' and not here then
+      here = {}
+      for k = 1, #acked do
+        here[acked[k]] = true
+      end
     end
+    if outcome ~= 'dead' or here[ends[j]] then
+      local flow = ends[j + 1]
+      local tally = tallies[flow]
+      if tally == nil then
+        local key = flow_key(stream, flow)
+        tally = false
+        if redis.call('HEXISTS', key, 'total') == 1 then
+          tally = flow_tally(key)
+          order[#order + 1] = tally
+        end
+        tallies[flow] = tally
+      end
+      if tally then
+        flow_record(tally.key, ends[j + 2], outcome, ends[j + 4], tally)
+      end
+    end
+  end
+  for k = 1, #order do
+    flow_apply(order[k])
   end
 end
 
