@@ -85,7 +85,8 @@ class Outcomes:
         if d.idempotency_key is not None:
             marker = (d.keys.done + d.idempotency_key, ttl_ms(job))
         flow = job.meta.get(FLOW)  # the whole cost of workflows to a job outside one
-        value = b"" if flow is None else _packb(result)  # packed first: a value msgpack refuses changes nothing
+        # packed first, so a value msgpack refuses changes nothing; None is not stored (read back as None)
+        value = b"" if flow is None or result is None else _packb(result)
         self.settler.complete(d.keys, d.entry_id, job.id, job.task, duration, stored, marker)
         if flow is not None:
             self.settler.flow_end(d.keys, d.entry_id, flow, job.id, "ok", value)
