@@ -7,7 +7,7 @@ from ninja import Router, Schema
 from pydantic import WithJsonSchema
 
 from .auth import needs
-from .errors import READ
+from .errors import CHANGE, READ
 from chasqui_core.engine.flows.batches import ID_PATTERN
 from chasqui_core.masking import mask
 from chasqui_core.services import batches as batches_service
@@ -69,3 +69,18 @@ def get_batch(request: HttpRequest, batch_id: BatchId):
                                for n, c in status.callbacks.items()],
                     children=children)
 
+
+
+class BatchCancelOut(Schema):
+    batch_id: str
+    cancelled: int
+    """Children (or chain steps) not yet ended that were asked to stop."""
+
+
+@router.post("/batches/{batch_id}/cancel", response={200: BatchCancelOut, **CHANGE}, summary="Cancel a batch",
+             auth=needs("discard_jobs"))
+def cancel_batch(request: HttpRequest, batch_id: BatchId):
+    """Cancel every child of a batch, or job of a chain, that has not ended: they end in the dead-letter queue
+    as cancelled, which fires the batch's on_complete and never its on_success. Needs discard_jobs."""
+    count = batches_service.cancel_batch(request.auth, batch_id, source="api")
+    return BatchCancelOut(batch_id=batch_id, cancelled=count)

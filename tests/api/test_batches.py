@@ -50,3 +50,21 @@ def test_batches_need_the_permission_and_a_known_id(view_api, outsider_api, anon
     assert r.status_code == 404 and "never existed" in r.json()["detail"]
     r = view_api.get("/api/batches/no-queue-here")
     assert r.status_code == 422 and "not a batch id" in r.json()["detail"]
+
+
+def test_cancelling_a_batch_cancels_its_waiting_children(op_api, view_api, redis, redis_url):
+    from chasqui_core.models import AuditEntry
+
+    flow_tasks.RUNS.clear()
+    handle = batch([step(flow_tasks.square, i) for i in range(3)], on_success=step(flow_tasks.notify, "ok"),
+                   on_complete=step(flow_tasks.notify, "ended")).enqueue()
+    assert view_api.post(f"/api/batches/{handle.id}/cancel").status_code == 403
+    r = op_api.post(f"/api/batches/{handle.id}/cancel")
+    assert r.status_code == 200, r.content
+    assert r.json() == {"batch_id": handle.id, "cancelled": 3}
+    _drain(redis_url, lambda: any(r[0] == "notify" for r in flow_tasks.RUNS))
+    assert flow_tasks.RUNS == [("notify", "ended")], "no child ran; on_complete fired, on_success did not"
+    body = view_api.get(f"/api/batches/{handle.id}").json()
+    assert (body["status"], body["dead"]) == ("failed", 3)
+    entry = AuditEntry.objects.get(action="cancel_job")
+    assert entry.count == 3 and entry.detail["batch"] == handle.id
