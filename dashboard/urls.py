@@ -70,6 +70,7 @@ urlpatterns = [
     path("jobs/", views.search, name="search"),
     path("jobs/<path:job_id>/cancel/", actions.job_cancel, name="job_cancel"),  # before the job page: a path
     path("jobs/<path:job_id>/", views.job, name="job"),
+    path("batches/<path:batch_id>/cancel/", actions.batch_cancel, name="batch_cancel"),  # before the page: a path
     path("batches/<path:batch_id>/", views.batch, name="batch"),
     path("operations/<uuid:op_id>/", views.operation, name="operation"),
     path("operations/<uuid:op_id>/cancel/", actions.operation_cancel, name="operation_cancel"),

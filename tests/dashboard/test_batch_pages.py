@@ -62,3 +62,15 @@ def test_batch_pages_need_a_login_the_permission_and_a_known_id(client, outsider
     assert _client(outsider).get(f"/batches/{started.id}/").status_code == 403
     response = _client(viewer).get(f"/batches/{Q}:01ARZ3NDEKTSV4RRFFQ69G5FAV/")
     assert response.status_code == 404 and "never existed" in response.content.decode()
+
+
+def test_the_cancel_button_shows_to_those_who_may_cancel_and_cancels_the_pending_children(viewer, operator, redis):
+    q = Queue(Q, redis_client=redis)
+    started = start_batch(q, BatchSpec([JobSpec(TASK, [1, 2]), JobSpec(TASK, [3, 4])]))
+    assert 'data-action="cancel-batch"' not in _client(viewer).get(f"/batches/{started.id}/").content.decode()
+    assert 'data-action="cancel-batch"' in _client(operator).get(f"/batches/{started.id}/").content.decode()
+    assert _client(viewer).post(f"/batches/{started.id}/cancel/").status_code == 403
+    assert redis.hlen(q.keys.cancel) == 0
+    response = _client(operator).post(f"/batches/{started.id}/cancel/")
+    assert response.status_code == 302 and response["Location"] == f"/batches/{started.id}/"
+    assert {j.decode() for j in redis.hkeys(q.keys.cancel)} == set(started.job_ids)
