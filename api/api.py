@@ -25,6 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import docs
 from .audit import router as audit_router
+from .batches import router as batches_router
 from .auth import ApiKeyAuth, SessionAuth, TooManyAttempts
 from .delayed import router as delayed_router
 from .dlq import router as dlq_router
@@ -92,6 +93,7 @@ api.add_router("/queues", queues_router)
 api.add_router("/queues", delayed_router)
 api.add_router("/queues", dlq_router)
 api.add_router("", jobs_router)
+api.add_router("", batches_router)
 api.add_router("/workers", workers_router)
 api.add_router("/schedules", schedules_router)
 api.add_router("/operations", operations_router)

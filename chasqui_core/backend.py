@@ -185,6 +185,12 @@ class ChasquiBackend(BatchBackend):
             self._plans[id(task)] = plan
         return plan
 
+    def job_spec(self, task: Task, args, kwargs) -> tuple[Queue, JobSpec]:
+        """The queue and the engine's JobSpec an enqueue of ``task`` would send (its options kept): a workflow
+        builds its steps with this, then sends them together (chasqui_core/flows.py)."""
+        plan = self._plan(task)
+        return plan.queue, JobSpec(plan.task_path, args, kwargs, **plan.options)
+
     def _result(self, task: Task, job_id: str, args, kwargs) -> TaskResult:
         return ready_result(task, job_id, args, kwargs, self.alias)
 

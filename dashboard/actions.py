@@ -20,6 +20,7 @@ from chasqui_core import access
 from chasqui_core.models import Operation
 from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services import dlq as dlq_service
+from chasqui_core.services import batches as batches_service
 from chasqui_core.services import jobs as jobs_service
 from chasqui_core.services import operations as operations_service
 from chasqui_core.services import queues as queues_service
@@ -139,6 +140,18 @@ def job_cancel(request: HttpRequest, job_id: str) -> HttpResponse:
     except (NotFound, InvalidInput, Conflict) as exc:
         messages.error(request, str(exc))
     return _back(request, reverse("chasqui_console:job", args=[job_id]))
+
+
+@console_action
+def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponse:
+    """Cancel a workflow's children that have not ended (services/batches.py)."""
+    try:
+        count = batches_service.cancel_batch(request.user, batch_id, source=SOURCE)
+        messages.success(request, f"{count} job{'s' if count != 1 else ''} of {batch_id} cancelled: they go to the "
+                                  "dead-letter queue as cancelled, which ends them in the batch.")
+    except (NotFound, InvalidInput) as exc:
+        messages.error(request, str(exc))
+    return _back(request, reverse("chasqui_console:batch", args=[batch_id]))
 
 
 # --- replay and discard ------------------------------------------------------------------------

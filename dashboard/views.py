@@ -24,7 +24,9 @@ from django.utils import timezone
 from chasqui_core.engine.dlq.entries import DeadJob
 from chasqui_core.engine.jobs.priority import job_priority
 from chasqui_core.models import AuditEntry
+from chasqui_core.engine.flows.refs import FLOW
 from chasqui_core.services import audit as audit_service
+from chasqui_core.services import batches as batches_service
 from chasqui_core.services import delayed as delayed_service
 from chasqui_core.services import dlq as dlq_service
 from chasqui_core.services import jobs as jobs_service
@@ -300,8 +302,10 @@ def job(request: HttpRequest, job_id: str) -> HttpResponse:
     result = found.result or {}
     errors = found.dead.errors if found.dead is not None else (
         found.job.errors if found.job is not None else list(result.get("errors") or []))
+    envelope = found.job or (found.dead.job if found.dead is not None else None)
     ctx = {
         **_base(request, "search", found.queue), "found": found, "job": found.job, "dead": found.dead,
+        "flow": envelope.meta.get(FLOW) if envelope is not None else None,
         "result": result, "errors": errors, "generations": generations([e for e in errors if isinstance(e, dict)]),
         "replay_form": ReplayOptionsForm(), "here": request.get_full_path(),
         "live": found.state in ("waiting", "running", "delayed"),
@@ -310,6 +314,26 @@ def job(request: HttpRequest, job_id: str) -> HttpResponse:
     if request.htmx:  # the page's live part: state, progress and a pending cancel, polled while the job is live
         return render(request, "chasqui_console/parts/job_live.html", ctx)
     return render(request, "chasqui_console/job.html", ctx)
+
+
+BATCH_CHILDREN_SHOWN = 500
+"""Children listed on a batch's page; the counts cover them all."""
+
+
+@console_page
+def batch(request: HttpRequest, batch_id: str) -> HttpResponse:
+    """A workflow's batch or chain: progress, counts by state, callbacks and their jobs, its children."""
+    try:
+        status = batches_service.get_batch(request.user, batch_id, source="console")
+    except (NotFound, InvalidInput) as exc:
+        ctx = {**_base(request, "search"), "job_id": batch_id, "message": str(exc)}
+        return render(request, "chasqui_console/search.html", ctx, status=404)
+    children = list(zip(status.children, status.states, status.child_results, strict=True))
+    ended = status.total - status.pending
+    ctx = {**_base(request, "search", batch_id.partition(":")[0]), "batch": status,
+           "children": children[:BATCH_CHILDREN_SHOWN], "more": max(0, len(children) - BATCH_CHILDREN_SHOWN),
+           "percent": 100 * ended // status.total if status.total else 100}
+    return render(request, "chasqui_console/batch.html", ctx)
 
 
 @console_page

@@ -244,3 +244,36 @@ def test_jobs_are_cancelled_on_queues_of_every_master(cluster, client):
             assert started[f"{name}:waiting"] == 0
     finally:
         worker.stop()
+
+
+def test_workflows_on_queues_of_every_master_fire_each_callback_once(cluster, client):
+    """A batch and a chain fan-in on a queue of each master: every key of a workflow is in its queue's slot, so
+    the settling script counts the children and adds the callback there (docs/workflows.md)."""
+    from chasqui_core.engine.flows import batches
+    from chasqui_core.engine.flows.compose import BatchSpec, read_chain, start_batch, start_chain
+
+    names = queues_on_each_master(client)
+    ran: list[tuple] = []
+    registry = HandlerRegistry()
+    registry.register("square", lambda x: ran.append(("square", x)) or x * x)
+    registry.register("total", lambda values: ran.append(("total", sum(values))) or sum(values))
+    registry.register("done", lambda name: ran.append(("done", name)))
+    started = {}
+    for name in names:
+        queue = Queue(name, redis_client=client)
+        started[name] = (start_batch(queue, BatchSpec([JobSpec("square", [i]) for i in range(5)],
+                                                      on_success=JobSpec("done", [name]))),
+                         start_chain(queue, [BatchSpec([JobSpec("square", [i]) for i in range(4)]),
+                                             JobSpec("total")]))
+    worker = WorkerThread(names, registry, cluster.url, concurrency=4, promoter_poll_interval=0.05)
+    try:
+        wait_for(lambda: sum(1 for r in ran if r[0] in ("done", "total")) == 2 * len(names), 60,
+                 "every callback and fan-in")
+        for b, c in started.values():
+            state = batches.read(client, b.id)
+            assert (state.status, state.results) == ("succeeded", [0, 1, 4, 9, 16])
+            assert read_chain(client, c.id)[1].results == [14]
+    finally:
+        worker.stop()
+    assert sorted(r for r in ran if r[0] == "done") == sorted(("done", n) for n in names)
+    assert [r for r in ran if r[0] == "total"] == [("total", 14)] * len(names)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from chasqui_core.engine.flows.refs import FLOW
 from chasqui_core.engine.ops.cancel import describe as cancel_words
 from chasqui_core.engine.jobs.envelope import Job, error_record, now_ms
 from chasqui_core.engine.jobs.errors import JobCancelled
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from chasqui_core.engine.worker.delivery import Delivery
 
 logger = logging.getLogger("chasqui.worker")
+
+_packb = msgpack.Packer(use_bin_type=True).pack
 
 CANCELLED_CLASS = class_path(JobCancelled())
 """The error class a cancelled job's history and stored result name."""
@@ -81,7 +84,12 @@ class Outcomes:
         marker = None
         if d.idempotency_key is not None:
             marker = (d.keys.done + d.idempotency_key, ttl_ms(job))
+        flow = job.meta.get(FLOW)  # the whole cost of workflows to a job outside one
+        # packed first, so a value msgpack refuses changes nothing; None is not stored (read back as None)
+        value = b"" if flow is None or result is None else _packb(result)
         self.settler.complete(d.keys, d.entry_id, job.id, job.task, duration, stored, marker)
+        if flow is not None:
+            self.settler.flow_end(d.keys, d.entry_id, flow, job.id, "ok", value)
 
     def skipped(self, d: Delivery, completed_by: str) -> None:
         """Acknowledge a job without running it: job ``completed_by`` completed its idempotency key.
@@ -99,6 +107,7 @@ class Outcomes:
         if job.result_ttl and completed_by != job.id:
             stored = self._stored(d.keys, job, "SUCCESSFUL", None, now_ms(), duplicate_of=completed_by)
         self.settler.skip(d.keys, d.entry_id, job.id, job.task, d.idempotency_key or "", completed_by, stored)
+        self._flow_end(d.keys, d.entry_id, job, "ok")
 
     def failed(self, d: Delivery, exc: BaseException, started: int, duration: int) -> None:
         """Record the error in the job's history, then retry it after its backoff or dead-letter it."""
@@ -142,6 +151,7 @@ class Outcomes:
             self.settler.dead(d.keys, d.entry_id, payload, decision.reason, job_id=job.id, task=job.task,
                               error_class=error_class, error=text, handler_failed=not cancelled,
                               duration_ms=duration, result=stored)
+            self._flow_end(d.keys, d.entry_id, job, "dead")
 
     def internal(self, d: Delivery, doing: str, exc: BaseException) -> None:
         """Dead-letter a job whose outcome could not be recorded, with reason ``internal``."""
@@ -151,6 +161,7 @@ class Outcomes:
         try:
             self.settler.dead(d.keys, d.entry_id, d.payload, "internal", job_id=d.job.id, task=d.job.task,
                               error_class=class_path(exc), error=error)
+            self._flow_end(d.keys, d.entry_id, d.job, "dead")
         except Exception:  # not even that: the entry stays pending and is reclaimed after the visibility timeout
             logger.exception("job %s: could not be dead-lettered either; it will be reclaimed", d.job.id)
 
@@ -180,6 +191,14 @@ class Outcomes:
             stored = self._stored(keys, job, "FAILED", None, now)
         self.settler.dead(keys, entry_id, payload, reason, job_id=job.id if job else "", task=job.task if job else "",
                           error_class=error_class, error=error, result=stored)
+        if job is not None:
+            self._flow_end(keys, entry_id, job, "dead")
+
+    def _flow_end(self, keys: QueueKeys, entry_id: bytes, job: Job, outcome: str) -> None:
+        """A workflow child's end without a return value, queued with its outcome (nothing for other jobs)."""
+        flow = job.meta.get(FLOW)
+        if flow is not None:
+            self.settler.flow_end(keys, entry_id, flow, job.id, outcome)
 
     def bad_signature(self, keys: QueueKeys, entry_id: bytes, payload: bytes, job: Job, why: str) -> None:
         """Dead-letter a job whose signature is missing or wrong (``bad_signature``), and say so in the log."""

@@ -52,6 +52,8 @@ RESULT_ITEMS = 3
 """A stored result: key, ttl ms, value."""
 MARKER_ITEMS = 3
 """An idempotency marker: key, job id, ttl ms."""
+FLOW_END_ITEMS = 5
+"""A workflow child's end: stream id, batch id, job id, outcome ("ok" or "dead"), return value as msgpack."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +93,8 @@ class _Batch:
     """Idempotency markers of keyed successes, laid flat: key, job id, ttl ms."""
     skipped: list[Any] = field(default_factory=list)
     """Jobs not run (their key had completed), laid flat: entry id, job id, task, key, completed by."""
+    flow_ends: list[Any] = field(default_factory=list)
+    """Ends of workflow children, laid flat (FLOW_END_ITEMS); empty unless a job of a workflow ended."""
     failed_tasks: list[str] = field(default_factory=list)
     failed_ms: list[int] = field(default_factory=list)
     """Task and duration of each run that raised; successful runs are read from ``completed``."""
@@ -113,7 +117,7 @@ class _Batch:
     def absorb(self, newer: _Batch) -> None:
         """Add the outcomes of a batch started while this one was being flushed (this one failed): order kept."""
         for name in ("done", "completed", "results", "retries", "retry_events", "dead", "requeues", "markers",
-                     "skipped", "failed_tasks", "failed_ms", "local_events"):
+                     "skipped", "flow_ends", "failed_tasks", "failed_ms", "local_events"):
             getattr(self, name).extend(getattr(newer, name))
         self.n_retries += newer.n_retries
         self.n_dead += newer.n_dead
@@ -233,6 +237,12 @@ class Settler:
             batch.local_events.append(Event(events.DLQ, keys.queue, job_id, task, reason=reason,
                                             error_class=error_class, error_message=error))
         self._added()
+
+    def flow_end(self, keys: QueueKeys, entry_id: bytes, flow: str, job_id: str, outcome: str,
+                 result: bytes = b"") -> None:
+        """A workflow child's end, written with its outcome (queue it right after ``complete`` or ``dead``):
+        settle.lua counts it in its batch and enqueues the callback it makes due, in the same call."""
+        self._batch(keys).flow_ends += (entry_id, flow, job_id, outcome, result)
 
     def unsettled(self, keys: QueueKeys) -> list[bytes]:
         """Entry ids of a stream whose outcome waits here: their leases must be kept until it is written."""
@@ -375,4 +385,6 @@ def settle_call(keys: QueueKeys, worker_id: str, b: _Batch) -> dict[str, list[An
     if b.n_skipped:
         argv.append(_pack_items(b.skipped))
     argv.append(b.n_fetched)
+    if b.flow_ends:
+        argv += (len(b.flow_ends) // FLOW_END_ITEMS, _pack_items(b.flow_ends))
     return {"keys": [keys.stream, keys.delayed, keys.dlq, keys.events, keys.running(worker_id)], "args": argv}

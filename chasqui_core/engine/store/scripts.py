@@ -32,10 +32,13 @@ _LUA_DIR = Path(__file__).with_name("lua")
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
          "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_search", "dlq_discard",
          "dlq_reindex", "control_send", "purge", "rollup",
-         "cancel", "delayed_find", "dlq_trim", "dlq_fetch")
+         "cancel", "delayed_find", "dlq_trim", "dlq_fetch", "flow_start", "flow_add")
 
 WITH_DLQ_INDEX = frozenset({"settle", "dlq_move", "dlq_discard", "dlq_reindex", "dlq_trim"})
 """Scripts that write or remove dead-letter entries: ``lua/dlq_index.lua`` follows the prelude in each."""
+
+WITH_FLOWS = frozenset({"settle", "dlq_discard", "flow_start", "flow_add"})
+"""Scripts that end, start or grow a workflow's batches: ``lua/flows.lua`` follows the other helpers in each."""
 
 
 def _lua_string(text: str) -> str:
@@ -76,8 +79,16 @@ def dlq_index() -> str:
 
 
 @cache
+def flows() -> str:
+    """The workflow helpers as one line of Lua (see ``lua/flows.lua``)."""
+    return _squeezed("flows")
+
+
+@cache
 def source(name: str) -> str:
     helpers = f"{prelude()} {dlq_index()}" if name in WITH_DLQ_INDEX else prelude()
+    if name in WITH_FLOWS:
+        helpers = f"{helpers} {flows()}"
     return f"{helpers} {(_LUA_DIR / f'{name}.lua').read_text()}"
 
 
@@ -112,6 +123,8 @@ class Scripts:
     delayed_find: ScriptCall
     dlq_trim: ScriptCall
     dlq_fetch: ScriptCall
+    flow_start: ScriptCall
+    flow_add: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:

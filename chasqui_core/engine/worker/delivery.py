@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from chasqui_core.engine.flows.refs import FED
 from chasqui_core.engine.jobs.envelope import Job
 from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.jobs.registry import Handler, JobContext
@@ -91,7 +92,10 @@ class Delivery:
 
     def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
         """Positional arguments for the handler: a JobContext first when it asked for one."""
+        args = self.job.args
+        if FED in self.job.meta:  # a workflow's step: the value it is fed goes first (flows/refs.py)
+            args = [self.job.meta[FED], *args]
         if self.handler.takes_context:
             ctx = JobContext(self.job, self.keys.queue, worker_id, self.entry_id.decode(), 1, self.max_attempts, self)
-            return (ctx, *self.job.args)
-        return self.job.args
+            return (ctx, *args)
+        return args

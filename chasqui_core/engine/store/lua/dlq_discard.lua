@@ -4,13 +4,18 @@
 -- ARGV    entry ids
 -- Returns the number of entries deleted (those someone else removed first are not counted).
 --
--- Calls dlq_removal, dlq_take and dlq_removal_flush from dlq_index.lua.
+-- A discarded job of a workflow counts as ended there ("gone", flows.lua), which may fire its batch's
+-- on_complete callback in this same call.
+--
+-- Calls dlq_removal, dlq_take and dlq_removal_flush from dlq_index.lua; flow_of and flow_end from flows.lua.
 
 local removal = dlq_removal(KEYS[1])
 local removed = 0
 for i = 1, #ARGV do
-  if dlq_take(removal, ARGV[i]) then
+  local fields = dlq_take(removal, ARGV[i])
+  if fields then
     removed = removed + 1
+    discard_flow_end(KEYS[1], fields)
   end
 end
 dlq_removal_flush(removal)

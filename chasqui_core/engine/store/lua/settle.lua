@@ -49,6 +49,11 @@
 --         per job laid flat: stream id, job id, task, idempotency key, id of the
 --         job that completed the key
 -- then    number of entries fetched since the last call (the `fetched` counter)
+-- then    number of workflow ends F (absent: 0) and, when F > 0, one msgpack array
+--         of 5 items per end laid flat: stream id, batch id, job id, outcome
+--         ("ok" or "dead"), return value as raw msgpack ("" for none); see
+--         flows.lua. A success counts whether or not this call acknowledged it
+--         (the run did succeed); a death only when this call dead-lettered it
 -- Returns {server ms, completed, retried, dead, requeued, earliest retry due ms or -1,
 --          problems: a list of "stream id or result key: what went wrong" for items
 --          that could not be applied as asked, skipped}
@@ -66,8 +71,9 @@
 -- task, reason, error class and fingerprint, the entry's id under each, its
 -- job id), so the console reads them without scanning; see dlq_index.lua.
 --
--- Calls server_ms, call_in_chunks, bump_counters, durations_key and mark_delayed from prelude.lua; dlq_index_batch, dlq_index_put,
--- dlq_texts_put and dlq_index_flush from dlq_index.lua.
+-- Calls server_ms, call_in_chunks, bump_counters, durations_key and mark_delayed from prelude.lua;
+-- dlq_index_batch, dlq_index_put, dlq_texts_put and dlq_index_flush from dlq_index.lua; settle_flow_ends
+-- from flows.lua.
 
 local stream, delayed, dlq, events, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, mprefix, evcap = ARGV[1], ARGV[2], ARGV[3]
@@ -262,6 +268,14 @@ end
 
 local fetched = tonumber(ARGV[i]) or 0
 i = i + 1
+
+-- workflow ends (flows.lua), after every other section: a dead child counts only when this call dead-lettered it
+local f = tonumber(ARGV[i]) or 0
+i = i + 1
+if f > 0 then
+  settle_flow_ends(stream, acked, cmsgpack.unpack(ARGV[i]))
+  i = i + 1
+end
 
 delete(acked)
 dlq_index_flush(index)
