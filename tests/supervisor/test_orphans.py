@@ -43,11 +43,18 @@ def test_a_child_killed_just_after_its_supervisor_is_charged_a_death_not_lost_co
     [(_, victim)] = first.wait("the job starts", lambda: runs(redis, STARTED))
     [worker_id] = [w.id for w in stats.workers(redis, QUEUE) if w.pid == victim]
 
-    os.kill(victim, signal.SIGSTOP)  # it can record nothing from now on
+    siblings = first.worker_pids(redis) - {victim}
+    # The supervisor is stopped first, so it can neither reap nor record its children's ends; then they are
+    # killed, then it. (Stopping the children instead does not hold: when the supervisor dies, the kernel
+    # continues the stopped members of its orphaned process group with SIGHUP and SIGCONT.)
+    os.kill(first.pid, signal.SIGSTOP)
+    first.wait("the supervisor is stopped", lambda: _state(first.pid) == "T")
+    for pid in (victim, *siblings):
+        os.kill(pid, signal.SIGKILL)
     first.stop(signal.SIGKILL)
-    os.kill(victim, signal.SIGKILL)
     first.wait("the orphaned processes are gone", lambda: not [p for p in first.seen_children if alive(p)])
-    assert not redis.exists(KEYS.died(worker_id)), "nobody could have seen the victim end"
+    assert not redis.exists(KEYS.died(worker_id)), ("nobody could have seen the victim end",
+                                                    redis.get(KEYS.died(worker_id)))
 
     second = start("--processes", "1", "--visibility-timeout", "2000")
     [(job, finisher)] = second.wait("the orphan's job runs again and completes", lambda: runs(redis, DONE))
@@ -59,6 +66,12 @@ def test_a_child_killed_just_after_its_supervisor_is_charged_a_death_not_lost_co
     assert f"its process {worker_id} is gone (seen by" in record, record
     assert redis.xlen(KEYS.dlq) == 0
     assert second.stop() == 0
+
+
+def _state(pid: int) -> str:
+    """A process's state letter in /proc (``T``: stopped); a stop signal takes a moment to take hold."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
 
 
 def _beat(redis, keys: QueueKeys, worker_id: str, *, pid: int, started_at: int, space: str) -> None:
