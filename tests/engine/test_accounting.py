@@ -18,6 +18,7 @@ from functools import partial
 import pytest
 
 from chasqui_core.engine.jobs.backoff import BackoffSpec
+from chasqui_core.engine.dlq.entries import decode_entry
 from chasqui_core.engine.jobs.envelope import Job, decode, error_record, new_job_id, now_ms
 from chasqui_core.engine.jobs.errors import RetryAfter
 from chasqui_core.engine.store.keys import GROUP, QueueKeys
@@ -81,6 +82,13 @@ def dlq(redis, keys: QueueKeys) -> list[dict[bytes, bytes]]:
     return [fields for _, fields in redis.xrange(keys.dlq)]
 
 
+def envelope(entry: dict[bytes, bytes]) -> Job:
+    """A dead job's envelope as the DLQ's readers see it: its last error's class and message are the entry's."""
+    dead = decode_entry("", "0-0", entry)
+    assert dead.job is not None
+    return dead.job
+
+
 # --- 1. delivery identity ---------------------------------------------------------------------------------
 
 
@@ -132,7 +140,7 @@ def test_a_lost_run_on_a_budget_of_one_is_dead_lettered_not_run_again(redis, red
     [entry] = dlq(redis, keys)
     assert (entry[b"reason"], entry[b"error_class"], entry[b"job_id"].decode()) == (
         b"retries_exhausted", b"WorkerLost", job_id)
-    job = decode(entry[b"j"])
+    job = envelope(entry)
     assert (job.attempt, job.deaths) == (1, 1)
     [lost] = job.errors
     assert (lost["attempt"], lost["class"], lost["worker"]) == (1, "WorkerLost", "ghost")
@@ -155,7 +163,7 @@ def test_two_failures_then_a_lost_run_spend_a_budget_of_three(redis, redis_url):
     assert runs == [], "a fourth run would exceed the budget of three"
     [entry] = dlq(redis, keys)
     assert entry[b"reason"] == b"retries_exhausted"
-    assert [e["class"] for e in decode(entry[b"j"]).errors] == ["ValueError", "ValueError", "WorkerLost"]
+    assert [e["class"] for e in envelope(entry).errors] == ["ValueError", "ValueError", "WorkerLost"]
 
 
 def test_only_the_jobs_a_dead_worker_was_running_are_charged(redis, redis_url):
@@ -208,7 +216,7 @@ def test_a_crash_loop_becomes_a_panic_after_two_deaths_and_the_job_never_runs_ag
     assert runs == []
     [entry] = dlq(redis, keys)
     assert entry[b"reason"] == b"panic"
-    assert [e["worker"] for e in decode(entry[b"j"]).errors] == ["ghost-1", "ghost-2"]
+    assert [e["worker"] for e in envelope(entry).errors] == ["ghost-1", "ghost-2"]
 
 
 def test_runs_of_a_worker_that_only_lost_contact_are_charged_runs_but_never_deaths(redis, redis_url):
@@ -354,7 +362,7 @@ def test_an_async_job_past_its_timeout_is_cancelled_charged_and_retried_by_its_b
     assert starts == [1, 2]
     [entry] = dlq(redis, keys)
     assert entry[b"reason"] == b"retries_exhausted"
-    errors = decode(entry[b"j"]).errors
+    errors = envelope(entry).errors
     assert [e["class"] for e in errors] == ["chasqui_core.engine.jobs.errors.JobTimeout"] * 2
     assert all(250 <= e["duration_ms"] < 5000 for e in errors)
 

@@ -16,7 +16,7 @@ import pytest
 
 from chasqui_core.engine.jobs.envelope import decode
 from chasqui_core.engine.producer.queue import Queue
-from tests.engine.worker_app import dlq_entries, read_runs, runs_by_job, settled
+from tests.engine.worker_app import dead_envelope, dlq_entries, read_runs, runs_by_job, settled
 
 
 @pytest.mark.timeout(90)
@@ -65,6 +65,6 @@ def test_a_sync_run_given_up_at_its_timeout_is_not_charged_when_its_process_dies
         assert time.monotonic() < deadline, f"the stuck job never reached the DLQ:\n{workers.logs()}"
         time.sleep(0.1)
     [entry] = [e for e in dlq_entries(redis, queue) if decode(e["j"]).id == stuck.job_id]
-    history = [e.get("class") for e in decode(entry["j"]).errors]
+    history = [e.get("class") for e in dead_envelope(entry).errors]
     assert "WorkerLost" not in history, f"the run given up at its timeout was charged a death: {history}"
     assert entry["reason"] == b"retries_exhausted" and history[-1].endswith("JobTimeout")

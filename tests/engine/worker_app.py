@@ -351,6 +351,14 @@ def dlq_entries(client, queue: str) -> list[dict[str, bytes]]:
             for _, fields in client.xrange(QueueKeys.for_queue(queue).dlq)]
 
 
+def dead_envelope(entry: dict[str, bytes]):
+    """The job of a ``dlq_entries`` entry as the DLQ's readers see it (its last error's class and message are
+    the entry's own fields)."""
+    from chasqui_core.engine.dlq.entries import decode_entry
+
+    return decode_entry("", "0-0", {k.encode(): v for k, v in entry.items()}).job
+
+
 class Workers:
     """Starts worker processes for one test; ``close`` stops every one still alive."""
 
