@@ -25,12 +25,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgpack
 
-if TYPE_CHECKING:
-    from chasqui_core.engine.dlq.entries import DeadJob
+class HasSharedTexts(Protocol):
+    """What ``resolve`` reads of a dead job (``entries.DeadJob``): its error records and its error group, named
+    by this protocol so that this module, which ``entries`` imports, need not import it back."""
+
+    @property
+    def errors(self) -> list[Any]: ...
+
+    @property
+    def stored_fingerprint_id(self) -> str: ...
+
 
 TEXT_REF = "tb"
 """The key of an error record that names its traceback in the group's hash (instead of ``traceback``)."""
@@ -124,7 +132,7 @@ def text_ids_holding(client: Any, dlq_key: str, groups_key: str, folded: str,
     return found
 
 
-def resolve(client: Any, dlq_key: str, dead: Sequence[DeadJob]) -> None:
+def resolve(client: Any, dlq_key: str, dead: Sequence[HasSharedTexts]) -> None:
     """Put each record's shared traceback back in place of its id (one pipelined read for all of ``dead``)."""
     wanted: dict[str, list[dict[str, Any]]] = {}
     for d in dead:
