@@ -4,6 +4,7 @@ reason an operator reads there."""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from chasqui_core.engine.worker.admission import Admission
@@ -15,6 +16,7 @@ from chasqui_core.engine.store.keys import GROUP, QueueKeys
 from chasqui_core.engine.settle.outcomes import Outcomes
 from chasqui_core.engine.jobs.registry import HandlerRegistry
 from chasqui_core.engine.settle.retry import RECOVERIES_BEFORE_PANIC, RetryPolicy
+from chasqui_core.engine.worker.limits import Limits, parse_limits
 from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.settle.settler import Settler
 from chasqui_core.engine.jobs.signing import SIGNATURE, Signer
@@ -38,7 +40,7 @@ def read(redis, *fields_list: dict) -> list:
 
 
 async def admitted(redis_url, entries, *, max_payload_bytes=10_000, signer=None, held=None, registry=None,
-                   default_timeout=None, policy=None):
+                   default_timeout=None, policy=None, limits=None):
     client = aconnect(redis_url)
     settler = Settler(client, Scripts(client), worker_id="w-admit")
     if registry is None:
@@ -47,7 +49,8 @@ async def admitted(redis_url, entries, *, max_payload_bytes=10_000, signer=None,
     held = held if held is not None else InFlight()
     policy = policy or RetryPolicy()
     admission = Admission(registry, Outcomes(settler, policy, "w-admit"), policy, held,
-                          signer=signer, max_payload_bytes=max_payload_bytes, default_timeout=default_timeout)
+                          signer=signer, max_payload_bytes=max_payload_bytes, default_timeout=default_timeout,
+                          limits=limits)
     deliveries = admission.admit(QueueKeys.for_queue(QUEUE), entries)
     await settler.flush()
     await client.aclose()
@@ -160,6 +163,8 @@ async def test_an_entry_without_a_job_is_kept_in_the_dlq_with_its_fields_and_the
     [foreign] = dead_entries(redis)
     assert (foreign["reason"], foreign["source_id"], foreign["error_class"]) == (
         "decode_failed", entries[0][0].decode(), "DecodeError")
+    [(_, kept)] = redis.xrange(QueueKeys.for_queue(QUEUE).dlq)
+    assert msgpack.unpackb(kept[b"j"]) == {"other": b"field"}, "the entry's own fields, for whoever wrote it"
 
 
 @pytest.mark.asyncio
@@ -251,3 +256,47 @@ async def test_with_signing_keys_a_signed_job_is_admitted_and_a_refused_one_does
     [dead] = dead_entries(redis)
     assert (dead["reason"], dead["error_class"], dead["job_id"], dead["source_id"]) == (
         "bad_signature", "BadSignature", unsigned.id, entries[0][0].decode())
+
+
+@pytest.mark.asyncio
+async def test_lost_runs_and_recoveries_are_read_from_an_entry_given_as_a_dict_too(redis, redis_url):
+    job = Job(id=new_job_id(), task="t.ok", created_at=now_ms(), max_attempts=5, replays=2)
+    entries = read(redis, {"j": job.encode(), "lost": b"w-dead\t1000\t2000\tdied"},
+                   {"j": envelope(), "recovered": str(RECOVERIES_BEFORE_PANIC).encode()})
+    as_dicts = [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in entries]
+    [d], _, _ = await admitted(redis_url, as_dicts)
+    assert (d.job.attempt, d.job.deaths) == (1, 1) and d.job.errors[-1]["replays"] == 2
+    assert dead_reasons(redis) == ["panic"]
+
+
+@pytest.mark.asyncio
+async def test_a_job_lost_at_its_second_death_is_a_poison_pill(redis, redis_url):
+    job = Job(id=new_job_id(), task="t.ok", created_at=now_ms(), max_attempts=5, attempt=1, deaths=1,
+              errors=[{"class": "WorkerLost"}])
+    entries = read(redis, {"j": job.encode(), "lost": b"w-dead\t1000\t2000\tdied"})
+    assert (await admitted(redis_url, entries))[0] == []
+    [dead] = dead_entries(redis)
+    assert (dead["reason"], dead["error"]) == ("panic", "the job was running when its worker died 2 times")
+
+
+@pytest.mark.asyncio
+async def test_a_job_under_a_limit_carries_its_buckets_and_one_under_none_carries_none(redis, redis_url):
+    registry = HandlerRegistry()
+    registry.register("t.ok", lambda: None)
+    registry.register("t.capped", lambda: None)
+    limits = Limits(parse_limits({"t.capped": {"concurrency": 1}}), [QUEUE])
+    entries = read(redis, {"j": envelope("t.capped")}, {"j": envelope()})
+    capped, free = (await admitted(redis_url, entries, registry=registry, limits=limits))[0]
+    assert capped.limits == limits.buckets(QueueKeys.for_queue(QUEUE), capped.job) and capped.limits
+    assert free.limits is None
+
+
+@pytest.mark.asyncio
+async def test_duplicates_past_the_log_budget_are_summed_up_in_one_line(redis, redis_url, caplog):
+    entries = read(redis, {"j": envelope()})
+    _, held, _ = await admitted(redis_url, entries)
+    with caplog.at_level("INFO", logger="chasqui.worker"):
+        _, _, admission = await admitted(redis_url, entries * 30, held=held)
+        admission.summarise_logs()
+    assert admission.skipped == 30
+    assert "more entries read twice while held since the last such line" in caplog.text
