@@ -10,7 +10,7 @@ import pytest
 from chasqui_core.engine.worker.admission import Admission
 from chasqui_core.engine.store.connection import aconnect
 from chasqui_core.engine.worker.delivery import ref_of
-from chasqui_core.engine.jobs.envelope import Job, decode, new_job_id, now_ms
+from chasqui_core.engine.jobs.envelope import DecodeError, Job, decode, new_job_id, now_ms
 from chasqui_core.engine.worker.inflight import InFlight
 from chasqui_core.engine.store.keys import GROUP, QueueKeys
 from chasqui_core.engine.settle.outcomes import Outcomes
@@ -125,7 +125,10 @@ async def test_each_refusal_names_its_entry_its_job_and_why_in_words(redis, redi
     ids = [e.decode() for e, _ in entries]
     got = dead_entries(redis)
     assert [e["source_id"] for e in got] == ids
-    assert got[0]["reason"] == "decode_failed" and got[0]["error_class"] == "DecodeError" and got[0]["error"]
+    with pytest.raises(DecodeError) as undecodable:
+        decode(b"\x93not an envelope")
+    assert got[0]["reason"] == "decode_failed" and got[0]["error_class"] == "DecodeError"
+    assert got[0]["error"] == str(undecodable.value), "the decoder's own words"
     assert got[1] == {"reason": "oversize", "source_id": ids[1], "task": "", "job_id": "",
                       "error_class": "PayloadTooLarge",
                       "error": f"payload is {len(big)} bytes; this worker accepts at most 1000"}
