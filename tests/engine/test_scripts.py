@@ -11,7 +11,7 @@ from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.engine.store.scripts import source
 from tests.helpers import keys_matching
 
-LUA_DIR = Path(__file__).parents[2] / "chasqui_core" / "engine" / "lua"
+LUA_DIR = Path(__file__).parents[2] / "chasqui_core" / "engine" / "store" / "lua"
 
 
 def test_counter_buckets_live_as_long_as_metrics_says(redis):
