@@ -17,7 +17,8 @@ from chasqui_core.engine.dlq.entries import decode_entry
 from chasqui_core.engine.dlq.search import TextSearch, visible_texts
 from chasqui_core.engine.jobs.envelope import Job, decode, new_job_id, now_ms
 from chasqui_core.engine.jobs.registry import HandlerRegistry
-from tests.engine.test_dlq import KEYS, Q, add_dead, bulk_dead, dead_job, err, run_worker
+from tests.engine.dlq_entries import KEYS, Q, add_dead, bulk_dead, dead_job, err
+from tests.engine.test_dlq import run_worker
 
 
 def stream_job_ids(redis) -> list[str]:
