@@ -5,15 +5,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEV_STAMP := $(VENV)/.installed-dev
+MUTATION_STAMP := $(VENV)/.installed-mutation
 ARGS ?=
 
-.PHONY: help venv dev-venv run test lint bench
+.PHONY: help venv dev-venv run test lint bench mutation
 
 help:
 	@echo "make run    start the dev stack on http://127.0.0.1:8000 (Ctrl+C stops it)"
 	@echo "make test   run the test suite (extra pytest arguments: ARGS=...)"
 	@echo "make lint   ruff over the project, mypy (strict) over the engine"
 	@echo "make bench  run the benchmarks (ARGS=...)"
+	@echo "make mutation  mutation testing of the attempt rules, admission and InFlight (docs/testing.md)"
 
 # The interpreter comes from .python-version under pyenv; elsewhere python3
 # must already be 3.12+ (or pass PYTHON=python3.12).
@@ -65,3 +67,14 @@ lint: dev-venv
 
 bench: venv
 	$(BIN)/python -m bench $(ARGS)
+
+# Mutation testing of the modules [tool.mutmut] in pyproject.toml names, against their unit tests. One mutant
+# at a time: the tests share one Redis database and flush it, so two at once would fail each other's tests.
+$(MUTATION_STAMP): requirements-mutation.txt requirements-dev.txt requirements.txt | $(BIN)/python
+	$(BIN)/python -m pip install -r requirements-mutation.txt
+	@touch $@
+
+mutation: $(MUTATION_STAMP)
+	rm -rf mutants
+	$(BIN)/mutmut run --max-children 1
+	$(BIN)/mutmut results

@@ -23,7 +23,8 @@ from chasqui_core.engine.ops.lookup import find_job
 from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.engine.jobs.registry import HandlerRegistry
 from chasqui_core.engine.store.keys import DLQ_INDEX_VERSION
-from tests.engine.test_dlq import FAST_RETRIES, KEYS, Q, add_dead, bulk_dead, dead_job, run_worker
+from tests.engine.dlq_entries import KEYS, Q, add_dead, bulk_dead, dead_job
+from tests.engine.test_dlq import FAST_RETRIES, run_worker
 
 IX = IndexKeys.for_queue(KEYS)
 

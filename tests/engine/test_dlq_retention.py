@@ -9,7 +9,8 @@ from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.dlq.retention import Retention
 from chasqui_core.engine.jobs.envelope import now_ms
 from chasqui_core.engine.jobs.registry import HandlerRegistry
-from tests.engine.test_dlq import KEYS, Q, bulk_dead, dead_job, fields_for, run_worker
+from tests.engine.dlq_entries import KEYS, Q, bulk_dead, dead_job, fields_for
+from tests.engine.test_dlq import run_worker
 from tests.engine.test_dlq_index import assert_index_matches
 
 

@@ -14,7 +14,7 @@ from chasqui_core.engine.dlq.operations import Operations, run_pending
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.dlq.selection import chunks, matching_total
 from chasqui_core.engine.jobs.envelope import decode
-from tests.engine.test_dlq import KEYS, Q, add_dead, bulk_dead, dead_job, fields_for
+from tests.engine.dlq_entries import KEYS, Q, add_dead, bulk_dead, dead_job, fields_for
 from tests.helpers import info_per_server
 
 RARE = "shop.rare_refund"

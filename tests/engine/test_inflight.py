@@ -102,3 +102,15 @@ def test_every_entry_read_is_held_settled_or_given_back_exactly_once(redis, redi
     assert sorted(runs) == ["ok"] * 20 + ["slow"] * 6, "every job ran exactly once"
     assert redis.xpending(keys.stream, GROUP)["pending"] == 0
     assert int(redis.xlen(keys.dlq)) == 5
+
+
+def test_a_held_delivery_is_found_by_its_reference_and_listed_only_under_its_own_stream():
+    keys = QueueKeys.for_queue("q")
+    high = keys.in_band("high")
+    held = InFlight()
+    low_one, low_two, high_one = delivery(keys, b"1-0"), delivery(keys, b"2-0"), delivery(high, b"3-0")
+    for d in (low_one, low_two, high_one):
+        held.add(d)
+    assert held.get(low_two.ref) is low_two and held.get(high_one.ref) is high_one
+    assert held.get(ref_of(keys.stream, b"3-0")) is None, "an entry id of another stream is not this one's"
+    assert held.by_stream(keys) == [b"1-0", b"2-0"] and held.by_stream(high) == [b"3-0"]

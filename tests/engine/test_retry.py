@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from chasqui_core.engine.jobs.backoff import DEFAULT_BACKOFF, BackoffSpec
+from chasqui_core.engine.jobs.backoff import DEFAULT_BACKOFF, BackoffSpec, register_strategy
 from chasqui_core.engine.jobs.envelope import Job
 from chasqui_core.engine.jobs.errors import JobCancelled, RetryAfter, UnrecoverableError
 from chasqui_core.engine.jobs.registry import Handler
@@ -116,3 +116,20 @@ def test_decorrelated_jitter_grows_from_the_wait_the_last_failure_recorded():
     waits = [decide(after_long_wait, ValueError(), 2, None, policy).delay_ms for _ in range(40)]
     assert all(100 <= w <= 300_000 for w in waits) and max(waits) > 300  # from the recorded 100 s, not from none
     assert all(100 <= decide(first, ValueError(), 1, None, policy).delay_ms <= 300 for _ in range(40))
+
+
+def test_the_task_s_budget_ends_its_jobs_retries():
+    assert decide(job(), ValueError(), 2, handler(max_attempts=2), RetryPolicy(5)) == Decision(False, 0,
+                                                                                               "retries_exhausted")
+    assert decide(job(), ValueError(), 2, handler(max_attempts=3, backoff=FIXED_250), RetryPolicy(5)) == Decision(
+        True, 250, "")
+
+
+def test_the_backoff_strategy_is_handed_the_error_the_run_raised():
+    def by_error(spec: BackoffSpec, n: int, error: BaseException | None) -> float:
+        return 5_000 if isinstance(error, TimeoutError) else 10
+
+    register_strategy("test-by-error", by_error)
+    policy = RetryPolicy(max_attempts=5, backoff=BackoffSpec(strategy="test-by-error", jitter="none"))
+    assert decide(job(), TimeoutError(), 1, None, policy) == Decision(True, 5_000, "")
+    assert decide(job(), ValueError(), 1, None, policy) == Decision(True, 10, "")
