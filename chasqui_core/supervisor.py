@@ -42,87 +42,26 @@ no worker outlives its supervisor, even one killed with SIGKILL.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import select
 import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from chasqui_core.supervised_child import (READY, READY_FD_ENV, RECYCLE_EXIT_CODE, STOPPED_EXIT_CODE, SUCCESSOR,
+                                           SUPERVISOR_PID_ENV)
+from chasqui_core.supervisor_rules import SupervisorConfig, describe_exit, restart_delay
 
 logger = logging.getLogger("chasqui.supervisor")
 
-RECYCLE_EXIT_CODE = 75
-"""A child's exit code after stopping itself at its job or memory limit (EX_TEMPFAIL: "try again")."""
-STOPPED_EXIT_CODE = 76
-"""A child's exit code after an operator stopped it (engine/ops/control.py): its slot is retired, not refilled."""
-SUPERVISOR_PID_ENV = "CHASQUI_SUPERVISOR_PID"
-READY_FD_ENV = "CHASQUI_READY_FD"
-READY = b"1"
-"""What a child writes on its pipe once it reads its queues."""
-SUCCESSOR = b"R"
-"""What a child writes on its pipe, once, when it has reached a limit and wants a successor before it stops."""
 RELOAD, RECYCLE = "reload", "recycle"
 """Why a handover replaces a child: a SIGHUP, or the child's own request."""
 KILL_GRACE = 5.0
 """Seconds a stopping child gets beyond its shutdown timeout (settling, closing Django) before SIGKILL."""
-_PR_SET_PDEATHSIG = 1
 KILLED = float("inf")
 """``_Child.kill_at`` of a child already sent SIGKILL."""
-
-
-@dataclass(frozen=True, slots=True)
-class SupervisorConfig:
-    command: tuple[str, ...]
-    """The command line of one worker process."""
-    processes: int
-    shutdown_timeout: float = 25.0
-    """Seconds a child may spend finishing its running jobs after SIGTERM; it is killed KILL_GRACE later."""
-    restart_delay: float = 1.0
-    """Wait before the second restart in a row of a child that keeps dying; doubled each time."""
-    max_restart_delay: float = 30.0
-    stable_after: float = 30.0
-    """A child up this long has proven itself: the next death of its slot restarts at once again."""
-    ready_timeout: float = 120.0
-    """How long a successor may take to be ready before it is given up (and with it a reload)."""
-    on_child_exit: Callable[[int, int], None] | None = None
-    """Called with an ended child's pid and exit code, before anything else is done about it: runworker records
-    the death of the child's worker in Redis there, so the runs it had under way are charged as deaths, not as
-    lost contact (engine/recovery/reclaim.py). Its errors are logged, never raised."""
-
-    def __post_init__(self) -> None:
-        if self.processes < 1:
-            raise ValueError(f"processes must be 1 or more, got {self.processes}")
-        if not self.command:
-            raise ValueError("command must name the worker program")
-
-
-def restart_delay(deaths: int, *, first: float, cap: float) -> float:
-    """Seconds to wait before restarting a slot whose children died ``deaths`` times in a row, quickly.
-
-    The first death restarts at once (a crash or an OOM kill is usually a
-    one-off); after that ``first``, twice that, and so on up to ``cap``, so a
-    child that cannot start (a syntax error in a task module, Redis down)
-    does not burn a core restarting.
-    """
-    if deaths <= 1:
-        return 0.0
-    return min(cap, first * 2 ** (deaths - 2))
-
-
-def describe_exit(code: int) -> str:
-    """``exited with code 1`` or ``was killed by SIGKILL``, from a Popen return code."""
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
 
 
 @dataclass(slots=True)
@@ -527,97 +466,3 @@ class Supervisor:
 def _signal(child: _Child, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):  # it exited meanwhile; the loop reaps it
         child.process.send_signal(sig)
-
-
-# --- the child's side ------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class SupervisedChild:
-    """What a worker process started by a supervisor knows of it, from its environment."""
-
-    supervisor_pid: int
-    ready_fd: int | None
-    asked: bool = field(default=False, init=False, compare=False)
-    """A successor was asked for: a process asks once."""
-
-    @classmethod
-    def from_environment(cls, environ: dict[str, str] | None = None) -> SupervisedChild | None:
-        environ = os.environ if environ is None else environ
-        pid = environ.get(SUPERVISOR_PID_ENV, "")
-        if not pid.isdigit():
-            return None
-        fd = environ.get(READY_FD_ENV, "")
-        return cls(int(pid), int(fd) if fd.isdigit() else None)
-
-    def watch_supervisor(self, on_gone: Callable[[], None], *, interval: float = 1.0) -> None:
-        """Call ``on_gone`` (from a thread, repeatedly) once the supervisor has died.
-
-        On Linux the kernel also sends this process SIGTERM when its parent
-        dies; the thread is for other systems, and for the instant before the
-        event loop's signal handlers exist. A SIGHUP meant for the supervisor
-        (a terminal hang-up, ``kill -HUP`` of the group) is ignored here: a
-        reload is the supervisor's to run, and it stops children with SIGTERM.
-        """
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-            except (OSError, AttributeError):
-                pass
-
-        def watch() -> None:
-            while os.getppid() == self.supervisor_pid:
-                time.sleep(interval)
-            logger.warning("the supervisor (pid %d) is gone; stopping", self.supervisor_pid)
-            while True:  # again and again: the worker may not be running yet to hear the first call
-                on_gone()
-                time.sleep(interval)
-
-        threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
-
-    def ready(self) -> None:
-        """Tell the supervisor this process reads its queues: a successor it started may now replace another."""
-        self._send(READY)
-
-    def ask_successor(self, reason: str) -> bool:
-        """Ask the supervisor, once, to start a process in this one's place and stop this one when it reads.
-
-        False when it cannot be told (no pipe, the supervisor gone, asked
-        already): the caller then stops by itself, and its exit code says why.
-        """
-        if self.asked:
-            return False
-        self.asked = True
-        return self._send(SUCCESSOR)
-
-    def _send(self, message: bytes) -> bool:
-        """The pipe stays open for the process's life; grandchildren (a task's subprocesses) do not inherit it."""
-        if self.ready_fd is None:
-            return False
-        try:
-            os.set_inheritable(self.ready_fd, False)
-            return os.write(self.ready_fd, message) == len(message)
-        except OSError:  # the supervisor is gone; the watcher stops this process
-            return False
-
-
-def cpu_count() -> int:
-    """CPUs this process may run on (a container's or taskset's limit, not the machine's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def child_command(argv0: str, arguments: Sequence[str]) -> list[str]:
-    """The command line that runs ``manage.py <arguments>`` the way this process was started.
-
-    ``python manage.py`` (or ``django-admin``) is run again as a script;
-    ``python -m django`` again as a module, since running django's own
-    ``__main__.py`` as a script would put the django package first on sys.path.
-    """
-    if not argv0 or os.path.basename(argv0) == "__main__.py":
-        return [sys.executable, "-m", "django", *arguments]
-    return [sys.executable, os.path.abspath(argv0), *arguments]

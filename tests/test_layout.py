@@ -17,13 +17,8 @@ MAX_LINES = 500
 
 SKIPPED_DIRS = {".venv", "venv", "migrations", "mutants", "node_modules", "var", "build", "dist", "__pycache__"}
 
-BEING_SPLIT = {
-    # Temporary: each is being split by its own change, in parallel with this test; remove each line as it lands.
-    "chasqui_core/engine/worker/running.py",
-    "chasqui_core/engine/producer/queue.py",
-    "chasqui_core/engine/dlq/index.py",
-    "chasqui_core/supervisor.py",
-}
+BEING_SPLIT: set[str] = set()
+"""Files allowed over the limit for a while, each while its own change splits it (none now)."""
 
 
 def project_python_files() -> list[Path]:

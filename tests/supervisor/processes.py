@@ -17,7 +17,7 @@ from pathlib import Path
 from chasqui_core.engine.ops import stats
 from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.engine.store.keys import QueueKeys
-from chasqui_core.supervisor import SUPERVISOR_PID_ENV
+from chasqui_core.supervised_child import SUPERVISOR_PID_ENV
 from tests.supervisor.app import NAP, QUEUE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,8 +27,8 @@ from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.engine.jobs.registry import HandlerRegistry
 from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.worker.worker import Worker
-from chasqui_core.supervisor import (READY_FD_ENV, SUPERVISOR_PID_ENV, SupervisedChild, child_command, describe_exit,
-                                     restart_delay)
+from chasqui_core.supervised_child import READY_FD_ENV, SUPERVISOR_PID_ENV, SupervisedChild
+from chasqui_core.supervisor_rules import child_command, describe_exit, restart_delay
 from tests.engine.worker_app import wait_for
 from tests.supervisor.app import DONE, QUEUE, STARTED
 from tests.supervisor.processes import KEYS, WAIT

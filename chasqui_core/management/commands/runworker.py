@@ -38,8 +38,9 @@ from chasqui_core.outbox import OutboxRelay
 from chasqui_core.schedules import configured as configured_schedules
 from chasqui_core.schedules import afire as fire_schedule
 from chasqui_core.services import background
-from chasqui_core.supervisor import (RECYCLE_EXIT_CODE, STOPPED_EXIT_CODE, SupervisedChild, Supervisor,
-                                     SupervisorConfig, child_command, cpu_count, describe_exit)
+from chasqui_core.supervised_child import RECYCLE_EXIT_CODE, STOPPED_EXIT_CODE, SupervisedChild
+from chasqui_core.supervisor import Supervisor
+from chasqui_core.supervisor_rules import SupervisorConfig, child_command, cpu_count, describe_exit
 from chasqui_core.task_runner import build_registry
 
 WORKER_OPTIONS = ("concurrency", "batch_size", "max_attempts", "backoff", "visibility_timeout", "poll_interval",

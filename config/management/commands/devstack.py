@@ -32,7 +32,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from chasqui_core.engine.store.embedded import EmbeddedValkey
-from chasqui_core.supervisor import STOPPED_EXIT_CODE
+from chasqui_core.supervised_child import STOPPED_EXIT_CODE
 
 POLL_INTERVAL = 0.2
 WEB_START_TIMEOUT = 60.0

@@ -12,7 +12,7 @@ class SupervisorTestsConfig(AppConfig):
 
     def ready(self) -> None:
         """A worker process (never the supervisor) started while the hook file exists starts slowly, or fails."""
-        from chasqui_core.supervisor import SUPERVISOR_PID_ENV
+        from chasqui_core.supervised_child import SUPERVISOR_PID_ENV
         from tests.supervisor.app import START_HOOK_ENV, STARTS
 
         hook = os.environ.get(START_HOOK_ENV)
