@@ -170,7 +170,8 @@ def test_a_replayed_job_runs_under_the_enqueue_that_made_it(redis, redis_url):
 
 def test_without_a_tracer_provider_runs_make_no_span_until_the_project_installs_one():
     """The API package alone records nothing: until a provider is installed, enqueues and runs skip the span
-    machinery (a no-op span per run would still cost a context switch); once one is, they are traced."""
+    machinery (a no-op span per run would still cost a context switch); once one is, they are traced (within
+    PROVIDER_RECHECK_S)."""
     code = (
         "import django\n"
         "django.setup()\n"
@@ -179,6 +180,8 @@ def test_without_a_tracer_provider_runs_make_no_span_until_the_project_installs_
         "from chasqui_core import tracing\n"
         "before = tracing.enabled()\n"
         "trace.set_tracer_provider(TracerProvider())\n"
+        "import time\n"
+        "time.sleep(tracing.PROVIDER_RECHECK_S + 0.2)  # how long 'no provider' is believed\n"
         "print(before, tracing.enabled())\n"
     )
     import os
