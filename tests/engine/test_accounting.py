@@ -62,14 +62,18 @@ def pending(redis, keys: QueueKeys) -> int:
         return 0
 
 
-def ghost_reads(redis, keys: QueueKeys, ghost: str, count: int = 100, *, running: int = 0) -> list[bytes]:
-    """A consumer that reads entries and dies; the first ``running`` of them it had started (journal written)."""
+def ghost_reads(redis, keys: QueueKeys, ghost: str, count: int = 100, *, running: int = 0,
+                dispatching: int = 0) -> list[bytes]:
+    """A consumer that reads entries and dies; the first ``running`` of them it had started (journal written), the
+    next ``dispatching`` it was about to start (named in its round's set, but not marked running)."""
     with suppress(Exception):
         redis.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
     reply = redis.xreadgroup(GROUP, ghost, {keys.stream: ">"}, count=count)
     ids = [entry_id for _, entries in reply for entry_id, _ in entries]
     for entry_id in ids[:running]:
         redis.hset(keys.running(ghost), entry_id, now_ms() - 500)
+    if dispatching:
+        redis.sadd(keys.dispatching(ghost), *ids[running:running + dispatching])
     return ids
 
 
@@ -421,7 +425,7 @@ def test_a_job_taken_back_from_five_dead_workers_is_a_poison_pill_even_if_none_n
     keys = QueueKeys.for_queue("recovered")
     Queue(keys.queue, redis_client=redis).add("t", attempts=10)
     for n in range(5):
-        ghost_reads(redis, keys, f"ghost-{n}")
+        ghost_reads(redis, keys, f"ghost-{n}", dispatching=1)  # died in the round of starts that held it
         bury(redis, keys, f"ghost-{n}")
         time.sleep(0.3)
         [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
@@ -432,6 +436,26 @@ def test_a_job_taken_back_from_five_dead_workers_is_a_poison_pill_even_if_none_n
     [entry] = dlq(redis, keys)
     assert entry[b"reason"] == b"panic"
     assert b"taken back from 5 workers" in entry[b"error"]
+
+
+def test_a_job_only_fetched_by_five_workers_that_died_is_no_poison_pill(redis, redis_url):
+    """Crash after crash of other jobs, a job each dead worker had only fetched (never in a round of starts) is not
+    counted toward panic: it runs, once, on its first attempt. It used to be counted at every death, and innocent
+    jobs read beside crashing ones were dead-lettered as ``panic`` without having run."""
+    runs, registry, make = recorder()
+    make("t")
+    keys = QueueKeys.for_queue("only-fetched")
+    job_id = Queue(keys.queue, redis_client=redis).add("t").job_id
+    for n in range(6):
+        ghost_reads(redis, keys, f"crashed-{n}")
+        bury(redis, keys, f"crashed-{n}")
+        time.sleep(0.3)
+        [moved] = reclaim_now(redis_url, keys, min_idle_ms=250)
+        assert not moved.charged
+    assert [f.get(b"recovered") for _, f in redis.xrange(keys.stream)] == [None]
+    with running(redis_url, [keys.queue], registry):
+        wait_for(lambda: runs, 10, "the job to run")
+    assert runs == [("t", job_id, 1)] and redis.xlen(keys.dlq) == 0
 
 
 def test_a_job_taken_back_from_workers_that_only_lost_contact_is_never_a_poison_pill(redis, redis_url):

@@ -78,3 +78,36 @@ def test_a_pill_among_running_neighbours_in_two_processes_dead_letters_only_itse
     finished = {job_id.decode() for job_id in redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1)}
     assert {n.job_id for n in neighbours} <= finished, "every neighbour ran to its end"
     assert deaths == 2, "the pill killed two workers: once among its neighbours, once alone"
+
+
+@pytest.mark.timeout(120)
+def test_an_async_pill_that_kills_before_its_first_await_takes_no_neighbour_along(redis, workers):
+    """An async job that kills its process before its first ``await`` is never marked running (the mark goes out
+    after the round of starts). The jobs fetched with it used to be counted toward the poison-pill limit at every
+    death, as if each might have been the killer: read again beside it, crash after crash, they reached the limit
+    with it and were dead-lettered as ``panic`` without having run. Now only the jobs of the round the process died
+    in are counted, and those run alone next, where the pill's deaths are its own."""
+    queue = "c-async-pill"
+    q = Queue(queue, redis_client=redis)
+    neighbours = [q.add("quick") for _ in range(30)]
+    pill = q.add("die_at_once")
+    neighbours += [q.add("quick") for _ in range(30)]
+    options = {"visibility_ms": 1000, "concurrency": 8, "batch_size": 16}
+    procs = [workers.start(queue, **options) for _ in range(2)]
+    deaths = 0
+    deadline = time.monotonic() + 100
+    while redis.xlen(q.keys.dlq) == 0 or not settled(redis, queue):
+        assert time.monotonic() < deadline, f"the queue never settled:\n{workers.logs()}"
+        for i, proc in enumerate(procs):
+            if proc.poll() is not None:
+                workers.bury(redis, proc, queue)  # its supervisor would record the death
+                deaths += 1
+                assert deaths <= 5, f"the pill killed {deaths} workers"
+                procs[i] = workers.start(queue, **options)
+        time.sleep(0.05)
+    wait_for(lambda: settled(redis, queue), 10, "the queue to settle")
+    dead = {decode(e["j"]).id: e["reason"] for e in dlq_entries(redis, queue)}
+    assert dead == {pill.job_id: b"panic"}, f"only the pill may be dead-lettered; dead-lettered: {dead}"
+    finished = {job_id.decode() for job_id in redis.lrange(RUNS_KEY + DONE_SUFFIX, 0, -1)}
+    assert {n.job_id for n in neighbours} <= finished, "every neighbour ran to its end"
+    assert deaths == 3, "the pill killed three workers: once in its round of starts, twice alone"

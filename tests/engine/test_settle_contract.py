@@ -57,3 +57,37 @@ async def test_one_call_settles_each_kind_of_outcome_and_its_reply_says_what_it_
     totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.metrics + "total").items()}
     assert totals["fetched"] == 5 and totals["completed"] == 1 and totals["dlq"] == 1
     assert totals["dlq:retries_exhausted"] == 1 and totals["skipped"] == 1
+
+
+@pytest.mark.asyncio
+async def test_a_late_failure_never_overwrites_the_result_a_later_run_stored(redis, redis_url):
+    """A worker cut off past its lease settles late: the entry was taken back, ran elsewhere and succeeded. Its
+    retry (or death) is not applied, its entry no longer pending; its result record (READY, FAILED) must not be
+    either, or ``get_result()`` would say the job is still waiting after it succeeded (the soak met this under
+    network faults). A success's result is stored whatever the entry's state: that run did succeed."""
+    keys = QueueKeys.for_queue("settle-late")
+    redis.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
+    jobs = [Job(id=new_job_id(), task="t.task", created_at=now_ms()) for _ in range(3)]
+    for job in jobs:
+        redis.xadd(keys.stream, {"j": job.encode()})
+    [[_, read]] = redis.xreadgroup(GROUP, WORKER, {keys.stream: ">"})
+    ids = [entry_id for entry_id, _ in read]
+    redis.xack(keys.stream, GROUP, *ids)  # settled by the run that took over; these outcomes come too late
+    for job in jobs:
+        redis.set(keys.result + job.id, b"SUCCESSFUL elsewhere")
+
+    client = aconnect(redis_url)
+    settler = Settler(client, Scripts(client), worker_id=WORKER)
+    settler.retry(keys, ids[0], 1000, jobs[0].encode(), job_id=jobs[0].id, task="t.task", attempt=1,
+                  error_class="ValueError", error="late", duration_ms=1,
+                  result=(keys.result + jobs[0].id, 60_000, b"READY late"))
+    settler.dead(keys, ids[1], jobs[1].encode(), "retries_exhausted", job_id=jobs[1].id, task="t.task",
+                 error_class="ValueError", error="late", result=(keys.result + jobs[1].id, 60_000, b"FAILED late"))
+    settler.complete(keys, ids[2], jobs[2].id, "t.task", 1, result=(keys.result + jobs[2].id, 60_000, b"ok late"))
+    reply = SettleReply.of(await Scripts(client).settle(**settle_call(keys, WORKER, settler._batches[keys.stream])))
+    await client.aclose()
+    assert (reply.retried, reply.dead) == (0, 0) and reply.problems == []
+    assert redis.get(keys.result + jobs[0].id) == b"SUCCESSFUL elsewhere"
+    assert redis.get(keys.result + jobs[1].id) == b"SUCCESSFUL elsewhere"
+    assert redis.get(keys.result + jobs[2].id) == b"ok late"
+    assert redis.zcard(keys.delayed) == 0 and redis.xlen(keys.dlq) == 0

@@ -121,6 +121,16 @@ def _build_registry(client):
         record(ctx, log)
         os._exit(1)
 
+    async def die_at_once(ctx, log: str = RUNS_KEY, **_):
+        """An async job that kills its process before its first await: no start mark can be written for it."""
+        record(ctx, log)
+        os._exit(1)
+
+    async def quick(ctx, *_args, log: str = RUNS_KEY, **_):
+        """An async job that never waits: it runs to its end inside the worker's round of starts."""
+        record(ctx, log)
+        client.rpush(log + DONE_SUFFIX, ctx.job.id)
+
     async def hog(ctx, seconds: float, log: str = RUNS_KEY, **_):
         """An async job that blocks the event loop (CPU-bound code in an async def): nothing else runs on it."""
         record(ctx, log)
@@ -183,7 +193,8 @@ def _build_registry(client):
     for name, fn in [("noop", noop), ("echo", echo), ("slow", slow), ("block", block), ("fail_n_times", fail_n_times),
                      ("unrecoverable", unrecoverable), ("foreign_unrecoverable", foreign_unrecoverable),
                      ("die", die), ("obedient", obedient), ("hog", hog), ("die_after", die_after),
-                     ("noted", noted), ("die_on_signal", die_on_signal)]:
+                     ("noted", noted), ("die_on_signal", die_on_signal),
+                     ("die_at_once", die_at_once), ("quick", quick)]:
         registry.register(name, fn, takes_context=True)
     registry.register("retry_after", retry_after, takes_context=True, backoff="retry_after")
     # the middle layer of the retry budget: task defaults, below the job's own options

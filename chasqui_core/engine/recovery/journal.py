@@ -17,8 +17,14 @@ it settles too.
 
 When: a sync job's thread writes its mark just before the handler starts,
 so a job that kills the process at once is charged; async jobs are written
-once per dispatch, right after they started, and only those that did not
-finish at once (``Runner._dispatch`` says why after rather than before).
+once per round of starts, right after they started, and only those that did
+not finish at once (``Runner._dispatch`` says why after rather than before).
+Just before such a round, the ids about to start are written to a set of
+their own (``dispatching:<worker>``, deleted with the marks after the round):
+a process that dies inside a round (a job killing it before its first
+``await``) leaves that set, and only its entries count toward the recovery
+count of a poison pill (reclaim.lua, ``recovered``). The jobs it only had
+fetched are not in it, so crash after crash never makes them a ``panic``.
 
 The write must reach the server even if the process dies right after, and
 cost the hot path next to nothing. So it is fire-and-forget on a connection
@@ -58,6 +64,10 @@ from chasqui_core.engine.worker.log_budget import LogBudget
 
 logger = logging.getLogger("chasqui.worker")
 
+DISPATCH_TTL_MS = 24 * 3600 * 1000
+"""A round's set outlives its deletion only when the process died in the round; it waits at most this long for the
+reclaim (which takes it back as soon as the dead worker's alive key lapses, unless no worker is left to run one)."""
+
 UNSTRUCK_KEPT = 10_000
 """At most this many unsent strikes are kept per server (a long outage: the settles strike the rest)."""
 
@@ -80,6 +90,8 @@ class StartJournal:
         the worker's."""
         self._keys: dict[str, bytes] = {}
         """Stream -> its running hash's name, as a RESP bulk string."""
+        self._rounds: dict[str, bytes] = {}
+        """Stream -> the name of its set of ids about to start (``dispatching``), as a RESP bulk string."""
         self._conns: dict[str | None, Any] = {}
         self._socks: dict[str | None, Any] = {}
         """The connections' sockets, written to directly (redis-py's send costs more than the send)."""
@@ -91,16 +103,31 @@ class StartJournal:
         self._unstruck: dict[str | None, list[bytes]] = {}
         """Strikes that could not be sent, by server: sent first once it answers again (``_send``)."""
 
-    def use(self, stream: str, key: str, url: str | None = None) -> None:
-        """Write the marks of ``stream``'s entries to hash ``key``, on the server ``url`` names (a cluster node;
-        None: the worker's)."""
+    def use(self, stream: str, key: str, url: str | None = None, *, dispatching: str) -> None:
+        """Write the marks of ``stream``'s entries to hash ``key`` and its rounds' ids to set ``dispatching``, on
+        the server ``url`` names (a cluster node; None: the worker's)."""
         self._server[stream] = url
         self._keys[stream] = _bulk(key.encode())
+        self._rounds[stream] = _bulk(dispatching.encode())
 
-    def use_like(self, stream: str, key: str, like: str) -> None:
-        """Write ``stream``'s marks to ``key``, on the server ``like``'s go to (a priority band's stream, on its
-        queue's node)."""
-        self.use(stream, key, self._server.get(like))
+    def use_like(self, stream: str, key: str, like: str, *, dispatching: str) -> None:
+        """Write ``stream``'s marks to ``key`` and ``dispatching``, on the server ``like``'s go to (a priority
+        band's stream, on its queue's node)."""
+        self.use(stream, key, self._server.get(like), dispatching=dispatching)
+
+    def dispatching(self, rounds: dict[str, list[bytes]]) -> None:
+        """Name the entries (stream -> ids) about to start in one round of the event loop, before the first
+        starts: one send per server, not waited for. ``started`` deletes the sets again after the round."""
+        ttl = _bulk(b"%d" % DISPATCH_TTL_MS)
+        sends: dict[str | None, list[bytes]] = {}
+        for stream, entry_ids in rounds.items():
+            name = self._rounds[stream]
+            members = b"".join([_bulk(entry_id) for entry_id in entry_ids])
+            sends.setdefault(self._server.get(stream), []).append(
+                b"*%d\r\n$4\r\nSADD\r\n%s%s*3\r\n$7\r\nPEXPIRE\r\n%s%s" % (2 + len(entry_ids), name, members,
+                                                                    name, ttl))
+        for server, commands in sends.items():
+            self._write(server, b"".join(commands))
 
     def started_one(self, stream: str, entry_id: bytes, started_ms: int) -> None:
         """Mark one entry as running: a sync lane thread calls this just before the handler starts."""
@@ -129,14 +156,19 @@ class StartJournal:
             self._write(server, end, end)
             self._write(self._server.get(stream), start)
 
-    def started(self, marks: dict[str, list[bytes]], started_ms: int) -> None:
-        """Mark entries (stream -> entry ids) as running since ``started_ms``: one send per server, not waited for."""
+    def started(self, marks: dict[str, list[bytes]] | None, started_ms: int, rounds: dict[str, list[bytes]]) -> None:
+        """After a round of starts: mark the entries still running (stream -> entry ids) as running since
+        ``started_ms``, and delete the round's sets (``rounds``, as given to ``dispatching``): one send per server,
+        not waited for."""
         stamp = _bulk(b"%d" % started_ms)
         sends: dict[str | None, list[bytes]] = {}
-        for stream, entry_ids in marks.items():
-            sends.setdefault(self._server.get(stream), []).append(b"*%d\r\n$4\r\nHSET\r\n%s%s" % (
-                2 + 2 * len(entry_ids), self._keys[stream],
-                b"".join([b"$%d\r\n%s\r\n%s" % (len(entry_id), entry_id, stamp) for entry_id in entry_ids])))
+        if marks:
+            for stream, entry_ids in marks.items():
+                sends.setdefault(self._server.get(stream), []).append(b"*%d\r\n$4\r\nHSET\r\n%s%s" % (
+                    2 + 2 * len(entry_ids), self._keys[stream],
+                    b"".join([b"$%d\r\n%s\r\n%s" % (len(entry_id), entry_id, stamp) for entry_id in entry_ids])))
+        for stream in rounds:
+            sends.setdefault(self._server.get(stream), []).append(b"*2\r\n$3\r\nDEL\r\n%s" % self._rounds[stream])
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 

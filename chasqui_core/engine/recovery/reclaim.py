@@ -157,7 +157,7 @@ async def reclaim_abandoned(scripts: Scripts, keys: QueueKeys, consumer: str, *,
     for _ in range(rounds):
         last, flat = await scripts.reclaim(
             keys=[keys.stream], args=[GROUP, consumer, min_idle_ms, limit, start, keys.prefix, keys.metrics,
-                  keys.running_prefix, keys.taken_prefix, TAKEN_TTL_MS])
+                  keys.running_prefix, keys.taken_prefix, TAKEN_TTL_MS, keys.dispatching_prefix])
         for i in range(0, len(flat), 3):
             how = int(flat[i + 2])
             moved.append(Reclaimed(flat[i], flat[i + 1], how != 0, how == 1))

@@ -48,7 +48,7 @@ REQUEUE_ITEMS = 2
 """A requeue: stream id, payload."""
 SKIPPED_ITEMS = 5
 """A skipped job: stream id, job id, task, idempotency key, completed by."""
-RESULT_ITEMS = 3
+RESULT_ITEMS = 4
 """A stored result: key, ttl ms, value."""
 MARKER_ITEMS = 3
 """An idempotency marker: key, job id, ttl ms."""
@@ -179,7 +179,7 @@ class Settler:
         batch.done.append(entry_id)
         batch.completed.append([job_id, task, duration_ms])
         if result is not None:
-            batch.results += result
+            batch.results += (*result, b"")
         if marker is not None:
             batch.markers += (marker[0], job_id, marker[1])
         self._added()
@@ -191,7 +191,7 @@ class Settler:
         batch.skipped += (entry_id, job_id, task, key, completed_by)
         batch.n_skipped += 1
         if result is not None:
-            batch.results += result
+            batch.results += (*result, entry_id)
         if events.has_subscribers():
             batch.local_events.append(Event(events.SKIPPED, keys.queue, job_id, task,
                                             extra={"idempotency_key": key, "completed_by": completed_by}))
@@ -207,7 +207,7 @@ class Settler:
         batch.failed_tasks.append(task)
         batch.failed_ms.append(duration_ms)
         if result is not None:
-            batch.results += result
+            batch.results += (*result, entry_id)
         if events.has_subscribers():
             batch.local_events.append(Event(events.FAILED, keys.queue, job_id, task, attempt, duration_ms=duration_ms,
                                             error_class=error_class, error_message=error))
@@ -229,7 +229,7 @@ class Settler:
             batch.failed_tasks.append(task)
             batch.failed_ms.append(duration_ms)
         if result is not None:
-            batch.results += result
+            batch.results += (*result, entry_id)
         if events.has_subscribers():
             if handler_failed:
                 batch.local_events.append(Event(events.FAILED, keys.queue, job_id, task, duration_ms=duration_ms,

@@ -215,6 +215,18 @@ class QueueKeys:
         """``running(worker)`` without the worker: the prefix reclaim.lua adds a dead worker's id to."""
         return self.running("")
 
+    def dispatching(self, worker_id: str) -> str:
+        """The entry ids a worker is about to start on this stream, in one round of its event loop (a set, written
+        just before the round and deleted after it): a process that dies in the round takes back those, and only
+        those, as possibly started (reclaim.lua, ``recovered``). Per band, like ``running``."""
+        return (f"{self.prefix}dispatching-{self.band}:{worker_id}" if self.band
+                else f"{self.prefix}dispatching:{worker_id}")
+
+    @property
+    def dispatching_prefix(self) -> str:
+        """``dispatching(worker)`` without the worker: the prefix reclaim.lua adds an owner's id to."""
+        return self.dispatching("")
+
     def taken(self, worker_id: str) -> str:
         """The ids reclaim.lua took back from a worker on this stream (a set, with a TTL): its lease pass tells
         them from entries it settled meanwhile (recovery.py). Per band, like ``running``."""

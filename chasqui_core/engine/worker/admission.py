@@ -106,8 +106,8 @@ class Admission:
             if lost_field is not None:
                 lost = self._charge(job, lost_field)
                 payload = job.encode()
-            refusal = at_pickup(job, runs, lost=lost, now=now_ms(),
-                                recovered=int(recovered) if recovered is not None and recovered.isdigit() else 0)
+            times = int(recovered) if recovered is not None and recovered.isdigit() else 0
+            refusal = at_pickup(job, runs, lost=lost, now=now_ms(), recovered=times)
             if refusal is not None:
                 refuse(keys, entry_id, payload, refusal.reason, refusal.error_class, refusal.error, job)
                 continue
@@ -127,6 +127,8 @@ class Admission:
                     refuse(keys, entry_id, payload, "decode_failed", "DecodeError", f"malformed envelope: {exc}", job)
                     continue
             d = Delivery(keys, entry_id, payload, job, handler, ref, runs, marker, timeout)
+            if times or job.deaths:
+                d.suspect = True
             if limits is not None:
                 d.limits = limits.buckets(keys, job)
             held.add(d)

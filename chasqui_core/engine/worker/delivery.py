@@ -89,6 +89,9 @@ class Delivery:
     timeout): it must not start here, and a run under way here has its outcome dropped (``Runner.let_go``)."""
     cancel_seen: int = 0
     """When this worker saw that request (its clock): a sync run's grace counts from here."""
+    suspect: bool = False
+    """It may have killed a worker: charged a death, or taken back from a dead worker that was about to start it
+    (its entry's ``recovered`` count). It runs alone in its process (suspects.py)."""
 
     def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
         """Positional arguments for the handler: a JobContext first when it asked for one."""

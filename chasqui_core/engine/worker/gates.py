@@ -252,7 +252,7 @@ class Gates:
                     self.outcomes.internal(d, "acknowledging a job whose idempotency key had completed", exc)
             elif self._stop.is_set():  # stopping while the markers were read: it must not start now
                 self._requeue(d)
-            elif self._isolating or d.job.deaths:
+            elif self._isolating or d.suspect:
                 self._isolate(d)
             elif d.handler.is_async:
                 self._inbox.append(d)

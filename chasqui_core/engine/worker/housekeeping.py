@@ -301,7 +301,8 @@ class Housekeeping:
                 pipe.hdel(k.workers, w.id)
                 pipe.delete(k.alive(w.id))
                 if not under_way:
-                    pipe.delete(*[band.running(w.id) for band in w.streams[k.queue]])
+                    bands = w.streams[k.queue]
+                    pipe.delete(*[band.running(w.id) for band in bands], *[band.dispatching(w.id) for band in bands])
                 else:
                     add_death_record(pipe, k, w.id, f"stopped with {under_way} run(s) under way", now_ms())
             pipe.delete(control.control_key(w.id))

@@ -186,13 +186,13 @@ class Reader:
         w, keys = self.worker, self.keys
         if not w.cluster:
             for k in w.streams[keys.queue]:
-                w.journal.use(k.stream, k.running(w.id))
+                w.journal.use(k.stream, k.running(w.id), dispatching=k.dispatching(w.id))
             return aconnect(w.url, cluster=False, single_connection_client=True), None
         await w.client.initialize()
         node = w.client.get_node_from_key(keys.stream)
         url = node_url(w.client.chasqui_url, node.host, node.port)
         for k in w.streams[keys.queue]:
-            w.journal.use(k.stream, k.running(w.id), url)
+            w.journal.use(k.stream, k.running(w.id), url, dispatching=k.dispatching(w.id))
         return aconnect(url, cluster=False, single_connection_client=True), node
 
     async def _drop(self, reader: Any) -> None:

@@ -235,7 +235,7 @@ class Runner(Gates, Suspects):
                 if keyed is None:
                     keyed = []
                 keyed.append(d)
-            elif self._isolating or d.job.deaths:
+            elif self._isolating or d.suspect:
                 self._isolate(d)
             elif d.handler.is_async:
                 self._inbox.append(d)
@@ -274,35 +274,55 @@ class Runner(Gates, Suspects):
 
         A job's task starts eagerly: it runs in this call until the handler
         first waits on something, so a job that never waits finishes here,
-        without a trip through the event loop (parked slot coroutines, woken
-        per batch, cost a quarter of a retried job's CPU when retries came
-        back in small batches). A job that does wait goes on as an ordinary
-        task, and the next job starts when it ends. Each job runs in its own
-        copy of the worker's context: a context variable a task sets (an
-        activated language, a logging field) ends with that job.
+        without a trip through the event loop. Each job runs in its own copy of
+        the worker's context (what a task sets ends with its job).
 
-        The jobs still running when this call ends, and only those, are
-        written to the start journal, with one send. Announcing them before
-        they start would charge a crash in between (a sync job's, in another
-        thread) to jobs that never ran; announcing after means a job that
-        kills the process before its first ``await`` is never charged, which
-        the recovery count catches instead (retry.RECOVERIES_BEFORE_PANIC).
+        Jobs start in rounds, as many as there is room for. One send names a
+        round's jobs before it (``journal.dispatching``), one after it marks
+        those still running and drops the names: marked running before they
+        start, a crash in between (a sync job's, in another thread) would be
+        charged to jobs that never ran; a job that kills the process before its
+        first ``await`` is caught by the names instead (reclaim.lua counts them
+        toward ``panic`` and they run alone next, suspects.py), while the jobs
+        only fetched are never counted.
         """
         if self._isolating and not alone:  # a suspect waits to run alone, or runs: nothing else starts
             return
         inbox = self._inbox
+        late: list[Delivery] | None = None
+        while inbox and self._running < self.concurrency and not self._stop.is_set():
+            room = self.concurrency - self._running
+            batch: list[Delivery] = []
+            rounds: dict[str, list[bytes]] = {}
+            while inbox and len(batch) < room:
+                d = inbox.popleft()
+                if d.rate_by and LimitGate.late(d):  # its rate token lapsed while it waited: take one again first
+                    if late is None:
+                        late = []
+                    late.append(d)
+                    continue
+                batch.append(d)
+                if not d.journaled:  # a suspect running alone is marked running already (suspects.py)
+                    rounds.setdefault(d.keys.stream, []).append(d.entry_id)
+            if rounds:
+                self.journal.dispatching(rounds)
+            self._start_round(batch, rounds)
+        if late:
+            self._retake_later(late)
+        if self.buffered <= self.prefetch // 2:
+            self._room.set()
+
+    def _start_round(self, batch: list[Delivery], rounds: dict[str, list[bytes]]) -> None:
+        """Start one round's jobs (``_dispatch``), then mark those still running and close the round."""
         base = self._context
         loop = self._loop
         started = now_ms()
         marks: dict[str, list[bytes]] | None = None
-        late: list[Delivery] | None = None
-        while inbox and self._running < self.concurrency and not self._stop.is_set():
-            d = inbox.popleft()
-            if d.rate_by and LimitGate.late(d):  # its rate token lapsed while it waited: take one again first
-                if late is None:
-                    late = []
-                late.append(d)
-                continue
+        for i, d in enumerate(batch):
+            if self._stop.is_set():  # a job of the round asked this process to stop: the rest wait, to go back
+                for rest in batch[i:]:
+                    self._inbox.append(rest)
+                break
             d.started = started
             self._running += 1
             run = asyncio.Task(self._run_job(d), loop=loop, context=base.copy(), eager_start=True)
@@ -314,20 +334,12 @@ class Runner(Gates, Suspects):
             run.add_done_callback(self._job_ended)
             if d.timeout is not None:
                 d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000), self._time_out, d, run)
-            d.journaled = True
-            if marks is None:
-                marks = {}
-            ids = marks.get(d.keys.stream)
-            if ids is None:
-                marks[d.keys.stream] = [d.entry_id]
-            else:
-                ids.append(d.entry_id)
-        if marks:
-            self.journal.started(marks, started)
-        if late:
-            self._retake_later(late)
-        if self.buffered <= self.prefetch // 2:
-            self._room.set()
+            if not d.journaled:
+                d.journaled = True
+                marks = marks or {}
+                marks.setdefault(d.keys.stream, []).append(d.entry_id)
+        if marks or rounds:
+            self.journal.started(marks, started, rounds)
 
     def _time_out(self, d: Delivery, run: asyncio.Task[None]) -> None:
         if not run.done():

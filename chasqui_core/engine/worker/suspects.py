@@ -11,7 +11,9 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from chasqui_core.engine.jobs.envelope import now_ms
 from chasqui_core.engine.jobs.priority import Inbox
+from chasqui_core.engine.recovery.journal import StartJournal
 from chasqui_core.engine.worker.delivery import Delivery
 from chasqui_core.engine.worker.inflight import InFlight
 from chasqui_core.engine.worker.sync_lane import SyncLane
@@ -24,6 +26,7 @@ class Suspects:
 
     id: str
     held: InFlight
+    journal: StartJournal
     _loop: asyncio.AbstractEventLoop
     _stop: asyncio.Event
     _inbox: Inbox
@@ -49,7 +52,7 @@ class Suspects:
         a ``panic``: innocent jobs dead-lettered beside the pill. So a suspect runs with nothing else running in
         its process; if it dies then, the death is its own. What was fetched and has not started waits too,
         so that only the runs under way must end before the suspect starts."""
-        if d.job.deaths:
+        if d.suspect:
             self._suspects.append(d)
         else:
             self._set_aside.append(d)
@@ -71,9 +74,14 @@ class Suspects:
             if d.taken_back or not self.held.holds(d):
                 continue
             self._alone = d
-            logger.info("worker %s: job %s (%s) runs alone: it was running when a worker died (%d time(s)); "
-                        "alone, a death of its process is its own", self.id, d.job.id, d.job.task, d.job.deaths)
+            logger.info("worker %s: job %s (%s) runs alone: it was running, or about to start, when a worker died "
+                        "(%d death(s) charged); alone, a death of its process is its own", self.id, d.job.id,
+                        d.job.task, d.job.deaths)
             if d.handler.is_async:
+                # marked running before it starts, unlike other async jobs (running._dispatch): nothing runs beside
+                # it to take the blame, and a job that kills its process before its first await is charged a death
+                d.journaled = True
+                self.journal.started_one(d.keys.stream, d.entry_id, now_ms())
                 self._inbox.append(d)
                 self._dispatch(alone=True)
             else:

@@ -266,7 +266,7 @@ class Worker:
                 self._loop.add_signal_handler(sig, self._stop.set)
         self.journal = StartJournal(self.id, self.url)
         for k in self.keys:
-            self.journal.use(k.stream, k.running(self.id))
+            self.journal.use(k.stream, k.running(self.id), dispatching=k.dispatching(self.id))
         if not await self._connect():
             self.journal.close()
             return
@@ -366,7 +366,8 @@ class Worker:
         default = streams[[k.band for k in streams].index("")]
         for k in streams:
             if k not in known:
-                self.journal.use_like(k.stream, k.running(self.id), default.stream)
+                self.journal.use_like(k.stream, k.running(self.id), default.stream,
+                                        dispatching=k.dispatching(self.id))
                 logger.info("worker %s: queue %s has jobs of %s priority: reading its %s band too", self.id,
                             keys.queue, "high" if k.band == HIGH else "low", k.band)
         self.streams[keys.queue] = streams

@@ -20,15 +20,16 @@
 -- and applies the attempt budget and the poison-pill rule (see retry.py):
 -- one rule, in one place (recovery.lost_runs reads these lines). An entry
 -- fetched but never started goes back exactly as it was, uncharged. An entry
--- put back also carries a `recovered` field, the number of workers whose
--- death is on record it has been taken back from, uncharged or charged a
--- death: a job that kills its worker before anything could note it running
--- is caught by that count instead (retry.RECOVERIES_BEFORE_PANIC). A worker
--- with no death on record does not raise it, whether it was running the
--- entry or had only fetched it: lost contact never counts toward panic (a
--- partition past the visibility timeout takes back every entry a live
--- worker held, and a few of them would otherwise make an innocent job a
--- `panic`).
+-- put back also carries a `recovered` field, the number of dead workers
+-- (death on record) that took it back while it was running or about to
+-- start: a job that kills its worker before anything could note it running
+-- is caught by that count instead (retry.RECOVERIES_BEFORE_PANIC). "About to
+-- start" is the owner's dispatching set (<ARGV[11]><worker>: the ids of the
+-- round of starts its event loop was in, journal.py). An entry the dead
+-- worker had only fetched does not raise it: crash after crash of other jobs
+-- must not make it a `panic`. A worker with no death on record does not
+-- raise it either: lost contact never counts toward panic (a partition past
+-- the visibility timeout takes back every entry a live worker held).
 --
 -- Every id taken from a worker is added to its taken set (<ARGV[9]><worker>,
 -- TTL ARGV[10] ms): should the worker still live, its lease pass tells these
@@ -44,6 +45,7 @@
 --         ({chasqui:<q>}:running: for the default band, running-high: ...)
 -- ARGV[9] prefix of the taken sets of this stream's band ({chasqui:<q>}:taken:, taken-high: ...)
 -- ARGV[10] lifetime of a taken set, ms
+-- ARGV[11] prefix of the dispatching sets of this stream's band ({chasqui:<q>}:dispatching:, dispatching-high: ...)
 -- Returns {last id looked at or '' when the scan is done,
 --          flat list of entries put back: old id, new id, 0 uncharged / 1 charged a death / 2 lost contact}
 --
@@ -78,6 +80,8 @@ for _, p in ipairs(pending) do
         if died[owner] == nil then
           died[owner] = redis.call('EXISTS', prefix .. 'died:' .. owner) == 1
         end
+        local dispatching = ARGV[11] .. owner
+        local about_to_start = redis.call('SREM', dispatching, id) == 1
         if started then
           verdict = died[owner] and 'died' or 'contact'
           line = owner .. '\t' .. started .. '\t' .. now .. '\t' .. verdict
@@ -102,7 +106,7 @@ for _, p in ipairs(pending) do
           copy[#copy + 1] = 'lost'
           copy[#copy + 1] = line
         end
-        if died[owner] then times = times + 1 end
+        if died[owner] and (started or about_to_start) then times = times + 1 end
         if times > 0 then
           copy[#copy + 1] = 'recovered'
           copy[#copy + 1] = times

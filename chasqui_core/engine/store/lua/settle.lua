@@ -20,7 +20,10 @@
 -- ARGV[4] completed-event blob (msgpack list of [job id, task, ms]; "" for none)
 -- ARGV[5] number of completed entries C, then their stream ids joined by spaces
 --         in one argument (one argument instead of C keeps the call cheap to send)
--- then    number of stored results R, then R triples: key, ttl ms, value
+-- then    number of stored results R, then R quadruples: key, ttl ms, value, gate: "" (a success's result,
+--         stored whether or not this call acknowledged the entry: the run did succeed) or the stream id of the
+--         entry whose retry or death it records, stored only if this call acknowledged that entry (a late
+--         outcome of a worker cut off past its lease must not overwrite what the run that took over wrote)
 -- then    number of retries N and, when N > 0, two arguments: one msgpack array
 --         of 3 items per retry laid flat: stream id, delay ms, payload; then the
 --         retries' events record, a msgpack array of N entries in the same
@@ -137,19 +140,26 @@ end
 
 local problems = {}
 
--- results
-local r = tonumber(ARGV[i]); i = i + 1
-for k = 1, r do
-  local ttl = tonumber(ARGV[i + 1])
+-- results: a success's now; a failure's once its entry is known to be acknowledged by this call (gated)
+local function store_result(key, ttl, value)
   if ttl and ttl > 0 then
-    local reply = redis.pcall('SET', ARGV[i], ARGV[i + 2], 'PX', ttl)
+    local reply = redis.pcall('SET', key, value, 'PX', ttl)
     if type(reply) == 'table' and reply.err then
-      problems[#problems + 1] = ARGV[i] .. ': ' .. reply.err
+      problems[#problems + 1] = key .. ': ' .. reply.err
     end
   else
-    problems[#problems + 1] = ARGV[i] .. ': result ttl is not a positive number (' .. tostring(ARGV[i + 1]) .. ')'
+    problems[#problems + 1] = key .. ': result ttl is not a positive number (' .. tostring(ttl) .. ')'
   end
-  i = i + 3
+end
+local gated = {}
+local r = tonumber(ARGV[i]); i = i + 1
+for k = 1, r do
+  if ARGV[i + 3] == '' then
+    store_result(ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2])
+  else
+    gated[#gated + 1] = i
+  end
+  i = i + 4
 end
 
 -- retries
@@ -275,6 +285,14 @@ i = i + 1
 if f > 0 then
   settle_flow_ends(stream, acked, cmsgpack.unpack(ARGV[i]))
   i = i + 1
+end
+
+if #gated > 0 then
+  local was_acked = {}
+  for _, id in ipairs(acked) do was_acked[id] = true end
+  for _, at in ipairs(gated) do
+    if was_acked[ARGV[at + 3]] then store_result(ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2]) end
+  end
 end
 
 delete(acked)
