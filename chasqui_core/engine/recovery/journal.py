@@ -59,6 +59,7 @@ import ssl
 import threading
 from typing import Any
 
+from chasqui_core.engine.recovery.ended_runs import EndedRuns
 from chasqui_core.engine.store.connection import connect, masked
 from chasqui_core.engine.worker.log_budget import LogBudget
 
@@ -82,9 +83,12 @@ def _bulk(value: bytes) -> bytes:
 class StartJournal:
     """Announces the deliveries this worker is running, per stream, on one connection per server."""
 
-    def __init__(self, worker_id: str, url: str | None) -> None:
+    def __init__(self, worker_id: str, url: str | None, ended: EndedRuns | None = None) -> None:
         self.worker_id = worker_id
         self._url = url
+        self._ended = ended
+        """The ends kept on this host too, for whoever records this process's death (ended_runs.py)."""
+        self._ended_index: dict[str, int] = {}
         self._server: dict[str, str | None] = {}
         """Stream (a queue's, or a band's) -> the URL of the server holding its keys (a cluster node), or None for
         the worker's."""
@@ -109,6 +113,8 @@ class StartJournal:
         self._server[stream] = url
         self._keys[stream] = _bulk(key.encode())
         self._rounds[stream] = _bulk(dispatching.encode())
+        if self._ended is not None:
+            self._ended_index[stream] = self._ended.name(key)
 
     def use_like(self, stream: str, key: str, like: str, *, dispatching: str) -> None:
         """Write ``stream``'s marks to ``key`` and ``dispatching``, on the server ``like``'s go to (a priority
@@ -139,6 +145,8 @@ class StartJournal:
     def finished_one(self, stream: str, entry_id: bytes) -> None:
         """Strike one run's mark the moment its handler returned (a sync lane thread, or the loop for an async run
         that waited): a process killed a moment later must not be charged a run that had ended."""
+        if self._ended is not None:
+            self._ended.ended(self._ended_index[stream], entry_id)
         strike = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[stream], len(entry_id), entry_id)
         self._write(self._server.get(stream), strike, strike)
 
@@ -146,6 +154,8 @@ class StartJournal:
                           started_ms: int) -> None:
         """Strike one run's mark and write the next run's, in one send when both go to one server (a sync lane
         thread going from one job straight to the next)."""
+        if self._ended is not None:
+            self._ended.ended(self._ended_index[ended_stream], ended_id)
         end = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[ended_stream], len(ended_id), ended_id)
         start = b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id),
                                                                             entry_id, started_ms)
@@ -236,6 +246,8 @@ class StartJournal:
         with self._lock:
             for server in list(self._conns):
                 self._drop(server)
+        if self._ended is not None:
+            self._ended.close()
 
     def _open(self, server: str | None) -> Any:
         """A connection to ``server``, opened now; returns its socket."""

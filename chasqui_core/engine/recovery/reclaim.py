@@ -36,6 +36,7 @@ from typing import Any
 import msgpack
 from redis.exceptions import ResponseError
 
+from chasqui_core.engine.recovery import ended_runs
 from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.jobs.envelope import error_record, now_ms
 from chasqui_core.engine.store.keys import GROUP, QueueKeys
@@ -182,7 +183,14 @@ def add_death_record(pipe: Any, keys: QueueKeys, worker_id: str, how: str, at_ms
     sees its process gone (deathwatch.py). The reclaim then charges its runs
     as deaths (toward ``panic``); without it they are only lost contact.
     ``first_only``: keep a record already written (it says how the process ended).
+
+    The runs the process ended, as it noted them on this host (ended_runs.py),
+    lose their start marks first, in the same pipeline: a strike the network
+    swallowed must not make a run that returned a death.
     """
+    for key, entry_ids in ended_runs.read(worker_id).items():
+        if key.startswith(keys.prefix):  # this queue's journals (its bands'), on the record's server
+            pipe.hdel(key, *entry_ids)
     pipe.set(keys.died(worker_id), f"{at_ms} {how}", px=DEATH_RECORD_TTL_MS, nx=first_only)
 
 

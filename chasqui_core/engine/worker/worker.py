@@ -46,6 +46,7 @@ from chasqui_core.engine.store.connection import DEFAULT_URL, aconnect, ais_clus
 from chasqui_core.engine.jobs.errors import RedisConfigError
 from chasqui_core.engine.worker.housekeeping import Housekeeping, resident_kb
 from chasqui_core.engine.worker.inflight import InFlight
+from chasqui_core.engine.recovery.ended_runs import ended_runs_of
 from chasqui_core.engine.recovery.journal import StartJournal
 from chasqui_core.engine.worker.limits import Limit, LimitGate, Limits, parse_limits
 from chasqui_core.engine.store.keys import BANDS, GROUP, HIGH, QUEUES_REGISTRY, QueueKeys
@@ -264,7 +265,7 @@ class Worker:
         if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._stop.set)
-        self.journal = StartJournal(self.id, self.url)
+        self.journal = StartJournal(self.id, self.url, ended_runs_of(self.id))
         for k in self.keys:
             self.journal.use(k.stream, k.running(self.id), dispatching=k.dispatching(self.id))
         if not await self._connect():

@@ -1,0 +1,63 @@
+"""A run that returned is never charged a death, even when its strike never reached Redis.
+
+The start journal's strike goes over the network. Under a link gone
+half-open (the soak's network faults) it is swallowed without a word; a crash
+of the process a few seconds later then left the run marked, and the reclaim
+charged it a death: `retries_exhausted` with "its worker died during run 2 of
+2" for a job whose run had ended. The process also notes each end in a file on
+its host (engine/recovery/ended_runs.py), and whoever records its death strikes
+those marks in the same pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from chasqui_core.engine.producer.queue import Queue
+from chasqui_core.engine.recovery import ended_runs
+from chasqui_core.engine.recovery.ended_runs import EndedRuns
+from chasqui_core.engine.recovery.reclaim import add_death_record
+from chasqui_core.engine.jobs.envelope import now_ms
+from chasqui_core.engine.store.keys import QueueKeys
+from tests.engine.test_accounting import ghost_reads
+from tests.helpers import reclaim_now
+
+
+def _die(redis, keys: QueueKeys, ghost: str) -> None:
+    add_death_record(redis, keys, ghost, "killed by signal 9", now_ms())
+
+
+def test_a_run_noted_ended_on_the_host_is_not_charged_though_its_mark_stayed_in_redis(redis, redis_url):
+    keys = QueueKeys.for_queue("ended-runs")
+    q = Queue(keys.queue, redis_client=redis)
+    q.add("t")
+    q.add("t")
+    ghost = f"host:{os.getpid()}:ended"
+    ended = EndedRuns(ghost)
+    try:
+        returned, running = ghost_reads(redis, keys, ghost, running=2)  # both marked running in Redis
+        ended.ended(ended.name(keys.running(ghost)), returned)  # the first returned: its strike was lost
+        _die(redis, keys, ghost)
+        time.sleep(0.3)
+        moved = {m.entry_id: m for m in reclaim_now(redis_url, keys, min_idle_ms=250)}
+    finally:
+        ended.close()
+    assert not moved[returned].charged, "a run that returned must come back uncharged"
+    assert moved[running].charged and moved[running].died, "the run under way is still charged its death"
+
+
+def test_only_the_dead_workers_own_queue_journals_are_struck_and_a_clean_stop_leaves_no_file(redis):
+    ghost = f"host:{os.getpid()}:clean"
+    ended = EndedRuns(ghost)
+    a, b = QueueKeys.for_queue("ended-a"), QueueKeys.for_queue("ended-b")
+    ended.ended(ended.name(a.running(ghost)), b"1-1")
+    ended.ended(ended.name(b.running(ghost)), b"2-2")
+    assert ended_runs.read(ghost) == {a.running(ghost): [b"1-1"], b.running(ghost): [b"2-2"]}
+    redis.hset(a.running(ghost), mapping={b"1-1": 1, b"3-3": 3})
+    redis.hset(b.running(ghost), b"2-2", 2)
+    _die(redis, a, ghost)  # recorded on queue a only
+    assert redis.hkeys(a.running(ghost)) == [b"3-3"]
+    assert redis.hkeys(b.running(ghost)) == [b"2-2"], "queue b's record, when written, strikes its own"
+    ended.close()
+    assert ended_runs.read(ghost) == {} and not os.path.exists(ended_runs.path_of(ghost))
