@@ -97,8 +97,9 @@ class EndedRuns:
         """A clean stop: every end reached Redis or nobody needs it, so the file goes. A thread still running (an
         abandoned sync run) may note its end later: it goes to memory."""
         mapped, self._map = self._map, bytearray(SIZE)
-        with contextlib.suppress(OSError, ValueError, BufferError):
-            mapped.close()
+        if isinstance(mapped, mmap.mmap):
+            with contextlib.suppress(OSError, ValueError, BufferError):
+                mapped.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)
 
