@@ -33,6 +33,7 @@ def save(directory: str, ev: Evidence) -> str:
         "leftovers": ev.leftovers,
         "schedule_fires": ev.schedule_fires,
         "cut_off": [list(window) for window in ev.cut_off],
+        "schedule_missed": ev.schedule_missed,
     }
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f)
@@ -52,4 +53,5 @@ def load(directory: str) -> Evidence:
         data["leftovers"],
         data["schedule_fires"],
         [(start, end) for start, end in data["cut_off"]],
+        data.get("schedule_missed", {}),
     )

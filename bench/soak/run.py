@@ -243,6 +243,7 @@ class Soak:
         """Discrepancies of the run itself (the supervisor exiting on its own, enqueues that never landed)."""
         self.leftovers: dict[str, dict[str, int]] = {}
         self.fired: dict[str, int] = {}
+        self.missed: dict[str, int] = {}
         self.drain_wall = 0.0
         self.clean_exits = 0
 
@@ -296,8 +297,9 @@ class Soak:
         if unsent:
             self.problems.append(f"{unsent} enqueue(s) never succeeded, even after the drain")
         for name in SCHEDULES:
-            raw = _retrying(lambda name=name: self.client.hget(schedule_state(name), "fired"))
-            self.fired[name] = int(raw or 0)
+            fired, missed = _retrying(lambda name=name: self.client.hmget(schedule_state(name), "fired", "missed"))
+            self.fired[name] = int(fired or 0)
+            self.missed[name] = int(missed or 0)
         code = self.supervisor.stop()
         if code != 0:
             self.problems.append(f"the supervisor exited with code {code} on SIGTERM (expected 0)")
@@ -317,7 +319,8 @@ class Soak:
         ledger_pids = {r.pid for runs in ledger.runs.values() for r in runs}
         self.clean_exits = len(ledger.exits)
         evidence = Evidence(ledger, {k.name: k for k in self.kinds}, dead, self.watcher.dead_pids(ledger_pids),
-                            self.injector.killed, results, self.leftovers, self.fired, self.injector.cut_off)
+                            self.injector.killed, results, self.leftovers, self.fired, self.injector.cut_off,
+                            self.missed)
         save(self.workdir, evidence)
         verdict = judge(evidence)
         verdict.problems[:0] = self.problems

@@ -26,6 +26,7 @@ class Book:
         self.results: dict[str, str | None] | None = None
         self.leftovers: dict[str, dict[str, int]] = {}
         self.fires: dict[str, int] = {}
+        self.missed: dict[str, int] = {}
         self.cut_off: list[tuple[float, float]] = []
         self._runs = 0
         self._attempts: dict[str, int] = {}
@@ -72,7 +73,7 @@ class Book:
 
     def judge(self):
         ev = Evidence(parse(self.lines), {k.name: k for k in KINDS}, self.dead, self.dead_pids, self.killed,
-                      self.results, self.leftovers, self.fires, self.cut_off)
+                      self.results, self.leftovers, self.fires, self.cut_off, self.missed)
         return judge(ev)
 
 

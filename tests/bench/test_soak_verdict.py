@@ -265,8 +265,21 @@ def test_leftovers_torn_lines_and_missing_fires_are_problems():
     text = "\n".join(verdict.problems)
     assert "queue soak-a not drained: delayed 2" in text
     assert "soak-b" not in text
-    assert "recorded 3 fire(s)" in text and "account for 1" in text
+    assert "recorded 3 fire(s)" in text and "account for 1 fire(s)" in text
     assert "not a whole record" in text
+
+
+def test_a_fire_counted_missed_may_have_its_job_but_no_due_time_has_one_unplanned():
+    """A leader that added a due time's job and was killed before recording the fire leaves the due time to the
+    next leader; past its grace, the misfire policy counts it missed. Its job is no discrepancy; a job beyond the
+    fires and the misses recorded is one, and so is a recorded fire without its job."""
+    b = a_clean_book()  # one fire of soak-tick, with its job
+    b.run("schedule:soak-tick:1795000005000", "scheduled", at=8)
+    assert any("account for 2 fire(s)" in p for p in b.judge().problems), "one job more than the fires recorded"
+    b.missed = {"soak-tick": 1}
+    assert b.judge().ok, "the extra job is the one of the due time counted missed"
+    b.fires = {"soak-tick": 3}
+    assert any("recorded 3 fire(s)" in p for p in b.judge().problems), "a recorded fire without its job"
 
 
 def test_the_report_shows_the_first_offenders_of_each_kind_and_counts_the_rest():
