@@ -334,3 +334,47 @@ def test_a_rate_limit_holds_where_worker_processes_start_jobs_that_waited_after_
     crowded = [(starts[i], starts[i + 5] - starts[i]) for i in range(len(starts) - 5)
                if starts[i + 5] - starts[i] < 950]
     assert not crowded, f"6 starts within a second (first start ms, span ms): {crowded}"
+
+
+def test_a_job_whose_slot_lapsed_while_it_waited_takes_one_again_before_it_starts(redis, redis_url):
+    """Worker one takes the only slot of a concurrency limit of 1 for a job that then waits (behind a suspect
+    running alone, say) while the worker is cut off: its renewals fail, the slot's lease lapses and worker two
+    takes the slot for its own job. Worker one's next renewal finds its slot gone; its job is late then, and takes
+    a slot again before it starts - and waits, since the slot is two's. It used to start beside two's job: the
+    soak saw 3 runs at once under a limit of 2 after its network faults."""
+    keys = QueueKeys.for_queue("slot-lapse")
+    q = Queue(keys.queue, redis_client=redis)
+    q.add("limited")
+    q.add("limited")
+    limits = Limits(parse_limits({keys.queue: {"concurrency": 1}}), [keys.queue])
+    handler = Handler("limited", lambda: None, is_async=True)
+    with suppress(Exception):
+        redis.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
+
+    async def main() -> tuple[bool, bool, int]:
+        client = aconnect(redis_url)
+        try:
+            gate = LimitGate(Scripts(client), 1_000)
+            reply = await client.xreadgroup(GROUP, "one", {keys.stream: ">"}, count=2)
+            ones, twos = [], []
+            for (entry_id, fields), into in zip(reply[0][1], (ones, twos), strict=True):
+                d = Delivery(keys, entry_id, fields[b"j"], decode(fields[b"j"]), handler,
+                             ref_of(keys.stream, entry_id))
+                d.limits = limits.buckets(keys, d.job)
+                into.append(d)
+            [mine], [theirs] = ones, twos
+            assert (await gate.take(keys, [mine])).admitted == [mine]
+            late_before = gate.late(mine)
+            await asyncio.sleep(1.1)  # its lease lapses, no renewal heard
+            assert (await gate.take(keys, [theirs])).admitted == [theirs], "the lapsed slot is free for another"
+            await gate.renew(client, [mine, theirs], now_ms())
+            late_after = gate.late(mine)
+            retaken = await gate.retake(keys, [mine])
+            return late_before, late_after, len(retaken.admitted)
+        finally:
+            await client.aclose()
+
+    late_before, late_after, admitted = asyncio.run(main())
+    assert not late_before, "a slot just taken is trusted"
+    assert late_after, "a slot its renewal found gone makes the job late"
+    assert admitted == 0, "taken again, the slot is full: the job waits instead of starting beside the other"

@@ -77,6 +77,9 @@ class Delivery:
     """The rate and concurrency buckets the job falls under (limits.py); None for most jobs."""
     slots: tuple[str, ...] = ()
     """Key prefixes of the concurrency buckets it holds a slot in, given back when the run ends."""
+    slot_until: float = 0.0
+    """The monotonic time until which those slots are known held (taken or renewed, plus their lease, less a
+    margin); a job still waiting then takes them again before it starts (limits.LimitGate.late). 0.0: no slot."""
     rate_by: float = 0.0
     """Under a rate limit: the monotonic time by which it must start on its rate token, else it takes the token
     again first (limits.LimitGate.late, retake); 0.0: no rate limit."""

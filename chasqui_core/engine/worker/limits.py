@@ -151,6 +151,12 @@ counts against its window for this much longer, so a rate of N per W admits N pe
 N at one second, nothing to speak of over a minute; a shorter grace sends more jobs back for a token."""
 
 
+SLOT_MARGIN_MS = 500
+"""A concurrency slot is trusted to start a job on until this long before its lease could lapse: past that, with
+no renewal heard, another worker may hold it (its lease lapsed while this one was cut off), and the job takes a
+slot again before it starts (``LimitGate.late``)."""
+
+
 class Limits:
     """The limits one worker enforces, and which buckets each job it reads falls under."""
 
@@ -212,15 +218,14 @@ class LimitGate:
 
         An admitted delivery under a rate limit must start by its ``rate_by`` (``late`` says when it did not).
         """
-        taken = await self._call(keys, deliveries, retake=False)
-        for d in taken.admitted:
-            d.slots = tuple(b[0] for b in d.limits or () if b[3])
-        return taken
+        return await self._call(keys, deliveries, retake=False)
 
     @staticmethod
     def late(d: Delivery) -> bool:
-        """Did ``d`` miss the start its rate token allowed? Then it must not start before ``retake``."""
-        return 0.0 < d.rate_by < time.monotonic()
+        """Did ``d`` miss the start its rate token allowed, or may its concurrency slot have lapsed while it
+        waited? Then it must not start before ``retake``: a limit is a promise about starts."""
+        now = time.monotonic()
+        return 0.0 < d.rate_by < now or 0.0 < d.slot_until < now
 
     async def retake(self, keys: QueueKeys, deliveries: list[Delivery]) -> Taken:
         """Take again the rate tokens of deliveries about to start late (one Lua call for them all).
@@ -228,8 +233,9 @@ class LimitGate:
         Each drops its old token and is checked like a new job: admitted ones
         start now (a new ``rate_by``); the others are acknowledged and wait in
         the delayed set, uncharged, as at read. The concurrency slots they hold
-        are kept: the caller gives back those of the jobs that wait
-        (``release``), and lets go of those jobs.
+        are kept, unless their lease may have lapsed (``slot_until`` passed):
+        those are taken again. The caller gives back the slots of the jobs that
+        wait (``release``), and lets go of those jobs.
         """
         return await self._call(keys, deliveries, retake=True)
 
@@ -237,10 +243,12 @@ class LimitGate:
         index: dict[Bucket, int] = {}
         flat_buckets: list[Any] = []
         flat_jobs: list[Any] = []
+        now = time.monotonic()
         for d in deliveries:
             mine = []
+            lapsed = not retake or 0.0 < d.slot_until < now  # (re)take its concurrency slots too
             for bucket in d.limits or ():
-                if retake:
+                if not lapsed:
                     if not bucket[1]:
                         continue
                     bucket = (bucket[0], bucket[1], bucket[2], 0)  # its concurrency slot is held already
@@ -258,8 +266,12 @@ class LimitGate:
         self.skew_ms = int(server_ms) - now_ms()
         admitted = [deliveries[p - 1] for p in positions]
         start_by = sent + (START_GRACE_MS - 1) / 1000  # the token is scored after ``sent``, in whole ms
+        held_until = sent + (self.slot_ms - SLOT_MARGIN_MS) / 1000
         for d in admitted:
             d.rate_by = start_by if any(b[1] for b in d.limits or ()) else 0.0
+            if not retake or 0.0 < d.slot_until < now:
+                d.slots = tuple(b[0] for b in d.limits or () if b[3])
+                d.slot_until = held_until if d.slots else 0.0
         return Taken(admitted, int(parked), int(earliest), int(server_ms))
 
     async def release(self, keys: QueueKeys, deliveries: Iterable[Delivery]) -> None:
@@ -279,13 +291,24 @@ class LimitGate:
         """
         now_ms += self.skew_ms
         pipe = None
+        renewed: list[Delivery] = []
         for d in deliveries:
             for prefix in d.slots:
                 if pipe is None:
                     pipe = client.pipeline(transaction=False)
-                pipe.zadd(prefix + "running", {slot_member(d): now_ms + self.slot_ms}, xx=True, gt=True)
-        if pipe is not None:
-            await pipe.execute()
+                pipe.zadd(prefix + "running", {slot_member(d): now_ms + self.slot_ms}, xx=True, gt=True, ch=True)
+                renewed.append(d)
+        if pipe is None:
+            return
+        sent = time.monotonic()
+        replies = await pipe.execute()
+        held_until = sent + (self.slot_ms - SLOT_MARGIN_MS) / 1000
+        lost = {d for d, changed in zip(renewed, replies, strict=True) if not changed}
+        for d in renewed:
+            if d not in lost:
+                d.slot_until = held_until
+            elif not d.started:  # gone (it lapsed, and another worker may hold it): taken again before it starts
+                d.slot_until = min(d.slot_until, sent)
 
 
 def slot_prefix(keys: QueueKeys) -> bytes:

@@ -296,7 +296,7 @@ class Runner(Gates, Suspects):
             rounds: dict[str, list[bytes]] = {}
             while inbox and len(batch) < room:
                 d = inbox.popleft()
-                if d.rate_by and LimitGate.late(d):  # its rate token lapsed while it waited: take one again first
+                if d.limits and LimitGate.late(d):  # its rate token or slot lapsed while it waited: take it again
                     if late is None:
                         late = []
                     late.append(d)

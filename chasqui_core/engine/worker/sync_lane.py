@@ -41,6 +41,7 @@ from chasqui_core.engine.jobs.envelope import check_json_types, now_ms
 from chasqui_core.engine.jobs.priority import STRICT, Inbox
 from chasqui_core.engine.recovery.journal import StartJournal
 from chasqui_core.engine.worker.delivery import Delivery
+from chasqui_core.engine.worker.limits import LimitGate
 
 OK, FAILED, REQUEUE, LATE = 0, 1, 2, 3
 """What became of a job handed to the lane: ran (OK, FAILED), went back unstarted (REQUEUE), or came back to the
@@ -204,7 +205,7 @@ class SyncLane:
                     continue
                 marked = False
             self._taken += 1
-            if self.stopping or d.cancel_requested or d.taken_back or 0.0 < d.rate_by < time.monotonic():
+            if self.stopping or d.cancel_requested or d.taken_back or (d.limits and LimitGate.late(d)):
                 # back unstarted (cancel.py, Runner.let_go), or back to the loop for a rate token (limits.py)
                 if marked:
                     journal.finished_one(d.keys.stream, d.entry_id)
