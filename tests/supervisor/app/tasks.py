@@ -37,3 +37,15 @@ def tick(key: str) -> None:
 def hang() -> None:
     _redis().rpush(HUNG, os.getpid())
     time.sleep(600)  # its thread cannot be stopped; the process exits without it
+
+
+@task(queue_name=QUEUE)
+def doze(key: str, seconds: float) -> None:
+    time.sleep(seconds)
+    _redis().rpush(DONE, f"{key}:{os.getpid()}")
+
+
+@task(queue_name=QUEUE, max_attempts=10)
+def pill() -> None:
+    _redis().rpush(STARTED, f"pill:{os.getpid()}")
+    os._exit(1)
