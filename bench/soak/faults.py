@@ -202,6 +202,8 @@ class Injector:
 
     def sighup(self, elapsed: float) -> str:
         kids = self.supervisor.children()
+        if not kids:  # still starting (a supervisor just started again): before its handler is set, SIGHUP ends it
+            return "no SIGHUP: the supervisor has no worker process yet (still starting)"
         self.supervisor.signal(signal.SIGHUP)
         return f"SIGHUP to supervisor {self.supervisor.pid} (rolling reload of {kids})"
 
