@@ -172,8 +172,10 @@ def _soak(args, kinds, server, workdir: str) -> int:
     os.environ.update({"DJANGO_SETTINGS_MODULE": SETTINGS, "REDIS_URL": server.url,
                        "DATABASE_URL": f"sqlite:///{os.path.join(workdir, 'soak.sqlite3')}"})
     import django
+    from django.core.management import call_command
 
     django.setup()
+    call_command("migrate", verbosity=0, interactive=False)  # as a deployment would: the workers read its tables
     from . import tasks
 
     if any(k.hang for k in kinds) and not tasks.SUPPORTS_TIMEOUT:
