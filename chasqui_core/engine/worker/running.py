@@ -113,7 +113,7 @@ class Runner(Gates, Suspects):
         self._isolating = False
         """Set while a suspect waits to run alone or runs alone (``_run_alone``): nothing else starts."""
         self._suspects: deque[Delivery] = deque()
-        """Jobs charged a lost run, waiting to run alone, in the order read."""
+        """Suspects (a death charged, or counted a recovery) waiting to run alone, in the order read."""
         self._set_aside: deque[Delivery] = deque()
         """Other jobs fetched while isolating: they start once no suspect is left."""
         self._alone: Delivery | None = None
@@ -154,8 +154,7 @@ class Runner(Gates, Suspects):
     # --- start and stop -----------------------------------------------------------
 
     def give_back_unstarted(self, *, stopping: bool = False) -> None:
-        """Put every fetched job that has not started back on the stream, as it was, uncharged (quiet, stop).
-        ``stopping``: the sync threads take no more jobs either."""
+        """Put every fetched job not started back on the stream, uncharged (quiet, stop); ``stopping``: no more."""
         unstarted = [*self._suspects, *self._set_aside, *self._inbox]
         self._suspects.clear()
         self._set_aside.clear()
@@ -213,8 +212,7 @@ class Runner(Gates, Suspects):
         await self._start(keys, admitted)
 
     async def take_bands(self, reads: list[tuple[QueueKeys, list[Any]]], cancels: bytes | None) -> None:
-        """Take in one read's entries of several priority bands, then start jobs: every band's job is in the
-        inbox before the first starts, so the inbox's order (priority.py) decides among all of them."""
+        """Take in one read's entries of several priority bands: all are in the inbox before the first starts."""
         self._gathering = True
         try:
             for keys, entries in reads:
