@@ -38,6 +38,27 @@ class Started:
     """The jobs added now, in order: a batch's children, or a chain's first step."""
 
 
+@dataclass(slots=True)
+class Prepared:
+    """A workflow built and checked, not sent yet: what ``send`` writes in one call (now, or once the caller's
+    database transaction commits)."""
+
+    started: Started
+    plans: list[batches.BatchPlan]
+    jobs: list[bytes]
+    """The envelopes of the jobs that run first."""
+
+    def encoded(self) -> bytes:
+        """The start call's arguments as bytes, for a row that waits for a commit (``batches.start_encoded``)."""
+        return batches.encode_start(self.plans, self.jobs)
+
+
+def send(queue: Queue, prepared: Prepared) -> Started:
+    """Write a prepared workflow's batches and add its first jobs, atomically; a repeated send adds nothing."""
+    batches.start(queue.redis, queue.keys, prepared.plans, prepared.jobs)
+    return prepared.started
+
+
 class WorkflowError(ValueError):
     """A workflow that cannot be built as described; the message says what to change."""
 
@@ -58,6 +79,11 @@ def _callback(queue: Queue, spec: JobSpec, which: str, feed: str | None = None,
 
 def start_batch(queue: Queue, spec: BatchSpec) -> Started:
     """Start one batch on ``queue``: its children now, its callbacks when they are due."""
+    return send(queue, prepare_batch(queue, spec))
+
+
+def prepare_batch(queue: Queue, spec: BatchSpec) -> Prepared:
+    """One batch on ``queue`` built and checked (its id and job ids fixed), ready to ``send``."""
     batch_id = batches.new_batch_id(queue.name)
     children = [_member(queue, child, batch_id) for child in spec.children]
     fields: list[object] = []
@@ -66,12 +92,16 @@ def start_batch(queue: Queue, spec: BatchSpec) -> Started:
     if spec.on_complete is not None:
         fields += _callback(queue, spec.on_complete, "complete")
     plan = batches.BatchPlan(batch_id, [c.job_id for c in children], fields)
-    batches.start(queue.redis, queue.keys, [plan], [c.payload for c in children])
-    return Started(batch_id, [c.job_id for c in children])
+    return Prepared(Started(batch_id, [c.job_id for c in children]), [plan], [c.payload for c in children])
 
 
 def start_chain(queue: Queue, steps: list[JobSpec | BatchSpec]) -> Started:
     """Start a chain on ``queue``: its first step now, each next step when the one before succeeds."""
+    return send(queue, prepare_chain(queue, steps))
+
+
+def prepare_chain(queue: Queue, steps: list[JobSpec | BatchSpec]) -> Prepared:
+    """A chain on ``queue`` built and checked (its id and first jobs fixed), ready to ``send``."""
     if len(steps) < 2:
         raise WorkflowError("a chain needs at least two steps")
     chain_id = batches.new_batch_id(queue.name)
@@ -104,8 +134,7 @@ def start_chain(queue: Queue, steps: list[JobSpec | BatchSpec]) -> Started:
             member = _member(queue, nxt, ids[k + 1])
             where += stored("success", member.job_id, member.payload, "all" if isinstance(step, BatchSpec) else "one")
         plans.append(batches.BatchPlan(ids[k], kids, where))
-    batches.start(queue.redis, queue.keys, plans, [c.payload for c in first])
-    return Started(chain_id, [c.job_id for c in first])
+    return Prepared(Started(chain_id, [c.job_id for c in first]), plans, [c.payload for c in first])
 
 
 def read_chain(client: object, chain_id: str) -> list[batches.BatchState]:
