@@ -332,7 +332,9 @@ def batch(request: HttpRequest, batch_id: str) -> HttpResponse:
     ended = status.total - status.pending
     ctx = {**_base(request, "search", batch_id.partition(":")[0]), "batch": status,
            "children": children[:BATCH_CHILDREN_SHOWN], "more": max(0, len(children) - BATCH_CHILDREN_SHOWN),
-           "percent": 100 * ended // status.total if status.total else 100}
+           "percent": 100 * ended // status.total if status.total else 100, "here": request.get_full_path()}
+    if request.htmx:  # the page's live part, polled while the workflow runs
+        return render(request, "chasqui_console/parts/batch_live.html", ctx)
     return render(request, "chasqui_console/batch.html", ctx)
 
 

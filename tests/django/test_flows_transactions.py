@@ -111,6 +111,7 @@ def test_a_workflow_staged_while_redis_is_down_is_relayed_later_and_once(setting
         handle = batch([step(square, i) for i in range(3)], on_success=step(notify, "once")).enqueue()
     [row] = OutboxEntry.objects.all()
     assert row.attempts == 1 and row.last_error, "the commit went through; the workflow waits in its row"
+    assert row.job_id == handle.id
 
     settings.CHASQUI = {"REDIS_URL": redis_url}  # Redis is back: the workers' relay sends it
     assert relay(backend.queue) == 1
@@ -122,3 +123,4 @@ def test_a_workflow_staged_while_redis_is_down_is_relayed_later_and_once(setting
     _run(redis_url, lambda: _ran("notify"))
     assert _ran("notify") == [("notify", "once")]
     assert len(_ran("square")) == 3
+    assert get_batch(handle.id).status == "succeeded"
