@@ -171,7 +171,7 @@ GOALS: dict[str, Goal] = {
     memory.LABEL: Goal("≤ 100 MB"),
     flows.BATCH: Goal("≥ 0.8 of the plain drain beside it"),
     flows.FAN_IN: Goal("≥ 0.8 of the plain drain beside it"),
-    flows.CHECKS: Goal("≤ 2%"),
+    flows.CHECKS: Goal("≤ 2% of a plain job's worker CPU (the share is in the note)"),
     dlq_page.label(200_000): Goal("< 300 ms"),
     dlq_page.label(1_000_000): Goal("< 300 ms"),
     **_console_goals(1_000_000),
