@@ -307,7 +307,7 @@ class Soak:
     def account(self):
         """Read the dead-letter queues, the results and the ledger, and judge every job."""
         from .ledger import read as read_ledger
-        from .producer import read_dlq
+        from .producer import flow_evidence, read_dlq
         from .record import save
         from .verdict import Evidence, judge
 
@@ -317,7 +317,8 @@ class Soak:
         ledger_pids = {r.pid for runs in ledger.runs.values() for r in runs}
         self.clean_exits = len(ledger.exits)
         evidence = Evidence(ledger, {k.name: k for k in self.kinds}, dead, self.watcher.dead_pids(ledger_pids),
-                            self.injector.killed, results, self.leftovers, self.fired, self.injector.cut_off)
+                            self.injector.killed, results, self.leftovers, self.fired, self.injector.cut_off,
+                            flow_evidence(self.client, self.workdir))
         save(self.workdir, evidence)
         verdict = judge(evidence)
         verdict.problems[:0] = self.problems

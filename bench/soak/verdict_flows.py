@@ -26,6 +26,7 @@ is there. The verdict's other rules account for each of those jobs as for any ot
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -80,6 +81,18 @@ class FlowEvidence:
     batches_counted: int
     """Its ``batches_started`` counter."""
 
+    def to_json(self) -> dict:
+        """What Redis said, for evidence.json (the workflows themselves stay in ``flows.jsonl``)."""
+        return {"states": {k: None if s is None else {"status": s.status, "stopped_at": s.stopped_at,
+                                                      "fired": dict(s.fired)} for k, s in self.states.items()},
+                "callbacks": self.callbacks_counted, "batches": self.batches_counted}
+
+    @classmethod
+    def from_json(cls, data: dict, workflows: list[Workflow]) -> FlowEvidence:
+        states = {k: None if s is None else FlowState(s["status"], s["stopped_at"], s["fired"])
+                  for k, s in data["states"].items()}
+        return cls(workflows, states, data["callbacks"], data["batches"])
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
@@ -91,6 +104,15 @@ class Finding:
 
 def read_workflows(lines: Iterable[str]) -> list[Workflow]:
     return [Workflow.from_line(text) for text in lines if text.strip()]
+
+
+def load(directory: str, saved: dict | None) -> FlowEvidence | None:
+    """The evidence of a run kept in ``directory`` (``--judge``): its workflows file and what evidence.json saved."""
+    path = os.path.join(directory, FLOWS_FILE)
+    if saved is None or not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return FlowEvidence.from_json(saved, read_workflows(f))
 
 
 def _kind(job_id: str) -> str:
