@@ -271,7 +271,8 @@ class Workflows:
             crash = elapsed >= self.crash_at
             if crash:
                 self.crash_at += CRASH_EVERY
-            self.start(self.p.rng.choice(SHAPES), crash)
+            shape = self.p.rng.choice(SHAPES)
+            self.start("batch" if crash and shape == "chain" else shape, crash)
 
     def start(self, shape: str, crash: bool) -> None:
         from chasqui_core.engine.flows.compose import BatchSpec, prepare_batch, prepare_chain

@@ -65,9 +65,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--drain-timeout", type=float, default=120.0,
                         help="seconds the drain may take before leftovers count as discrepancies (default 120)")
     parser.add_argument("--without", action="append", default=[], metavar="KIND",
-                        choices=[*names, "hang"],
-                        help="leave a job kind out ('hang' for both hanging kinds, which need @task(timeout=...)); "
-                             "repeatable")
+                        choices=[*names, "hang", "flows"],
+                        help="leave a job kind out ('hang' for both hanging kinds, which need @task(timeout=...), "
+                             "'flows' for every workflow kind); repeatable")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (ledger, logs, AOF)")
     parser.add_argument("--judge", metavar="DIR", default=None,
                         help="run nothing: judge again the evidence a kept run left in DIR, with this verdict")
