@@ -77,7 +77,8 @@ def encode_start(batches: list[BatchPlan], jobs: list[bytes]) -> bytes:
     flat: list[Any] = []
     for b in batches:
         flat += (b.id, b.children, b.fields)
-    return msgpack.packb([_pack_items(flat), _pack_items(jobs)], use_bin_type=True)
+    encoded: bytes = msgpack.packb([_pack_items(flat), _pack_items(jobs)], use_bin_type=True)
+    return encoded
 
 
 def start_encoded(client: Client, keys: QueueKeys, encoded: bytes, keep_ms: int = KEEP_MS) -> int:
