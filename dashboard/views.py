@@ -24,7 +24,7 @@ from django.utils import timezone
 from chasqui_core.engine.dlq.entries import DeadJob
 from chasqui_core.engine.jobs.priority import job_priority
 from chasqui_core.models import AuditEntry
-from chasqui_core.engine.flows.refs import FLOW
+from chasqui_core.engine.flows.refs import AFTER, FLOW
 from chasqui_core.services import audit as audit_service
 from chasqui_core.services import batches as batches_service
 from chasqui_core.services import delayed as delayed_service
@@ -305,7 +305,7 @@ def job(request: HttpRequest, job_id: str) -> HttpResponse:
     envelope = found.job or (found.dead.job if found.dead is not None else None)
     ctx = {
         **_base(request, "search", found.queue), "found": found, "job": found.job, "dead": found.dead,
-        "flow": envelope.meta.get(FLOW) if envelope is not None else None,
+        "flow": envelope.meta.get(FLOW) or envelope.meta.get(AFTER) if envelope is not None else None,
         "result": result, "errors": errors, "generations": generations([e for e in errors if isinstance(e, dict)]),
         "replay_form": ReplayOptionsForm(), "here": request.get_full_path(),
         "live": found.state in ("waiting", "running", "delayed"),

@@ -114,3 +114,13 @@ def test_a_running_batch_page_polls_its_live_part_and_a_finished_one_does_not(vi
     _finish_first(redis, q, started, msgpack.packb(3))
     part = _client(viewer).get(f"/batches/{started.id}/", HTTP_HX_REQUEST="true").content.decode()
     assert 'data-live-state="succeeded"' in part and "hx-trigger" not in part
+
+
+def test_a_fired_callbacks_job_page_links_to_its_batch(viewer, redis):
+    q = Queue(Q, redis_client=redis)
+    started = start_batch(q, BatchSpec([JobSpec(TASK, [1, 2])], on_complete=JobSpec(TASK, [0, 0])))
+    _finish_first(redis, q, started, msgpack.packb(3))
+    complete = batches.read(redis, started.id).callbacks["complete"]
+    assert complete.fired
+    page = _client(viewer).get(f"/jobs/{complete.job_id}/").content.decode()
+    assert f'href="/batches/{started.id}/"' in page

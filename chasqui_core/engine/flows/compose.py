@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from chasqui_core.engine.flows import batches
 from chasqui_core.engine.flows.callbacks import stored
-from chasqui_core.engine.flows.refs import FLOW
+from chasqui_core.engine.flows.refs import AFTER, FLOW
 from chasqui_core.engine.producer.queue import BuiltJob, JobSpec, Queue
 
 
@@ -69,12 +69,12 @@ def _member(queue: Queue, spec: JobSpec, batch_id: str) -> BuiltJob:
     return queue.build(replace(spec, meta={**(spec.meta or {}), FLOW: batch_id}))
 
 
-def _callback(queue: Queue, spec: JobSpec, which: str, feed: str | None = None,
-              batch_id: str | None = None) -> list[object]:
+def _callback(queue: Queue, spec: JobSpec, which: str, after: str) -> list[object]:
+    """A batch's callback as its hash stores it; its meta names the batch (``AFTER``) for operators' pages."""
     if spec.delay is not None or spec.run_at is not None:
         raise WorkflowError(f"callback {spec.task} has a delay or run_at: a callback runs when it is due")
-    built = _member(queue, spec, batch_id) if batch_id else queue.build(spec)
-    return stored(which, built.job_id, built.payload, feed)
+    built = queue.build(replace(spec, meta={**(spec.meta or {}), AFTER: after}))
+    return stored(which, built.job_id, built.payload)
 
 
 def start_batch(queue: Queue, spec: BatchSpec) -> Started:
@@ -88,9 +88,9 @@ def prepare_batch(queue: Queue, spec: BatchSpec) -> Prepared:
     children = [_member(queue, child, batch_id) for child in spec.children]
     fields: list[object] = []
     if spec.on_success is not None:
-        fields += _callback(queue, spec.on_success, "success")
+        fields += _callback(queue, spec.on_success, "success", batch_id)
     if spec.on_complete is not None:
-        fields += _callback(queue, spec.on_complete, "complete")
+        fields += _callback(queue, spec.on_complete, "complete", batch_id)
     plan = batches.BatchPlan(batch_id, [c.job_id for c in children], fields)
     return Prepared(Started(batch_id, [c.job_id for c in children]), [plan], [c.payload for c in children])
 
@@ -120,7 +120,7 @@ def prepare_chain(queue: Queue, steps: list[JobSpec | BatchSpec]) -> Prepared:
             first = [_member(queue, child, ids[0]) for child in step.children]
             kids = [c.job_id for c in first]
             if step.on_complete is not None:
-                where += _callback(queue, step.on_complete, "complete")
+                where += _callback(queue, step.on_complete, "complete", chain_id)
         elif k == 0:
             first = [_member(queue, step, ids[0])]
             kids = [first[0].job_id]
