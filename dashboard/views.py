@@ -316,10 +316,6 @@ def job(request: HttpRequest, job_id: str) -> HttpResponse:
     return render(request, "chasqui_console/job.html", ctx)
 
 
-BATCH_CHILDREN_SHOWN = 500
-"""Children listed on a batch's page; the counts cover them all."""
-
-
 @console_page
 def batch(request: HttpRequest, batch_id: str) -> HttpResponse:
     """A workflow's batch or chain: progress, counts by state, callbacks and their jobs, its children."""
@@ -328,13 +324,8 @@ def batch(request: HttpRequest, batch_id: str) -> HttpResponse:
     except (NotFound, InvalidInput) as exc:
         ctx = {**_base(request, "search"), "job_id": batch_id, "message": str(exc)}
         return render(request, "chasqui_console/search.html", ctx, status=404)
-    children = list(zip(status.children, status.states, status.child_results, strict=True))
-    ended = status.total - status.pending
-    ctx = {**_base(request, "search", batch_id.partition(":")[0]), "batch": status,
-           "children": children[:BATCH_CHILDREN_SHOWN], "more": max(0, len(children) - BATCH_CHILDREN_SHOWN),
-           "percent": 100 * ended // status.total if status.total else 100, "here": request.get_full_path()}
-    if request.htmx:  # the page's live part, polled while the workflow runs
-        return render(request, "chasqui_console/parts/batch_live.html", ctx)
+    ctx = {**_base(request, "search", batch_id.partition(":")[0]), **_live(Topic("batch", batch_id)),
+           **fragments.batch_context(status)}
     return render(request, "chasqui_console/batch.html", ctx)
 
 

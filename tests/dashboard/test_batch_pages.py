@@ -104,18 +104,6 @@ def test_the_replay_button_replays_every_dead_child_and_says_how_many(viewer, op
     assert 'data-action="replay-dead"' not in page, "nothing dead is left to replay"
 
 
-def test_a_running_batch_page_polls_its_live_part_and_a_finished_one_does_not(viewer, redis):
-    q = Queue(Q, redis_client=redis)
-    started = start_batch(q, BatchSpec([JobSpec(TASK, [1, 2])]))
-    page = _client(viewer).get(f"/batches/{started.id}/").content.decode()
-    assert 'id="batch-live"' in page and 'hx-trigger="every 2s"' in page
-    part = _client(viewer).get(f"/batches/{started.id}/", HTTP_HX_REQUEST="true").content.decode()
-    assert part.startswith('<div id="batch-live"') and "<html" not in part
-    _finish_first(redis, q, started, msgpack.packb(3))
-    part = _client(viewer).get(f"/batches/{started.id}/", HTTP_HX_REQUEST="true").content.decode()
-    assert 'data-live-state="succeeded"' in part and "hx-trigger" not in part
-
-
 def test_a_fired_callbacks_job_page_links_to_its_batch(viewer, redis):
     q = Queue(Q, redis_client=redis)
     started = start_batch(q, BatchSpec([JobSpec(TASK, [1, 2])], on_complete=JobSpec(TASK, [0, 0])))

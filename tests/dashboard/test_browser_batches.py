@@ -2,8 +2,8 @@
 as a subprocess on the test database and Redis.
 
 A batch whose two children died shows **Replay 2 dead** to an operator; pressing it (and accepting the
-confirmation) replays both through the dead-letter queue, says so, and the audit log names the operator.
-A viewer sees no button.
+confirmation) replays both through the dead-letter queue, says so, and the audit log names the operator; as they
+succeed, the open page follows over its websocket, without a reload. A viewer sees no button.
 """
 
 from __future__ import annotations
@@ -57,13 +57,17 @@ def test_the_replay_button_replays_a_batchs_dead_children(site, redis, redis_url
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             log_in(page, site, "olga", "olga-password", next_path=f"/batches/{started.id}/")
-            expect(page.locator("[data-state]").first).to_have_text("failed")
+            expect(page.locator("#batch-live [data-state]")).to_have_text("failed")
             expect(page.locator("[data-dead]")).to_have_text("2")
             page.on("dialog", lambda dialog: dialog.accept())
             page.locator('button[data-action="replay-dead"]').click()
             page.wait_for_url(f"{site}/batches/{started.id}/")
             expect(page.locator(".messages")).to_contain_text(f"2 jobs of {started.id} replayed")
             assert redis.xlen(q.keys.dlq) == 0, "both dead children went back to work"
+            redis.set("fixed", 1)
+            with worker_running(redis_url, [QUEUE], registry(redis)):  # the open page follows them live
+                expect(page.locator("#batch-live [data-state]")).to_have_text("succeeded", timeout=60_000)
+                expect(page.locator("#batch-live [data-succeeded]")).to_have_text("3")
 
             other = browser.new_page()
             log_in(other, site, viewer.username, f"{viewer.username}-password", next_path=f"/batches/{started.id}/")
