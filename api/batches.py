@@ -84,3 +84,21 @@ def cancel_batch(request: HttpRequest, batch_id: BatchId):
     as cancelled, which fires the batch's on_complete and never its on_success. Needs discard_jobs."""
     count = batches_service.cancel_batch(request.auth, batch_id, source="api")
     return BatchCancelOut(batch_id=batch_id, cancelled=count)
+
+
+class BatchReplayOut(Schema):
+    batch_id: str
+    dead: int
+    """Children (or chain steps' jobs) the batch counted dead when asked."""
+    replayed: int
+    """Of them, sent back to work from the dead-letter queue (the rest were no longer there)."""
+
+
+@router.post("/batches/{batch_id}/replay-dead", response={200: BatchReplayOut, **CHANGE},
+             summary="Replay a batch's dead children", auth=needs("replay_jobs"))
+def replay_dead_children(request: HttpRequest, batch_id: BatchId):
+    """Replay every dead child of a batch, or dead step of a chain, from the dead-letter queue, each with its
+    whole retry budget: one that succeeds counts as succeeded, and fires on_success once when it is the last.
+    Audited as a replay. Needs replay_jobs."""
+    done = batches_service.replay_dead_children(request.auth, batch_id, source="api")
+    return BatchReplayOut(batch_id=batch_id, dead=done.dead, replayed=done.replayed)

@@ -8,7 +8,7 @@ from datetime import datetime, UTC
 
 from . import report_text
 from .machine import describe
-from .page_sections import CONSOLE, COSTS, SYNC_SPEED
+from .page_sections import CONSOLE, COSTS, SYNC_SPEED, WORKFLOWS
 from .results import RATE, Measurement
 
 DASH = "—"
@@ -307,7 +307,7 @@ def markdown(run) -> str:
         for name, detail in run.failures.items():
             first = detail.strip().splitlines()[-1] if detail.strip() else "failed"
             out.append(f"- `{name}`: {first}")
-    out += ["", report_text.METHOD, COSTS, SYNC_SPEED, CONSOLE, report_text.SCENARIOS]
+    out += ["", report_text.METHOD, COSTS, SYNC_SPEED, CONSOLE, WORKFLOWS, report_text.SCENARIOS]
     return "\n".join(out)
 
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from . import (ceiling, cluster, console_bulk, console_ops, console_scale, consumer, django_path, dlq_page, latency,
-               memory, peers, producer, promoter)
+from . import (ceiling, cluster, console_bulk, console_ops, console_scale, consumer, django_path, dlq_page, flows,
+               latency, memory, peers, producer, promoter)
 from .results import Measurement
 
 
@@ -53,6 +53,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              partial(django_path.runworker, name="runworker-signed")),
     Scenario("runworker-processes-2", "python manage.py runworker --processes 2, async noop task, concurrency 100 each",
              partial(django_path.runworker, name="runworker-processes-2")),
+    Scenario("flows", "one worker process: a batch of 10,000 noop children + on_success, and a fan-in chain, "
+             "against 10,000 plain noop jobs, in turns; the workflow checks a plain job runs", flows.run),
     Scenario("cluster-drain", "one worker process, 3 queues: on one server, then on the 3 masters of a cluster",
              cluster.run),
     Scenario("promoter", "a preloaded delayed set, all due, drained into the stream by the promoter alone",
@@ -101,6 +103,8 @@ TWINS: dict[str, str] = {
     "django-enqueue-many": django_path.QUEUE_ADD_BULK_BESIDE,
     "worker-retry": consumer.beside("worker-retry"),
     "worker-delayed-e2e": consumer.beside("worker-delayed-e2e"),
+    flows.BATCH: flows.PLAIN,
+    flows.FAN_IN: flows.PLAIN,
     **{name: setup.compared_with or django_path.beside(name) for name, setup in django_path.SETUPS.items()},
 }
 """Each Django-path row and the row it is measured against (the report shows the fraction): its engine twin, or
@@ -165,6 +169,9 @@ GOALS: dict[str, Goal] = {
     latency.label("p50", latency.LOW_RATE): Goal("≤ 0.5 ms"),
     latency.label("p99", latency.LOW_RATE): Goal("≤ 1 ms", "1.7 ms (idle)"),
     memory.LABEL: Goal("≤ 100 MB"),
+    flows.BATCH: Goal("≥ 0.8 of the plain drain beside it"),
+    flows.FAN_IN: Goal("≥ 0.8 of the plain drain beside it"),
+    flows.CHECKS: Goal("≤ 2% of a plain job's worker CPU (the share is in the note)"),
     dlq_page.label(200_000): Goal("< 300 ms"),
     dlq_page.label(1_000_000): Goal("< 300 ms"),
     **_console_goals(1_000_000),

@@ -12,7 +12,10 @@
 Every callback and every chain step after the first is enqueued by the atomic
 call that settles the job making it due (engine/flows/), so it runs once
 whatever crashes, restarts or replays happen. A workflow runs on one queue:
-its keys share that queue's hash tag. See docs/workflows.md.
+its keys share that queue's hash tag. Inside ``transaction.atomic()`` a
+workflow waits for the commit as a plain enqueue does (the backend's
+``ENQUEUE_ON_COMMIT`` or ``OUTBOX``), and a rollback sends nothing. See
+docs/workflows.md.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import connection, transaction
 from django.tasks import Task
 
+from chasqui_core import outbox
 from chasqui_core.backend import ChasquiBackend
 from chasqui_core.engine.flows import batches
 from chasqui_core.engine.flows.batches import BatchState, Callback, UnknownBatch
-from chasqui_core.engine.flows.compose import BatchSpec, WorkflowError, read_chain, start_batch, start_chain
+from chasqui_core.engine.flows.compose import (BatchSpec, Prepared, WorkflowError, prepare_batch, prepare_chain,
+                                               read_chain, send)
 from chasqui_core.engine.flows.refs import FLOW
 from chasqui_core.engine.producer.queue import JobSpec, Queue
 
@@ -85,6 +91,24 @@ def _specs(steps: Sequence[Step]) -> tuple[Queue, ChasquiBackend, list[JobSpec]]
     return queue, backend, specs
 
 
+def _enqueue(queue: Queue, backend: ChasquiBackend, prepared: Prepared) -> Handle:
+    """Send a built workflow as the backend sends a job: at once, or, inside ``transaction.atomic()`` with
+    ``ENQUEUE_ON_COMMIT`` or ``OUTBOX``, once the transaction commits (nothing on a rollback).
+
+    Through the outbox the whole start is one row, relayed by one idempotent ``flow_start.lua`` call: the
+    workflow reaches Redis whole or not at all, and a row relayed twice starts it once.
+    """
+    started = prepared.started
+    if (backend.outbox or backend.enqueue_on_commit) and connection.in_atomic_block:
+        if backend.outbox:
+            outbox.stage_workflow(queue.name, started.id, prepared.encoded(), queue_for=backend.outbox_queue)
+        else:
+            transaction.on_commit(lambda: send(queue, prepared))
+    else:
+        send(queue, prepared)
+    return Handle(started.id, started.job_ids)
+
+
 @dataclass(frozen=True)
 class Batch:
     """Children that run side by side; ``on_success`` once all succeeded, ``on_complete`` once all ended."""
@@ -105,9 +129,8 @@ class Batch:
     def enqueue(self) -> Handle:
         if not self.children and self.on_success is None and self.on_complete is None:
             raise WorkflowError("an empty batch without callbacks does nothing")
-        queue, _, specs = _specs(self._all())
-        started = start_batch(queue, self._spec(specs))
-        return Handle(started.id, started.job_ids)
+        queue, backend, specs = _specs(self._all())
+        return _enqueue(queue, backend, prepare_batch(queue, self._spec(specs)))
 
 
 def batch(children: Sequence[Step], *, on_success: Step | None = None, on_complete: Step | None = None) -> Batch:
@@ -124,7 +147,7 @@ class Chain:
         flat: list[Step] = []
         for s in self.steps:
             flat += s._all() if isinstance(s, Batch) else [s]
-        queue, _, specs = _specs(flat)
+        queue, backend, specs = _specs(flat)
         built: list[JobSpec | BatchSpec] = []
         at = 0
         for s in self.steps:
@@ -135,8 +158,7 @@ class Chain:
             else:
                 built.append(specs[at])
                 at += 1
-        started = start_chain(queue, built)
-        return Handle(started.id, started.job_ids)
+        return _enqueue(queue, backend, prepare_chain(queue, built))
 
 
 def chain(*steps: Step | Batch) -> Chain:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from django.apps import apps
 from django.db import close_old_connections, connection, transaction
 
+from chasqui_core.engine.flows import batches
 from chasqui_core.engine.jobs.envelope import now_ms
 from chasqui_core.engine.producer.queue import Queue
 
@@ -35,6 +36,10 @@ RELAY_BATCH = 500
 
 QueueFor = Callable[[str], Queue]
 """The Queue that sends a queue's jobs to Redis, by queue name."""
+
+WORKFLOW = "flow"
+"""A row's ``when`` for a workflow's start (chasqui_core/flows.py): its payload is the whole start call, its
+``job_id`` the workflow's id."""
 
 BuiltJob = tuple[str, str, bytes, str]
 """A job as ``Queue.build`` returns it: (caller's job id or "", when, payload, job id)."""
@@ -82,6 +87,25 @@ def stage(queue_name: str, built: Sequence[BuiltJob], *, queue_for: QueueFor,
     transaction.on_commit(relay_now)
 
 
+def stage_workflow(queue_name: str, workflow_id: str, encoded: bytes, *, queue_for: QueueFor) -> None:
+    """Write a workflow's start (``batches.encode_start``) as one row in the caller's transaction, relayed once it
+    commits; ``flow_start.lua`` ignores a start it applied before, so a row relayed twice starts it once."""
+    row = _entries()(queue=queue_name, job_id=workflow_id, payload=encoded, when=WORKFLOW)
+    row.save(force_insert=True)
+    ids = [row.id]
+    transaction.on_commit(lambda: _relay_after_commit(ids, queue_for))
+
+
+def _send(queue: Queue, rows: list[OutboxEntry]) -> None:
+    """Jobs in one call per chunk; each workflow's start in its own (atomic) call."""
+    jobs = [(r.job_id, r.when, bytes(r.payload)) for r in rows if r.when != WORKFLOW]
+    if jobs:
+        queue.add_encoded(jobs)
+    for r in rows:
+        if r.when == WORKFLOW:
+            batches.start_encoded(queue.redis, queue.keys, bytes(r.payload))
+
+
 def relay(queue_for: QueueFor, ids: list[int] | None = None, *, limit: int = RELAY_BATCH) -> int:
     """Send committed outbox rows to Redis and delete them; returns how many were sent.
 
@@ -106,7 +130,7 @@ def relay(queue_for: QueueFor, ids: list[int] | None = None, *, limit: int = REL
         failed: list[tuple[list[OutboxEntry], Exception]] = []
         for queue_name, group in by_queue.items():
             try:
-                queue_for(queue_name).add_encoded([(r.job_id, r.when, bytes(r.payload)) for r in group])
+                _send(queue_for(queue_name), group)
             except Exception as exc:  # Redis down: keep the rows for the next round
                 failed.append((group, exc))
             else:

@@ -18,7 +18,9 @@ from typing import Any
 
 from django.template.loader import render_to_string
 
+from chasqui_core.flows import BatchStatus, UnknownBatch, read_status
 from chasqui_core.models import Operation
+from chasqui_core.services.common import redis_client
 
 from .charts import Chart, peaks, series_chart
 from .readings import RATE_SECONDS, QueueLive, Reading
@@ -123,11 +125,35 @@ def operation_context(op: Operation | None) -> dict[str, Any]:
     return {"op": op, "percent": percent}
 
 
+BATCH_CHILDREN_SHOWN = 500
+"""Children listed on a workflow's page; the counts cover them all."""
+
+
+def batch_context(status: BatchStatus | None) -> dict[str, Any]:
+    """A workflow's figures, callbacks and first children (``status`` None: it expired since the page opened)."""
+    if status is None:
+        return {"batch": None}
+    children = list(zip(status.children, status.states, status.child_results, strict=True))
+    ended = status.total - status.pending
+    return {"batch": status, "children": children[:BATCH_CHILDREN_SHOWN],
+            "more": max(0, len(children) - BATCH_CHILDREN_SHOWN),
+            "percent": 100 * ended // status.total if status.total else 100}
+
+
+def read_batch(batch_id: str) -> BatchStatus | None:
+    """A workflow's state now, for its topic's fragment (a read of its batches' hashes)."""
+    try:
+        return read_status(redis_client(), batch_id)
+    except (UnknownBatch, ValueError):
+        return None
+
+
 TEMPLATES = {
     "overview": "chasqui_console/live/overview.html",
     "queue": "chasqui_console/live/queue.html",
     "dlq": "chasqui_console/live/dlq.html",
     "operation": "chasqui_console/live/operation.html",
+    "batch": "chasqui_console/live/batch.html",
 }
 
 
@@ -141,6 +167,8 @@ def context(topic: Topic, reading: Reading | None, operations: dict[str, Operati
     if topic.kind == "dlq":
         assert reading is not None
         return dlq_context(reading, topic.arg)
+    if topic.kind == "batch":
+        return batch_context(read_batch(topic.arg))
     return operation_context(operations.get(topic.arg))
 
 

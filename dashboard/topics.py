@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import uuid
 from dataclasses import dataclass
 
+from chasqui_core.engine.flows.batches import ID_PATTERN as BATCH_ID
 from chasqui_core.engine.jobs.errors import InvalidQueueName
 from chasqui_core.engine.store.keys import validate_queue_name
 
-KINDS = ("overview", "queue", "dlq", "operation")
+KINDS = ("overview", "queue", "dlq", "operation", "batch")
 
 PROCESS_TOKEN = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 """Tells this server process's groups from other processes' groups.
@@ -36,11 +38,11 @@ class Topic:
     kind: str
     """One of KINDS."""
     arg: str = ""
-    """The queue name (queue, dlq) or operation id (operation); empty for the overview."""
+    """The queue name (queue, dlq), operation id (operation) or batch id (batch); empty for the overview."""
 
     @classmethod
     def parse(cls, text: str) -> Topic:
-        """``overview``, ``queue/<name>``, ``dlq/<name>`` or ``operation/<uuid>``."""
+        """``overview``, ``queue/<name>``, ``dlq/<name>``, ``operation/<uuid>`` or ``batch/<batch id>``."""
         kind, _, arg = text.strip("/").partition("/")
         if kind == "overview" and not arg:
             return cls("overview")
@@ -55,7 +57,12 @@ class Topic:
                 return cls(kind, str(uuid.UUID(arg)))
             except ValueError:
                 raise BadTopic(f"{arg!r} is not an operation id") from None
-        raise BadTopic(f"Nothing to watch at {text!r}: use overview, queue/<name>, dlq/<name> or operation/<id>")
+        if kind == "batch":
+            if not re.fullmatch(BATCH_ID, arg):
+                raise BadTopic(f"{arg!r:.120} is not a batch id (expected <queue>:<id>)")
+            return cls(kind, arg)
+        raise BadTopic(f"Nothing to watch at {text!r}: use overview, queue/<name>, dlq/<name>, operation/<id> or "
+                       "batch/<id>")
 
     @property
     def path(self) -> str:

@@ -2,7 +2,7 @@
 
 from django.urls import path, register_converter
 
-from . import actions, login, views
+from . import actions, batch_actions, login, views
 
 
 class QueueName:
@@ -71,6 +71,7 @@ urlpatterns = [
     path("jobs/<path:job_id>/cancel/", actions.job_cancel, name="job_cancel"),  # before the job page: a path
     path("jobs/<path:job_id>/", views.job, name="job"),
     path("batches/<path:batch_id>/cancel/", actions.batch_cancel, name="batch_cancel"),  # before the page: a path
+    path("batches/<path:batch_id>/replay-dead/", batch_actions.batch_replay_dead, name="batch_replay_dead"),
     path("batches/<path:batch_id>/", views.batch, name="batch"),
     path("operations/<uuid:op_id>/", views.operation, name="operation"),
     path("operations/<uuid:op_id>/cancel/", actions.operation_cancel, name="operation_cancel"),

@@ -24,7 +24,7 @@ from django.utils import timezone
 from chasqui_core.engine.dlq.entries import DeadJob
 from chasqui_core.engine.jobs.priority import job_priority
 from chasqui_core.models import AuditEntry
-from chasqui_core.engine.flows.refs import FLOW
+from chasqui_core.engine.flows.refs import AFTER, FLOW
 from chasqui_core.services import audit as audit_service
 from chasqui_core.services import batches as batches_service
 from chasqui_core.services import delayed as delayed_service
@@ -305,7 +305,7 @@ def job(request: HttpRequest, job_id: str) -> HttpResponse:
     envelope = found.job or (found.dead.job if found.dead is not None else None)
     ctx = {
         **_base(request, "search", found.queue), "found": found, "job": found.job, "dead": found.dead,
-        "flow": envelope.meta.get(FLOW) if envelope is not None else None,
+        "flow": envelope.meta.get(FLOW) or envelope.meta.get(AFTER) if envelope is not None else None,
         "result": result, "errors": errors, "generations": generations([e for e in errors if isinstance(e, dict)]),
         "replay_form": ReplayOptionsForm(), "here": request.get_full_path(),
         "live": found.state in ("waiting", "running", "delayed"),
@@ -316,10 +316,6 @@ def job(request: HttpRequest, job_id: str) -> HttpResponse:
     return render(request, "chasqui_console/job.html", ctx)
 
 
-BATCH_CHILDREN_SHOWN = 500
-"""Children listed on a batch's page; the counts cover them all."""
-
-
 @console_page
 def batch(request: HttpRequest, batch_id: str) -> HttpResponse:
     """A workflow's batch or chain: progress, counts by state, callbacks and their jobs, its children."""
@@ -328,11 +324,8 @@ def batch(request: HttpRequest, batch_id: str) -> HttpResponse:
     except (NotFound, InvalidInput) as exc:
         ctx = {**_base(request, "search"), "job_id": batch_id, "message": str(exc)}
         return render(request, "chasqui_console/search.html", ctx, status=404)
-    children = list(zip(status.children, status.states, status.child_results, strict=True))
-    ended = status.total - status.pending
-    ctx = {**_base(request, "search", batch_id.partition(":")[0]), "batch": status,
-           "children": children[:BATCH_CHILDREN_SHOWN], "more": max(0, len(children) - BATCH_CHILDREN_SHOWN),
-           "percent": 100 * ended // status.total if status.total else 100}
+    ctx = {**_base(request, "search", batch_id.partition(":")[0]), **_live(Topic("batch", batch_id)),
+           **fragments.batch_context(status)}
     return render(request, "chasqui_console/batch.html", ctx)
 
 

@@ -17,13 +17,15 @@ One module per concept, in the order they build on each other:
 - ``ledger``: the ledger's records, how they are written and read back
 - ``verdict``: the accounting itself, a pure function of what was read
   (tested without any server in tests/bench/test_soak_verdict.py)
+- ``verdict_flows``: the workflows' rules (callbacks and chain steps run when
+  due, never when not, enqueued once), which ``verdict`` applies
 - ``settings``, ``tasks``: the soak's own Django project (settings and tasks app)
 - ``server``: its own redis-server with the append-only file on
 - ``workers``: the ``runworker`` supervisor it starts, kills and signals
 - ``faults``: the fault timelines (with ``--network-faults``, through
   bench/faultproxy.py) and the watcher of worker processes
 - ``contention``: the busy processes of ``--contention``
-- ``producer``: the workload, DLQ replays, and the drain
+- ``producer``: the workload (its workflows too), DLQ replays, and the drain
 - ``record``: the evidence kept with a run, judged again by ``--judge``
 - ``run``: the command line and the whole run, start to verdict
 """

@@ -47,6 +47,10 @@ class Kind:
     """At most this many of its runs at once, held by a concurrency limit (settings.py); 0: no limit."""
     kills: bool = False
     """Its run ends its process at once (``os._exit``): the run's start is when that process died."""
+    flow: bool = False
+    """A job of a workflow (producer.py's ``Workflows``): a child or first step the producer enqueued with its
+    workflow, or a callback or later chain step that Redis enqueued when it was due. Its id names its kind
+    (``soak-<kind>-<n>``), and verdict_flows.py judges when it had to run."""
 
 
 KINDS: tuple[Kind, ...] = (
@@ -64,9 +68,17 @@ KINDS: tuple[Kind, ...] = (
          async_=True),
     Kind("scheduled", "scheduled", "soak-a", 2, "succeeded"),
     Kind("limited", "limited", "soak-a", 3, "succeeded", weight=6, async_=True, concurrency=2),
+    Kind("flow_ok", "flow_ok", "soak-b", 3, "succeeded", flow=True),
+    Kind("flow_fail", "flow_fail", "soak-b", 2, "dead", "retries_exhausted", flow=True),
+    Kind("flow_fixed", "flow_fixed", "soak-b", 2, "succeeded", flow=True),
+    Kind("flow_crash", "flow_crash", "soak-b", 3, "succeeded", kills=True, flow=True),
+    Kind("flow_callback", "flow_callback", "soak-b", 3, "succeeded", flow=True),
 )
 """``fixed_by_replay`` fails until the soak marks it fixed and replays it from the DLQ (with one more attempt),
-then succeeds: its dead-letter entries are consumed by the replays. ``scheduled`` jobs come from the schedules.
+then succeeds: its dead-letter entries are consumed by the replays (``flow_fixed``, a workflow's child or chain
+step, the same way: its replay's success fires its batch's ``on_success`` or carries its chain on). ``flow_crash``
+ends its process on its first run only, then succeeds. ``flow_callback`` jobs are workflows' callbacks and later
+chain steps: one fed a value checks it against the one it expects. ``scheduled`` jobs come from the schedules.
 ``limited`` jobs run under a concurrency and a rate limit (settings.py): the verdict checks the first from the
 ledger's run times; waiting on either must cost them no attempt (the budget check)."""
 
@@ -76,6 +88,8 @@ BY_TASK = {k.task: k for k in KINDS}
 SCHEDULES = {"soak-tick": ("scheduled", 5), "soak-tock": ("scheduled", 7)}
 """Schedule name -> (kind, seconds between fires). Their jobs' ids are ``schedule:<name>:<due ms>``."""
 SCHEDULE_PREFIX = "schedule:"
+FLOW_QUEUE = "soak-b"
+"""The queue of every workflow (a workflow runs on one queue)."""
 
 
 def kind_of_job(job_id: str, enqueued: dict[str, str]) -> str | None:
@@ -83,12 +97,16 @@ def kind_of_job(job_id: str, enqueued: dict[str, str]) -> str | None:
     kind = enqueued.get(job_id)
     if kind is None and job_id.startswith(SCHEDULE_PREFIX):
         return "scheduled"
+    if kind is None and job_id.startswith("soak-flow_"):  # a callback or a later step: Redis enqueued it
+        named = BY_NAME.get(job_id.split("-")[1])
+        return named.name if named is not None and named.flow else None
     return kind
 
 
 def without(names: set[str]) -> tuple[Kind, ...]:
-    """The kinds left once ``--without`` takes some out (``hang`` names both hanging kinds)."""
+    """The kinds left once ``--without`` takes some out (``hang`` names both hanging kinds, ``flows`` every
+    workflow kind)."""
     out = set()
     for name in names:
-        out |= {k.name for k in KINDS if k.name == name or (name == "hang" and k.hang)}
+        out |= {k.name for k in KINDS if k.name == name or (name == "hang" and k.hang) or (name == "flows" and k.flow)}
     return tuple(k for k in KINDS if k.name not in out)

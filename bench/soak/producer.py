@@ -8,8 +8,16 @@ job id are idempotent, so an enqueue tried again after an error never adds
 a second job, and the ledger's ``enqueue`` line is written only once the
 add has succeeded.
 
-Replays, every ``REPLAY_EVERY`` seconds: every dead ``fixed_by_replay`` job
-is marked fixed and replayed with one more attempt (it then succeeds); a
+Workflows, one every ``FLOW_EVERY`` seconds when their kinds are in the run
+(``Workflows``): batches with both callbacks, chains of three steps, fan-ins;
+their children succeed, die (``flow_fail``), die until fixed and replayed
+(``flow_fixed``) or end their worker process once (``flow_crash``, at most
+one every ``CRASH_EVERY`` seconds). Each is started by one idempotent
+``flow_start.lua`` call, tried again with the same ids after an error, and
+recorded in ``flows.jsonl`` for verdict_flows.py once it is sent.
+
+Replays, every ``REPLAY_EVERY`` seconds: every dead ``fixed_by_replay`` (or
+``flow_fixed``) job is marked fixed and replayed with one more attempt (it then succeeds); a
 few dead ``always_fail`` jobs are replayed with their whole budget again and
 a few ``unrecoverable`` ones with one more attempt (they die again). Each
 job is replayed at most once per kind of replay, so the workload stays
@@ -35,15 +43,24 @@ from chasqui_core.engine.dlq.entries import decode_entry
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.store.keys import GROUP, QueueKeys
 
-from .kinds import Kind
+from .kinds import FLOW_QUEUE, Kind
 from .ledger import ENQUEUE, REPLAY, LedgerWriter
 from .verdict import DeadEntry
+from .verdict_flows import FLOWS_FILE, FlowEvidence, FlowState, Workflow, read_workflows
 
 REPLAY_EVERY = 10.0
 REPLAYS_PER_ROUND = {"always_fail": (3, True), "unrecoverable": (2, False)}
 """Kind -> (most jobs replayed per round, whether the replay resets the budget)."""
 DELAY_SECONDS = (1.0, 8.0)
 """A delayed job's ``run_after``, this many seconds ahead (uniform)."""
+
+FIXED_BY_REPLAY = ("fixed_by_replay", "flow_fixed")
+"""Kinds whose dead jobs every replay round marks fixed and replays with one more attempt."""
+FLOW_EVERY = 2.0
+CRASH_EVERY = 30.0
+SHAPES = ("batch", "batch", "chain", "fan_in")
+TROUBLE = (None, None, "flow_fail", "flow_fixed")
+"""What a batch's last child (or a chain's second step) is besides a plain one, drawn at random."""
 
 PRIORITIES = (-5, 0, 0, 5)
 """Each job's priority, drawn at random: every kind's jobs run, fail, retry, die and are replayed in every
@@ -114,6 +131,7 @@ class Producer(threading.Thread):
         self.enqueue_errors = 0
         self.replayed: dict[str, set[str]] = {name: set() for name in REPLAYS_PER_ROUND}
         self.replays = 0
+        self.workflows = Workflows(self) if any(k.flow for k in kinds) else None
         self._halt = threading.Event()
         self._t0 = 0.0
 
@@ -146,6 +164,8 @@ class Producer(threading.Thread):
             if elapsed >= at:
                 self.enqueue(kind)
                 self.timed[name] = (kind, at + kind.every)
+        if self.workflows is not None:
+            self.workflows.tick(elapsed)
 
     # --- enqueueing ---------------------------------------------------------------------------
 
@@ -174,6 +194,9 @@ class Producer(threading.Thread):
     def flush_retries(self) -> int:
         """Try the failed enqueues once more; returns how many never made it."""
         self.retry = [p for p in self.retry if not self._send(p)]
+        if self.workflows is not None:
+            self.workflows.retry()
+            return len(self.retry) + len(self.workflows.unsent)
         return len(self.retry)
 
     # --- replays ------------------------------------------------------------------------------
@@ -190,7 +213,7 @@ class Producer(threading.Thread):
                     kind = self.kinds.get(self._kind(dead.job_id))
                     if kind is None:
                         continue
-                    if kind.name == "fixed_by_replay":
+                    if kind.name in FIXED_BY_REPLAY:
                         open(os.path.join(self.fixed_dir, dead.job_id), "w").close()
                         moved += self._replay(letters, dead, reset=False)
                     elif not final and kind.name in REPLAYS_PER_ROUND:
@@ -217,3 +240,116 @@ class Producer(threading.Thread):
             self.ledger.write(j=dead.job_id, k=self._kind(dead.job_id), e=REPLAY, reset=reset)
             self.replays += 1
         return moved
+
+
+class Workflows:
+    """The producer's workflows on ``FLOW_QUEUE``, built through the backend's ``job_spec`` (the steps a
+    ``chasqui_core.flows`` workflow builds) and started with the engine's ``prepare_*``/``send``, so that a start
+    whose reply was lost is sent again with the same ids and applied once."""
+
+    def __init__(self, producer: Producer) -> None:
+        from django.tasks import default_task_backend
+
+        self.p = producer
+        self.backend = default_task_backend
+        self.path = os.path.join(os.path.dirname(producer.ledger.path), FLOWS_FILE)
+        self.next_at = FLOW_EVERY
+        self.crash_at = CRASH_EVERY / 2 if "flow_crash" in producer.kinds else float("inf")
+        self.unsent: list[tuple[object, Workflow, list[tuple[str, str]]]] = []
+        self.started = 0
+
+    def _job(self, kind: str, *args):
+        """(job id, JobSpec) of a job of ``kind`` with ``args``."""
+        job_id = f"soak-{kind}-{next(self.p.numbers)}"
+        task = self.p.tasks[kind].using(job_id=job_id, queue_name=FLOW_QUEUE)
+        return job_id, self.backend.job_spec(task, list(args), {})[1]
+
+    def tick(self, elapsed: float) -> None:
+        self.retry()
+        while elapsed >= self.next_at:
+            self.next_at += FLOW_EVERY
+            crash = elapsed >= self.crash_at
+            if crash:
+                self.crash_at += CRASH_EVERY
+            shape = self.p.rng.choice(SHAPES)
+            self.start("batch" if crash and shape == "chain" else shape, crash)
+
+    def start(self, shape: str, crash: bool) -> None:
+        from chasqui_core.engine.flows.compose import BatchSpec, prepare_batch, prepare_chain
+
+        queue = self.backend.queue(FLOW_QUEUE)
+        rng = self.p.rng
+        if shape == "chain":
+            n = next(self.p.numbers)
+            first = self._job("flow_ok", n)
+            second_kind = rng.choice(TROUBLE) or "flow_callback"
+            second = self._job(second_kind, n) if second_kind != "flow_fixed" else self._job("flow_fixed")
+            third = self._job("flow_callback", n)
+            prepared = prepare_chain(queue, [first[1], second[1], third[1]])
+            wf = Workflow(prepared.started.id, "chain", ((first[0],), (second[0],), (third[0],)))
+            firsts = [(first[0], "flow_ok")]
+        else:
+            numbers = [next(self.p.numbers) for _ in range(3)]
+            kids = [self._job("flow_ok", n) for n in numbers]
+            kinds = ["flow_ok"] * 3
+            trouble = "flow_crash" if crash else (rng.choice(TROUBLE) if shape == "batch" else None)
+            if trouble is not None:
+                numbers.append(next(self.p.numbers))
+                kids.append(self._job(trouble, numbers[-1]))
+                kinds.append(trouble)
+            ids = tuple(j for j, _ in kids)
+            firsts = list(zip(ids, kinds, strict=True))
+            if shape == "batch":
+                success, complete = self._job("flow_callback", "success"), self._job("flow_callback", "complete")
+                prepared = prepare_batch(queue, BatchSpec([s for _, s in kids], success[1], complete[1]))
+                wf = Workflow(prepared.started.id, "batch", (ids,), {"success": success[0], "complete": complete[0]})
+            else:  # a fan-in: the last step is fed every child's result, in order
+                total = self._job("flow_callback", numbers)
+                prepared = prepare_chain(queue, [BatchSpec([s for _, s in kids]), total[1]])
+                wf = Workflow(prepared.started.id, "chain", (ids, (total[0],)))
+        self.unsent.append((prepared, wf, firsts))
+        self.retry()
+
+    def retry(self) -> None:
+        """Send what is not sent yet (a start tried again is applied once: ``flow_start.lua``)."""
+        from chasqui_core.engine.flows.compose import send
+
+        left = []
+        for prepared, wf, firsts in self.unsent:
+            try:
+                send(self.backend.queue(FLOW_QUEUE), prepared)  # type: ignore[arg-type]
+            except Exception as exc:  # Redis away: the next tick sends it, with the same ids
+                self.p.enqueue_errors += 1
+                if self.p.enqueue_errors <= 5:
+                    self.p.say(f"  start of workflow {wf.id} failed ({type(exc).__name__}: {exc}); will try again")
+                left.append((prepared, wf, firsts))
+                continue
+            for job_id, kind in firsts:
+                self.p.ledger.write(j=job_id, k=kind, e=ENQUEUE)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(wf.to_line() + "\n")
+            self.started += 1
+        self.unsent = left
+
+
+def flow_evidence(client, directory: str) -> FlowEvidence | None:
+    """What Redis says of the soak's workflows at the end; None when the run started none."""
+    from chasqui_core.engine.flows.batches import UnknownBatch
+    from chasqui_core.engine.ops.totals import read_totals
+    from chasqui_core.flows import read_status
+
+    path = os.path.join(directory, FLOWS_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        workflows = read_workflows(f)
+    states: dict[str, FlowState | None] = {}
+    for wf in workflows:
+        try:
+            s = read_status(client, wf.id)
+        except UnknownBatch:
+            states[wf.id] = None
+            continue
+        states[wf.id] = FlowState(s.status, s.stopped_at, {w: c.fired for w, c in s.callbacks.items()})
+    counters = read_totals(client, [FLOW_QUEUE])[FLOW_QUEUE].counters
+    return FlowEvidence(workflows, states, counters["callbacks"], counters["batches_started"])

@@ -17,6 +17,7 @@ import os
 from .kinds import BY_NAME
 from .ledger import read
 from .verdict import DeadEntry, Evidence
+from .verdict_flows import load as load_flows
 
 EVIDENCE = "evidence.json"
 LEDGERS = ("ledger.jsonl", "producer.jsonl")
@@ -34,6 +35,7 @@ def save(directory: str, ev: Evidence) -> str:
         "schedule_fires": ev.schedule_fires,
         "cut_off": [list(window) for window in ev.cut_off],
         "schedule_missed": ev.schedule_missed,
+        "flows": ev.flows.to_json() if ev.flows is not None else None,
     }
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f)
@@ -53,5 +55,6 @@ def load(directory: str) -> Evidence:
         data["leftovers"],
         data["schedule_fires"],
         [(start, end) for start, end in data["cut_off"]],
-        data.get("schedule_missed", {}),
+        schedule_missed=data.get("schedule_missed", {}),
+        flows=load_flows(directory, data.get("flows")),
     )

@@ -65,9 +65,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--drain-timeout", type=float, default=120.0,
                         help="seconds the drain may take before leftovers count as discrepancies (default 120)")
     parser.add_argument("--without", action="append", default=[], metavar="KIND",
-                        choices=[*names, "hang"],
-                        help="leave a job kind out ('hang' for both hanging kinds, which need @task(timeout=...)); "
-                             "repeatable")
+                        choices=[*names, "hang", "flows"],
+                        help="leave a job kind out ('hang' for both hanging kinds, which need @task(timeout=...), "
+                             "'flows' for every workflow kind); repeatable")
     parser.add_argument("--keep", action="store_true", help="keep the run's directory (ledger, logs, AOF)")
     parser.add_argument("--judge", metavar="DIR", default=None,
                         help="run nothing: judge again the evidence a kept run left in DIR, with this verdict")
@@ -311,7 +311,7 @@ class Soak:
     def account(self):
         """Read the dead-letter queues, the results and the ledger, and judge every job."""
         from .ledger import read as read_ledger
-        from .producer import read_dlq
+        from .producer import flow_evidence, read_dlq
         from .record import save
         from .verdict import Evidence, judge
 
@@ -322,7 +322,8 @@ class Soak:
         self.clean_exits = len(ledger.exits)
         evidence = Evidence(ledger, {k.name: k for k in self.kinds}, dead, self.watcher.dead_pids(ledger_pids),
                             self.injector.killed, results, self.leftovers, self.fired, self.injector.cut_off,
-                            self.missed)
+                            schedule_missed=self.missed,
+                            flows=flow_evidence(self.client, self.workdir))
         save(self.workdir, evidence)
         verdict = judge(evidence)
         verdict.problems[:0] = self.problems

@@ -155,3 +155,55 @@ if SUPPORTS_TIMEOUT:
     async def hang_async(context, n: int) -> None:
         with _run(context, "hang_async"):
             await asyncio.sleep(SLEEP_FOREVER)
+
+
+# --- workflows' jobs (producer.py's Workflows): each returns the value a chain passes on -----------------------
+
+
+class FedWrongly(UnrecoverableError):
+    """A chain step or fan-in fed another value than the workflow's: never retried, so the verdict sees it."""
+
+
+@task(**_opts("flow_ok"))
+def flow_ok(context, n: int) -> int:
+    with _run(context, "flow_ok"):
+        return n
+
+
+@task(**_opts("flow_fail"))
+def flow_fail(context, *args) -> None:
+    with _run(context, "flow_fail"):
+        raise SoakFailure(f"workflow job {args} fails on every run, on purpose")
+
+
+@task(**_opts("flow_fixed"))
+def flow_fixed(context, value, *args):
+    """Fails until the soak marks it fixed and replays it; then passes its first argument on (a chain step is fed
+    the previous result there)."""
+    with _run(context, "flow_fixed") as job_id:
+        if not os.path.exists(os.path.join(os.environ.get(FIXED_ENV, ""), job_id)):
+            raise NotFixedYet(f"workflow job {value} fails until it is fixed and replayed")
+        return value
+
+
+@task(**_opts("flow_crash"))
+def flow_crash(context, n: int) -> int:
+    """Ends its worker process on its first run (a marker file says it did), then succeeds."""
+    with _run(context, "flow_crash") as job_id:
+        marker = os.path.join(os.environ.get(FIXED_ENV, ""), f"crashed-{job_id}")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return n
+
+
+@task(**_opts("flow_callback"))
+def flow_callback(context, *args):
+    """A callback (``args``: what it is) or a chain step fed ``args[0]``, which must equal ``args[1]``."""
+    with _run(context, "flow_callback"):
+        if len(args) == 2:
+            fed, expected = args
+            if fed != expected:
+                raise FedWrongly(f"fed {fed!r:.200}, expected {expected!r:.200}")
+            return fed
+        return None

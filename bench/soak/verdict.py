@@ -82,6 +82,7 @@ from dataclasses import dataclass, field
 from .kinds import SCHEDULE_PREFIX, Kind, kind_of_job
 from .ledger import OK, Ledger, Run
 from .run_rules import CONTACT, DIED, LOST, at_once, charged_deaths, is_lost, most_at_once, outcome_lost
+from .verdict_flows import FlowEvidence, judge_flows
 
 SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
 POISON_PILL_DEATHS = 2
@@ -151,6 +152,8 @@ class Evidence:
     """(start, end) times, ``time.time()``, during which the network faults cut every worker off from Redis."""
     schedule_missed: Mapping[str, int] = field(default_factory=dict)
     """Schedule name -> due times its state counts as missed (``missed``: skipped by the misfire policy)."""
+    flows: FlowEvidence | None = None
+    """The workflows and what Redis says of them (verdict_flows.py, whose rules judge them); None: none ran."""
 
 
 NOTED = frozenset({"charged before its first line"})
@@ -438,6 +441,10 @@ def judge(ev: Evidence) -> Verdict:
             if most > kind.concurrency:
                 problems.append(f"{kind.name}: {most} runs were under way at once; its concurrency limit is "
                                 f"{kind.concurrency}")
+    if ev.flows is not None:  # the workflows' rules: verdict_flows.py
+        flow_found, flow_problems = judge_flows(ev.flows, ledger, set(dead_by_job))
+        found += [Discrepancy(f.what, f.job_id, f.kind, f.detail) for f in flow_found]
+        problems += flow_problems
     for text in ledger.torn:
         problems.append(f"a ledger line is not a whole record: {text!r}")
     for rec in ledger.orphan_ends:

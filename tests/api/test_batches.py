@@ -68,3 +68,29 @@ def test_cancelling_a_batch_cancels_its_waiting_children(op_api, view_api, redis
     assert (body["status"], body["dead"]) == ("failed", 3)
     entry = AuditEntry.objects.get(action="cancel_job")
     assert entry.count == 3 and entry.detail["batch"] == handle.id
+
+
+def test_replaying_a_batchs_dead_children_fires_on_success_once(op_api, view_api, redis, redis_url):
+    from chasqui_core.models import AuditEntry
+
+    flow_tasks.RUNS.clear()
+    flow_tasks.FIXED.clear()
+    handle = batch([step(flow_tasks.square, 3), step(flow_tasks.fragile, "a"), step(flow_tasks.fragile, "b")],
+                   on_success=step(flow_tasks.notify, "ok"), on_complete=step(flow_tasks.notify, "ended")).enqueue()
+    _drain(redis_url, lambda: ("notify", "ended") in flow_tasks.RUNS)
+    assert view_api.post(f"/api/batches/{handle.id}/replay-dead").status_code == 403
+    assert redis.xlen("{chasqui:default}:dlq") == 2, "a viewer's refused replay touched nothing"
+    flow_tasks.FIXED.update({"a", "b"})
+    r = op_api.post(f"/api/batches/{handle.id}/replay-dead")
+    assert r.status_code == 200, r.content
+    assert r.json() == {"batch_id": handle.id, "dead": 2, "replayed": 2}
+    assert redis.xlen("{chasqui:default}:dlq") == 0
+    _drain(redis_url, lambda: ("notify", "ok") in flow_tasks.RUNS)
+    body = view_api.get(f"/api/batches/{handle.id}").json()
+    assert (body["status"], body["succeeded"], body["dead"]) == ("succeeded", 3, 0)
+    assert [c["result"] for c in body["children"]] == [9, "a", "b"]
+    assert [r for r in flow_tasks.RUNS if r[0] == "notify"] == [("notify", "ended"), ("notify", "ok")]
+    assert op_api.post(f"/api/batches/{handle.id}/replay-dead").json() == {"batch_id": handle.id, "dead": 0,
+                                                                          "replayed": 0}
+    entry = AuditEntry.objects.get(action="replay")
+    assert entry.count == 2 and entry.source == "api"

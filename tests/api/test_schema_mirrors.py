@@ -13,7 +13,8 @@ import dataclasses
 
 import pytest
 
-from api import dlq_schemas, schedule_schemas, schemas
+from api import batches, dlq_schemas, schedule_schemas, schemas
+from chasqui_core import flows
 from chasqui_core.engine.timing import delayed, scheduler
 from chasqui_core.engine.ops import history, metrics, running_jobs, stats
 from chasqui_core.engine.worker import limits
@@ -38,6 +39,9 @@ MIRRORS = [
     (schedule_schemas.FireOut, scheduler.FireRecord,
      {"fired_at": "at as a date", "outcome": "read from the fire's job"}, {"at": "given as fired_at"}),
     (schemas.MetricsOut, metrics.Series, {"fields": "the counters' names, listed once for the series"}, {}),
+    (batches.BatchOut, flows.BatchStatus, {"pending": "BatchStatus.pending, a property"},
+     {"states": "each child's state, given in children", "child_results": "each child's result, in children",
+      "results": "the same results (a chain's by step), in children"}),
 ]
 
 

@@ -74,3 +74,41 @@ def test_the_cancel_button_shows_to_those_who_may_cancel_and_cancels_the_pending
     response = _client(operator).post(f"/batches/{started.id}/cancel/")
     assert response.status_code == 302 and response["Location"] == f"/batches/{started.id}/"
     assert {j.decode() for j in redis.hkeys(q.keys.cancel)} == set(started.job_ids)
+
+
+def test_the_replay_button_replays_every_dead_child_and_says_how_many(viewer, operator, redis, redis_url):
+    from chasqui_core.models import AuditEntry
+    from tests.engine.test_flows import registry
+    from tests.engine.worker_app import wait_for
+    from tests.helpers import worker_running
+
+    q = Queue(Q, redis_client=redis)
+    started = start_batch(q, BatchSpec([JobSpec("square", [3]), JobSpec("fail"), JobSpec("fail")],
+                                       on_success=JobSpec("echo", ["ok"])))
+    with worker_running(redis_url, [Q], registry(redis)):
+        wait_for(lambda: batches.read(redis, started.id).ended == 3, 30, "every child ended")
+        page = _client(viewer).get(f"/batches/{started.id}/").content.decode()
+        assert 'data-action="replay-dead"' not in page, "a viewer may not replay"
+        page = _client(operator).get(f"/batches/{started.id}/").content.decode()
+        assert 'data-action="replay-dead"' in page and "Replay 2 dead" in page
+        assert _client(viewer).post(f"/batches/{started.id}/replay-dead/").status_code == 403
+        assert redis.xlen(q.keys.dlq) == 2
+        redis.set("fixed", 1)
+        response = _client(operator).post(f"/batches/{started.id}/replay-dead/", follow=True)
+        assert "2 jobs of" in response.content.decode() and "replayed" in response.content.decode()
+        wait_for(lambda: batches.read(redis, started.id).status == "succeeded", 30, "the replays succeeded")
+    state = batches.read(redis, started.id)
+    assert state.callbacks["success"].fired and state.results == [9, "fixed", "fixed"]
+    assert AuditEntry.objects.get(action="replay").count == 2
+    page = _client(operator).get(f"/batches/{started.id}/").content.decode()
+    assert 'data-action="replay-dead"' not in page, "nothing dead is left to replay"
+
+
+def test_a_fired_callbacks_job_page_links_to_its_batch(viewer, redis):
+    q = Queue(Q, redis_client=redis)
+    started = start_batch(q, BatchSpec([JobSpec(TASK, [1, 2])], on_complete=JobSpec(TASK, [0, 0])))
+    _finish_first(redis, q, started, msgpack.packb(3))
+    complete = batches.read(redis, started.id).callbacks["complete"]
+    assert complete.fired
+    page = _client(viewer).get(f"/jobs/{complete.job_id}/").content.decode()
+    assert f'href="/batches/{started.id}/"' in page

@@ -10,7 +10,9 @@ import pytest
 from chasqui_core.engine.dlq.replay import DeadLetters
 from chasqui_core.engine.flows import batches
 from chasqui_core.engine.flows.compose import BatchSpec, WorkflowError, read_chain, start_batch, start_chain
+from chasqui_core.engine.jobs.events import BATCH_COMPLETED, BATCH_SUCCEEDED, read_events
 from chasqui_core.engine.jobs.registry import HandlerRegistry
+from chasqui_core.engine.ops.totals import read_totals
 from chasqui_core.engine.producer.queue import JobSpec, Queue
 from tests.engine.worker_app import wait_for
 from tests.helpers import add_dead, dead_job, worker_running
@@ -135,6 +137,14 @@ def test_a_dead_child_fires_on_complete_and_its_replay_fires_on_success_once(red
     assert (state.status, state.succeeded, state.dead) == ("succeeded", 2, 0)
     assert state.results == [4, "fixed"]
     assert runs(redis, success) == 1 and runs(redis, complete) == 1
+    # operators see each end once: in the queue's counters and its events stream
+    counters = read_totals(redis, ["wf-dead"])["wf-dead"].counters
+    assert {k: counters[k] for k in ("batches_started", "batches_completed", "batches_succeeded", "callbacks")} == {
+        "batches_started": 1, "batches_completed": 1, "batches_succeeded": 1, "callbacks": 2}
+    ends = [(e.type, e.extra, e.job_id, e.count) for e in read_events(redis, "wf-dead")[1]
+            if e.type in (BATCH_COMPLETED, BATCH_SUCCEEDED)]
+    assert ends == [(BATCH_COMPLETED, {"batch": started.id}, complete, 2),
+                    (BATCH_SUCCEEDED, {"batch": started.id}, success, 2)], "completed at the death, succeeded after"
 
 
 def test_discarding_a_dead_child_counts_as_its_end(redis):

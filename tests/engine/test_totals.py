@@ -41,7 +41,8 @@ def test_parse_reads_buckets_sums_and_ignores_unknown_fields():
     assert parsed.counters == {"enqueued": 9, "fetched": 0, "completed": 4, "failed": 0, "retried": 0, "dlq": 0,
                                "replayed": 0, "promoted": 0, "skipped": 0, "bad_signature": 0, "deferred": 0,
                                "purged": 0, "lost": 2, "lost_contact": 0, "recovered": 0,
-                               "dlq_trimmed": 0}
+                               "dlq_trimmed": 0,
+                               "batches_started": 0, "batches_succeeded": 0, "batches_completed": 0, "callbacks": 0}
     assert parsed.dead_lettered == {"panic": 2, "retries_exhausted": 5}, "per reason; a field with no reason is not one"
     a = parsed.durations["t.a"]
     assert a.counts[0] == 3 and a.counts[-1] == 1 and a.count == 4 and a.sum_ms == 9000
@@ -99,7 +100,8 @@ async def test_a_worker_counts_every_outcome_and_each_run_duration(redis, redis_
     got = totals.read_totals(redis, ["tot"])["tot"]
     assert got.counters == {"enqueued": 17, "fetched": 16 + 7, "completed": 13, "failed": 4 + 6, "retried": 4 + 3,
                             "dlq": 3, "replayed": 1, "promoted": 7, "skipped": 0, "bad_signature": 0, "deferred": 0,
-                            "purged": 0, "lost": 0, "lost_contact": 0, "recovered": 0, "dlq_trimmed": 0}
+                            "purged": 0, "lost": 0, "lost_contact": 0, "recovered": 0, "dlq_trimmed": 0,
+                            "batches_started": 0, "batches_succeeded": 0, "batches_completed": 0, "callbacks": 0}
     assert got.dead_lettered == {"retries_exhausted": 3}
     assert set(got.durations) == {"ok", "slow", "flaky", "broken"}
     assert {t: h.count for t, h in got.durations.items()} == {"ok": 7, "slow": 2, "flaky": 8, "broken": 6}

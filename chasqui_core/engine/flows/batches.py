@@ -69,11 +69,22 @@ def start(client: Client, keys: QueueKeys, batches: list[BatchPlan], jobs: list[
 
     Returns how many jobs were added; 0 when the first batch existed already (a repeated call adds nothing).
     """
+    return start_encoded(client, keys, encode_start(batches, jobs), keep_ms)
+
+
+def encode_start(batches: list[BatchPlan], jobs: list[bytes]) -> bytes:
+    """``start``'s arguments as one value, for a start that waits (an outbox row): ``start_encoded`` sends it."""
     flat: list[Any] = []
     for b in batches:
         flat += (b.id, b.children, b.fields)
-    added = int(Scripts(client).flow_start(keys=[keys.stream],
-                                           args=[keys.metrics, keep_ms, _pack_items(flat), _pack_items(jobs)]))
+    encoded: bytes = msgpack.packb([_pack_items(flat), _pack_items(jobs)], use_bin_type=True)
+    return encoded
+
+
+def start_encoded(client: Client, keys: QueueKeys, encoded: bytes, keep_ms: int = KEEP_MS) -> int:
+    """``start`` with arguments ``encode_start`` made; as idempotent (a row relayed twice starts it once)."""
+    flat, jobs = msgpack.unpackb(encoded, raw=True)
+    added = int(Scripts(client).flow_start(keys=[keys.stream], args=[keys.metrics, keep_ms, flat, jobs]))
     return max(added, 0)
 
 

@@ -1,4 +1,4 @@
-"""How a job names its place in a workflow: two keys of its envelope's meta.
+"""How a job names its place in a workflow: keys of its envelope's meta.
 
 Meta rather than a new envelope field: every path that copies an envelope
 (retry, replay, requeue, reclaim, promote) carries meta untouched, a job
@@ -11,6 +11,10 @@ from __future__ import annotations
 
 FLOW = "flow"
 """Meta key: the id of the batch this job is a child of."""
+
+AFTER = "after"
+"""Meta key: the id of the batch whose callback this job is (its on_success or on_complete), for the links of
+operators' pages; unlike ``FLOW``, its end counts in no batch."""
 
 FED = "fed"
 """Meta key: the value a step is fed (the previous step's result, or its batch's results in order), passed to its

@@ -25,6 +25,11 @@ FAILED = "failed"
 RETRY_SCHEDULED = "retry_scheduled"
 DLQ = "dlq"
 PROMOTED = "promoted"
+BATCH_SUCCEEDED = "batch_succeeded"
+"""Every child of a workflow's batch succeeded (``extra``: batch; ``job_id``: its on_success's, or empty;
+``count``: its children), written by the script that settled the last one (engine/flows/)."""
+BATCH_COMPLETED = "batch_completed"
+"""Every child of a batch ended, succeeded or not (``job_id``: its on_complete's, or empty)."""
 SKIPPED = "skipped"
 """A job acknowledged without running: its idempotency key had completed (``extra``: idempotency_key,
 completed_by)."""
@@ -114,6 +119,7 @@ def parse_entry(queue: str, fields: dict[bytes, bytes]) -> list[Event]:
             reason=_text(f.get("reason", b"")),
             count=num("count"),
             depth=num("depth"),
+            extra={"batch": _text(f["batch"])} if "batch" in f else {},
         )
     ]
 

@@ -28,7 +28,8 @@ from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.store.keys import QueueKeys
 
 FIELDS = ("enqueued", "fetched", "completed", "failed", "retried", "dlq", "replayed", "promoted", "skipped",
-          "bad_signature", "deferred", "purged", "lost", "lost_contact", "recovered", "dlq_trimmed")
+          "bad_signature", "deferred", "purged", "lost", "lost_contact", "recovered", "dlq_trimmed",
+          "batches_started", "batches_succeeded", "batches_completed", "callbacks")
 """The counters of ``<metrics>total``; ``fetched`` counts entries workers read from the streams, ``failed`` handler
 runs that raised (retried or dead), ``skipped`` jobs acknowledged without running because their idempotency key had
 completed, ``bad_signature`` jobs refused for a missing or wrong signature (also counted in ``dlq``), ``deferred``
@@ -36,7 +37,10 @@ jobs put back in the delayed set to wait for room in a rate or concurrency limit
 waiting jobs an operator deleted (purge.py), ``lost`` runs under way in a worker whose process died (reclaim.lua:
 each is charged to its job as a death), ``lost_contact`` runs under way in a worker that stopped answering with no
 death on record (charged as a run, never as a death), ``recovered`` entries taken back from such a worker before
-they started (uncharged), ``dlq_trimmed`` dead jobs a DLQ's retention rule removed (dlq/retention.py)."""
+they started (uncharged), ``dlq_trimmed`` dead jobs a DLQ's retention rule removed (dlq/retention.py); of workflows
+(flows/), ``batches_started`` batches written (a chain's steps each), ``batches_succeeded`` batches whose every
+child succeeded, ``batches_completed`` batches whose every child ended (succeeded, dead or discarded), ``callbacks``
+callbacks and chain steps a batch's end enqueued (also counted in ``enqueued``)."""
 DLQ_REASON_PREFIX = "dlq:"
 """``dlq:<reason>`` counts the jobs dead-lettered for that reason (``dlq`` counts them all)."""
 

@@ -23,6 +23,7 @@ from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.dlq.fingerprint import INVALID_RETRY_FINGERPRINT, fingerprint_id
 from chasqui_core.engine.jobs.envelope import FIELDS as ENVELOPE_FIELDS
 from chasqui_core.engine.jobs.envelope import VERSION as ENVELOPE_VERSION
+from chasqui_core.engine.jobs.events import EVENTS_MAXLEN
 from chasqui_core.engine.store.keys import (DELAYED, DELAYED_MARK, DELAYED_MARK_GRACE_MS, DLQ_INDEX_VERSION, DURATIONS,
                                             GROUP, MINUTE_BUCKET, SECOND_BUCKET, TOTALS)
 from chasqui_core.engine.ops.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
@@ -81,7 +82,7 @@ def dlq_index() -> str:
 @cache
 def flows() -> str:
     """The workflow helpers as one line of Lua (see ``lua/flows.lua``)."""
-    return _squeezed("flows")
+    return _squeezed("flows", EVENTS_MAXLEN=EVENTS_MAXLEN)
 
 
 @cache

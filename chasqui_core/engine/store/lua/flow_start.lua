@@ -12,6 +12,8 @@
 --         laid flat (its callbacks, its place in a chain)
 -- ARGV[4] the jobs to add now, one msgpack array of envelopes (each goes to its
 --         priority band's stream, prelude's band_stream)
+-- Counts the jobs in `enqueued` and the batches (a chain's steps each) in
+-- `batches_started`, in the queue's counters.
 -- Returns the number of jobs added, or -1 when the first batch exists already
 -- (the call was applied before).
 --
@@ -44,7 +46,7 @@ end
 for k = 1, #jobs do
   redis.call('XADD', band_stream(stream, band_of(jobs[k])), '*', 'j', jobs[k])
 end
-bump_counters(mprefix, server_ms(), {'enqueued', #jobs})
+bump_counters(mprefix, server_ms(), {'enqueued', #jobs, 'batches_started', #batches / 3})
 for k = 1, #empty do
   flow_fire(empty[k], 'success')
   flow_fire(empty[k], 'complete')

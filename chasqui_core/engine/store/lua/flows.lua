@@ -31,6 +31,12 @@
 --   once (HSETNX fired:<callback>). Returns 1 when the end changed the batch.
 -- flow_fire(key, which)
 --   Enqueue callback `which` of the batch at `key` unless it fired before.
+--   The first time, whether or not the batch has that callback, the batch's
+--   end is counted in its queue's counters (batches_succeeded for success,
+--   batches_completed for complete; callbacks for each callback or chain step
+--   enqueued) and written to its queue's events stream (type batch_succeeded
+--   or batch_completed, fields batch, job_id: the callback's, or empty, and
+--   count: the batch's children).
 -- flow_tally(key), flow_record(key, child, outcome, result, tally), flow_apply(tally)
 --   flow_end in parts, so a settle call that ends many children of one batch
 --   counts them with one HSETNX each and writes the counts, the results and
@@ -105,7 +111,16 @@ local function flow_fire(key, which)
     return
   end
   local h = redis.call('HMGET', key, which .. ':payload', which .. ':head', which .. ':argc', which .. ':args',
-    which .. ':mid', which .. ':metan', which .. ':meta', which .. ':feed', 'stream', 'metrics')
+    which .. ':mid', which .. ':metan', which .. ':meta', which .. ':feed', 'stream', 'metrics', which .. ':id',
+    'total')
+  local now = server_ms()
+  local ended = 'batch_completed'
+  if which == 'success' then
+    ended = 'batch_succeeded'
+  end
+  bump_counters(h[10], now, {ended == 'batch_succeeded' and 'batches_succeeded' or 'batches_completed', 1})
+  redis.call('XADD', string.match(h[9], '^(%b{}:)') .. 'events', 'MAXLEN', '~', ${EVENTS_MAXLEN}, '*', 'type', ended,
+    'batch', string.match(key, '^%b{}:flow:(.*)$$'), 'job_id', h[11] or '', 'count', h[12] or 0)
   local payload = h[1]
   if not payload then
     if not h[2] then
@@ -115,7 +130,7 @@ local function flow_fire(key, which)
       .. cmsgpack.pack('fed') .. flow_results(key, h[8]) .. h[7]
   end
   redis.call('XADD', band_stream(h[9], band_of(payload)), '*', 'j', payload)
-  bump_counters(h[10], server_ms(), {'enqueued', 1})
+  bump_counters(h[10], now, {'enqueued', 1, 'callbacks', 1})
 end
 
 local function flow_record(key, child, outcome, result, tally)
