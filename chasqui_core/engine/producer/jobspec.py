@@ -213,6 +213,14 @@ def template(spec: JobSpec, *, signer: Signer | None, idempotency_ttl: int, max_
                        max_payload_bytes)
 
 
+def has_options(spec: JobSpec) -> bool:
+    """Whether a spec sets anything but its task and arguments (most do not: their jobs share a template)."""
+    return not (spec.job_id is None and spec.delay is None and spec.run_at is None and spec.attempts is None
+                and spec.backoff is None and spec.result_ttl == 0 and not spec.meta and spec.idempotency_key is None
+                and spec.idempotency_ttl is None and spec.timeout is None and spec.limit_key is None
+                and spec.priority == 0 and type(spec.priority) is int and type(spec.result_ttl) is int)
+
+
 def build(spec: JobSpec, *, signer: Signer | None, idempotency_ttl: int, max_payload_bytes: int) -> BuiltJob:
     """Validate and encode one job: ``template`` of its options, built with its arguments."""
     return template(spec, signer=signer, idempotency_ttl=idempotency_ttl,

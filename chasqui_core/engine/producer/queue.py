@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import time
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import hiredis
-import msgpack
 import redis
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -32,14 +29,15 @@ from redis.backoff import NoBackoff
 from chasqui_core.engine.jobs.errors import EnqueueUnavailable
 from chasqui_core.engine.jobs.idempotency import DEFAULT_TTL, check_ttl
 from chasqui_core.engine.jobs.signing import Signer
-from chasqui_core.engine.ops.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_TTL_S
 from chasqui_core.engine.ops import cancel
-from chasqui_core.engine.producer.jobspec import BuiltJob, Enqueued, JobSpec, JobTemplate, PayloadTooLarge, template
+from chasqui_core.engine.producer import wire
+from chasqui_core.engine.producer.jobspec import (BuiltJob, Enqueued, JobSpec, JobTemplate, PayloadTooLarge,
+                                                  has_options, template)
 from chasqui_core.engine.producer.link import Lane, Link, Retrier, unavailable
 from chasqui_core.engine.store.connection import (aconnect, ais_cluster, connect, is_cluster_client, server_of,
                                                   undetected, url_of)
 from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.store.scripts import Scripts, source
+from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.timing import delayed
 
 __all__ = ["BuiltJob", "Enqueued", "JobSpec", "JobTemplate", "PayloadTooLarge", "Queue"]
@@ -50,21 +48,6 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_CHUNK_SIZE = 1000
 DEFAULT_RETRY_FOR = 5.0
 """Seconds a producer keeps retrying an add while Redis is unavailable (a restart, a failover)."""
-LANE_TTL_MS = 600_000
-"""How long a lane remembers its last write: far longer than any write stays in doubt."""
-
-_pack_command: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
-_ENQUEUE_SHA = hashlib.sha1(source("enqueue").encode()).hexdigest()
-_PLAIN_SHA = hashlib.sha1(source("enqueue_plain").encode()).hexdigest()
-_LOAD_BOTH = _pack_command(("SCRIPT", "LOAD", source("enqueue"))) + _pack_command(("SCRIPT", "LOAD",
-                                                                                   source("enqueue_plain")))
-"""Both scripts' SCRIPT LOAD: sent in front of a write that a restarted server refused (NOSCRIPT)."""
-_EMPTY_BULK = b"$0\r\n\r\n"
-_FIRST, _AGAIN = _EMPTY_BULK, b"$1\r\n1\r\n"
-"""The scripts' re-sent flag: empty on a write's first try, ``1`` when it is sent again."""
-
-
-_pack_items = msgpack.Packer(use_bin_type=False).pack
 _monotonic = time.monotonic
 
 _Pending = tuple[list[Any], bytes, bytes, int, BaseException | None]
@@ -123,7 +106,7 @@ class Queue:
         self._scripts = Scripts(client)
         self._cluster = is_cluster_client(client)
         # on a cluster the registry lives in a slot of its own, likely on another node than the queue
-        self._register_cmd = b"" if self._cluster else _pack_command(("SADD", QUEUES_REGISTRY, self.name))
+        self._register_cmd = b"" if self._cluster else wire.pack_command(("SADD", QUEUES_REGISTRY, self.name))
         self._owned_undetected = self._url is not None and undetected(client)
 
     # --- building jobs ------------------------------------------------------
@@ -131,22 +114,25 @@ class Queue:
     def build(self, spec: JobSpec) -> BuiltJob:
         """Validate and encode one job (``jobspec.build``, with this queue's signing key, idempotency window and
         payload limit)."""
+        if type(spec.task) is str and not has_options(spec):
+            return self._plain_template(spec.task).build(spec.args, spec.kwargs)
         return self.template(spec).build(spec.args, spec.kwargs)
+
+    def _plain_template(self, task: str) -> JobTemplate:
+        """The template of a job of ``task`` without options, checked once per task name."""
+        plain = self._plain.get(task)
+        if plain is None:
+            plain = self.template(JobSpec(task))
+            if len(self._plain) >= 1024:
+                self._plain.clear()
+            self._plain[task] = plain
+        return plain
 
     def template(self, spec: JobSpec) -> JobTemplate:
         """A spec's options checked once, for building many jobs with this queue's settings (its arguments are
         not looked at): ``jobspec.template``."""
         return template(spec, signer=self._signer, idempotency_ttl=self.idempotency_ttl,
                         max_payload_bytes=self.max_payload_bytes)
-
-    @staticmethod
-    def _items(built: list[Any]) -> bytes:
-        flat: list[Any] = []
-        for uid, when, payload, _ in built:
-            flat += (uid, when, payload)
-        # str type for every item: the scripting engine's msgpack reads raw strings
-        packed: bytes = _pack_items(flat)
-        return packed
 
     def _results(self, built: list[Any], replies: list[Any]) -> list[Enqueued]:
         name = self.name
@@ -190,31 +176,12 @@ class Queue:
                 self._links = []
             k = self.keys
             link = Link(self.redis, connect_timeout=min(5.0, max(1.0, self.retry_for)), key=k.stream)
-            # packed once per link; the last arguments (sequence number, re-sent flag, jobs) are added per write
-            link.cache["enqueue"] = _pack_command(
-                ("EVALSHA", _ENQUEUE_SHA, 3, k.stream, k.delayed, k.lane + link.lane, k.unique,
-                 self.unique_ttl_ms, k.metrics, LANE_TTL_MS, "", "", ""))[:-3 * len(_EMPTY_BULK)]
-            link.cache["plain"] = _pack_command(
-                ("EVALSHA", _PLAIN_SHA, 3, k.stream, k.lane + link.lane, k.totals, k.second_counters,
-                 k.minute_counters, SECOND_BUCKET_TTL_S, MINUTE_BUCKET_TTL_S, LANE_TTL_MS, "", "", ""
-                 ))[:-3 * len(_EMPTY_BULK)]
+            link.cache["heads"] = wire.heads(k, link.lane, self.unique_ttl_ms)
         return link
 
     def _request(self, link: Link, chunk: list[Any], seq: bytes, again: bool) -> tuple[bytes, int]:
-        """Pack one try of a write (its sequence number fixed for every try) and how many replies it gets.
-
-        A single plain job (ready now, default band, no caller-given id) goes
-        to ``enqueue_plain.lua`` as its bare envelope; anything else to
-        ``enqueue.lua``.
-        """
-        flag = _AGAIN if again else _FIRST
-        if len(chunk) == 1 and not chunk[0][0] and not chunk[0][1]:
-            body = chunk[0][2]
-            head = link.cache["plain"]
-        else:
-            body = self._items(chunk)
-            head = link.cache["enqueue"]
-        packed = b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (head, len(seq), seq, flag, len(body), body)
+        """Pack one try of a write (``wire.request``) and how many replies it gets."""
+        packed = wire.request(link.cache["heads"], chunk, seq, again)
         if self._registered or self._cluster:
             return packed, 1
         return self._register_cmd + packed, 2
@@ -285,7 +252,7 @@ class Queue:
             if not isinstance(exc, redis.exceptions.NoScriptError) and not str(exc).startswith("NOSCRIPT"):
                 raise
         # a restarted server has forgotten the scripts: load them and send again, one round trip
-        link.send(_LOAD_BOTH + packed)
+        link.send(wire.LOAD_BOTH + packed)
         return link.receive(count + 2)[2:]
 
     def _unavailable(self, cause: BaseException, retrier: Retrier, chunk: list[Any], server: str) -> EnqueueUnavailable:
@@ -365,13 +332,7 @@ class Queue:
         idempotency_ttl, timeout, limit_key, priority (see JobSpec)."""
         if options or type(task) is not str:
             return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
-        plain = self._plain.get(task)  # a job without options: its task's template, checked once
-        if plain is None:
-            plain = self.template(JobSpec(task))
-            if len(self._plain) >= 1024:
-                self._plain.clear()
-            self._plain[task] = plain
-        return self.add_built(plain.build(args, kwargs or {}))
+        return self.add_built(self._plain_template(task).build(args, kwargs or {}))
 
     def add_built(self, built: BuiltJob) -> Enqueued:
         """Send one job returned by ``build`` (validate now, send later: on commit, say)."""
@@ -432,7 +393,7 @@ class Queue:
     async def _awrite(self, client: aredis.Redis, scripts: Scripts, lane: Lane, chunk: list[Any]) -> list[Enqueued]:
         k = self.keys
         keys = [k.stream, k.delayed, k.lane + lane.lane]
-        args = [k.unique, self.unique_ttl_ms, k.metrics, LANE_TTL_MS, lane.next_seq(), "", self._items(chunk)]
+        args = [k.unique, self.unique_ttl_ms, k.metrics, wire.LANE_TTL_MS, lane.next_seq(), "", wire.items(chunk)]
         deadline = _monotonic() + self.retry_for  # the window opens with the write, not with its first failure
         retrier: Retrier | None = None
         while True:
