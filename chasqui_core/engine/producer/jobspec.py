@@ -27,6 +27,10 @@ from chasqui_core.engine.worker.limits import LIMIT_KEY_META
 _RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, TIMEOUT_META, LIMIT_KEY_META, PRIORITY_META})
 
 
+_FLAT = frozenset({str, int, bool, type(None)})
+"""Argument types ``check_json_types`` always accepts (floats are checked: they may be infinite or NaN)."""
+
+
 class PayloadTooLarge(ValueError):
     """An encoded job is bigger than the queue accepts."""
 
@@ -134,8 +138,9 @@ class JobTemplate:
         """One job of this template with these arguments, validated and encoded (see ``build``)."""
         args = list(args)
         kwargs = kwargs if type(kwargs) is dict else dict(kwargs)
-        check_json_types(args, "args")
-        if kwargs:
+        if not _FLAT.issuperset(map(type, args)):  # flat arguments (the usual) need no walk
+            check_json_types(args, "args")
+        if kwargs and not _FLAT.issuperset(map(type, kwargs.values())):
             check_json_types(kwargs, "kwargs")
         job_id = self.job_id
         jid = job_id or new_job_id()

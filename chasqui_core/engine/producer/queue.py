@@ -49,6 +49,7 @@ DEFAULT_CHUNK_SIZE = 1000
 DEFAULT_RETRY_FOR = 5.0
 """Seconds a producer keeps retrying an add while Redis is unavailable (a restart, a failover)."""
 _monotonic = time.monotonic
+_enqueued = Enqueued._make
 
 _Pending = tuple[list[Any], bytes, bytes, int, BaseException | None]
 """A write on its way: its jobs, its sequence number, its first try's bytes and reply count, and the error that
@@ -213,7 +214,9 @@ class Queue:
                     reply = self._receive(link, packed, count)[-1]
                     if not self._registered:
                         self._register()
-                    return self._results(chunk, [reply] if type(reply) is bytes else reply)
+                    if type(reply) is bytes:  # enqueue_plain.lua's: the entry id of its one job
+                        return [_enqueued((chunk[0][3], self.name, reply.decode(), False, False))]
+                    return self._results(chunk, reply)
                 except Exception as exc:
                     if not unavailable(exc):
                         raise
