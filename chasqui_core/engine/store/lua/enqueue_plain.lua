@@ -31,23 +31,24 @@
 -- sequence number was applied before: it changes nothing and returns the
 -- entry id of that first write.
 
-local lane, seq = KEYS[2], ARGV[6]
+local call, lane, seq = redis.call, KEYS[2], ARGV[6]
 if ARGV[7] ~= '' then
-  local last = redis.call('GET', lane)
+  local last = call('GET', lane)
   if last and string.sub(last, 1, #seq + 1) == seq .. ':' then
     return string.sub(last, #seq + 2)
   end
 end
-local id = redis.call('XADD', KEYS[1], '*', 'j', ARGV[8])
-local sec = math.floor(tonumber(string.sub(id, 1, string.find(id, '-', 1, true) - 1)) / 1000)
+local id = call('XADD', KEYS[1], '*', 'j', ARGV[8])
+-- the entry id's milliseconds without their last three digits: the second
+local sec = string.sub(id, 1, string.find(id, '-', 1, true) - 4)
 local skey = ARGV[1] .. sec
-if redis.call('HINCRBY', skey, 'enqueued', 1) == 1 then
-  redis.call('EXPIRE', skey, ARGV[3])
+if call('HINCRBY', skey, 'enqueued', 1) == 1 then
+  call('EXPIRE', skey, ARGV[3])
 end
-local mkey = ARGV[2] .. math.floor(sec / 60)
-if redis.call('HINCRBY', mkey, 'enqueued', 1) == 1 then
-  redis.call('EXPIRE', mkey, ARGV[4])
+local mkey = ARGV[2] .. math.floor(tonumber(sec) / 60)
+if call('HINCRBY', mkey, 'enqueued', 1) == 1 then
+  call('EXPIRE', mkey, ARGV[4])
 end
-redis.call('HINCRBY', KEYS[3], 'enqueued', 1)
-redis.call('SET', lane, seq .. ':' .. id, 'PX', ARGV[5])
+call('HINCRBY', KEYS[3], 'enqueued', 1)
+call('SET', lane, seq .. ':' .. id, 'PX', ARGV[5])
 return id
