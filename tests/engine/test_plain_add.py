@@ -83,3 +83,27 @@ def test_a_plain_add_after_the_server_forgot_its_scripts_loads_them_and_lands_on
     added = queue.add("tasks.after_flush")
     assert redis.xlen(QueueKeys.for_queue("plain-noscript").stream) == 2 and added.entry_id is not None
     queue.close()
+
+
+def _add_in_child(queue: Queue, out) -> None:
+    from chasqui_core.engine.producer.link import process_id
+    import os
+
+    added = queue.add("tasks.child")  # the parent's link holds the parent's socket: a link of its own
+    out.put((process_id() == os.getpid(), [link.pid for link in queue._links] == [os.getpid()], added.entry_id))
+
+
+def test_a_forked_child_adds_through_a_connection_of_its_own(redis):
+    import multiprocessing
+
+    queue = Queue("plain-fork", redis_client=redis)
+    queue.add("tasks.parent")
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_add_in_child, args=(queue, out))
+    child.start()
+    knows_its_pid, own_link, entry_id = out.get(timeout=60)
+    child.join(60)
+    assert child.exitcode == 0 and knows_its_pid and own_link and entry_id is not None
+    queue.add("tasks.parent_again")  # the parent's link still reads its own replies
+    assert redis.xlen(QueueKeys.for_queue("plain-fork").stream) == 3

@@ -136,13 +136,24 @@ def _poll_ms(wait: float | None) -> int | None:
     return None if wait is None else max(0, math.ceil(wait * 1000))
 
 
+_process = [os.getpid()]
+"""This process's id, kept here: ``os.getpid()`` is a system call, and every add asks whether its link was made
+before a fork."""
+os.register_at_fork(after_in_child=lambda: _process.__setitem__(0, os.getpid()))
+
+
+def process_id() -> int:
+    """This process's id, without a system call."""
+    return _process[0]
+
+
 class Lane:
     """A producer-side token that carries one write at a time, numbered in order."""
 
     def __init__(self) -> None:
         self.lane = secrets.token_hex(8)
         self.seq = 0
-        self.pid = os.getpid()
+        self.pid = _process[0]
 
     def next_number(self) -> int:
         self.seq += 1

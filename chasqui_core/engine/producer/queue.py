@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,7 +32,7 @@ from chasqui_core.engine.ops import cancel
 from chasqui_core.engine.producer import wire
 from chasqui_core.engine.producer.jobspec import (BuiltJob, Enqueued, JobSpec, JobTemplate, PayloadTooLarge,
                                                   has_options, template)
-from chasqui_core.engine.producer.link import Lane, Link, Retrier, unavailable
+from chasqui_core.engine.producer.link import Lane, Link, Retrier, process_id, unavailable
 from chasqui_core.engine.store.connection import (aconnect, ais_cluster, connect, is_cluster_client, server_of,
                                                   undetected, url_of)
 from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
@@ -172,7 +171,7 @@ class Queue:
         except IndexError:
             link = None
         # a forked child never shares its parent's sockets; a link made for an earlier client is dropped
-        if link is None or link.pid != os.getpid() or link.client is not self.redis:
+        if link is None or link.pid != process_id() or link.client is not self.redis:
             if link is not None:
                 self._links = []
             k = self.keys
