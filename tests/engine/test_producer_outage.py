@@ -257,3 +257,24 @@ def test_an_add_cut_off_by_a_blackhole_gives_up_when_its_window_closes(server, c
         assert "TimeoutError" in str(caught.value)
         proxy.heal()
         queue.close()
+
+
+def test_an_async_add_cut_off_by_a_blackhole_gives_up_when_its_window_closes(server):
+    from bench.faultproxy import FaultProxy
+
+    with FaultProxy(server.port) as proxy:
+        queue = Queue("outage", url=proxy.url, retry_for=2.0)
+
+        async def scenario() -> float:
+            await queue.aadd("tasks.first")
+            proxy.blackhole()
+            started = time.monotonic()
+            with pytest.raises(EnqueueUnavailable):
+                await queue.aadd("tasks.partitioned")
+            took = time.monotonic() - started
+            proxy.heal()
+            await queue.aclose()
+            return took
+
+        took = asyncio.run(scenario())
+        assert 1.9 <= took < 4.5, took
