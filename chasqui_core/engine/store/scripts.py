@@ -3,7 +3,7 @@
 Each script is sent by SHA (EVALSHA) and loaded on first use; redis-py's
 Script objects do that for plain clients, pipelines and asyncio clients alike.
 
-Every script starts with ``lua/prelude.lua``, the helpers they share (the
+Every script but those in ``STANDALONE`` starts with ``lua/prelude.lua``, the helpers they share (the
 server's clock, the counter bumps). The prelude goes on the script's first
 line, its comment lines dropped and its code lines joined with spaces, so
 line numbers in a Lua error are those of the script's own file. Its constants
