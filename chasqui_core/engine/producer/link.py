@@ -57,10 +57,8 @@ from redis.sentinel import SentinelManagedConnection
 
 from chasqui_core.engine.store.connection import is_cluster_client, server_of
 
-SPIN_S = 0.0002
-"""How long the link polls its socket for a reply before it sleeps in ``poll``. Counted in time, not in
-tries: a try costs 0.3 to 1 µs depending on the host's load, and a single add's reply (the plain script's,
-40 to 80 µs away under load) must not miss the window by a few tries and pay a sleeping thread's wake-up."""
+SPINS = 100
+"""Non-blocking reads tried before the link sleeps in ``recv`` (about 1 µs each)."""
 
 LAST_WAIT = 0.1
 """Seconds a try started at the end of its write's window may still wait (to connect, or for its reply): a
@@ -345,7 +343,7 @@ class Link(Lane):
         return out
 
     def _recv(self) -> bytes:
-        """What has arrived; polls the non-blocking socket for up to ``SPIN_S`` before it sleeps in ``poll``.
+        """What has arrived; polls the non-blocking socket up to ``SPINS`` times before it sleeps in ``poll``.
 
         A reply usually arrives within tens of µs, sooner than a sleeping
         thread wakes up on a virtual machine, so polling briefly costs less
@@ -353,32 +351,26 @@ class Link(Lane):
         """
         sock = self.conn._sock
         try:
-            try:
-                data: bytes = sock.recv(65536)
-            except BlockingIOError:
-                data = self._recv_later(sock)
+            for _ in range(SPINS):
+                try:
+                    data: bytes = sock.recv(65536)
+                    break
+                except BlockingIOError:
+                    pass
+            else:
+                while True:
+                    if not self._poller.poll(_poll_ms(self._wait())):
+                        raise redis.TimeoutError(f"Timeout reading from {self.server}")
+                    try:
+                        data = sock.recv(65536)
+                        break
+                    except BlockingIOError:
+                        pass
         except OSError as exc:
             raise redis.ConnectionError(f"Error while reading from {self.server}: {exc}") from None
         if not data:
             raise redis.ConnectionError(f"Connection closed by {self.server}")
         return data
-
-    def _recv_later(self, sock: socket.socket) -> bytes:
-        """A reply not there at the first look: polled for, then waited for."""
-        clock = time.perf_counter
-        end = clock() + SPIN_S
-        while clock() < end:
-            try:
-                return sock.recv(65536)
-            except BlockingIOError:
-                pass
-        while True:
-            if not self._poller.poll(_poll_ms(self._wait())):
-                raise redis.TimeoutError(f"Timeout reading from {self.server}")
-            try:
-                return sock.recv(65536)
-            except BlockingIOError:
-                pass
 
     def reset(self) -> None:
         """Drop the connection (reconnect on the next call); the lane stays."""
