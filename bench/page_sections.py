@@ -241,7 +241,9 @@ them keeps a promise (the job, its counters agreeing with the stream, a retry th
 Closing the gap takes fewer writes per add: counters kept elsewhere than three hashes per add, or a server
 that deduplicates `XADD` itself (Redis 8's `IDMP`). `task.enqueue` stayed at 0.79–0.97 of `Queue.add`
 (CPU ×1.02–1.20, median ×1.11 as before) while `Queue.add` itself got a third faster: the goal of 0.8 held in five runs of six
-(0.79 in the sixth).
+(0.79 in the sixth). Three more runs of this code at load 12–15 gave 0.39–0.40 of the `XADD` (CPU ×2.45–2.64) and
+0.85–1.07 for `task.enqueue`; polling the socket for a reply by time instead of by tries (200 µs) measured no
+better there (0.36–0.38) and was left out.
 """
 
 CONSOLE = """\
