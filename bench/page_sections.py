@@ -160,9 +160,8 @@ nothing (the API installed, no SDK).
   an extra. msgspec's typed decode of an envelope took 2.4 µs against 6.9 µs for `envelope.decode` (which
   builds the `Job` and checks every field); taking it means a `Job` that is a msgspec struct, not done yet.
 - **Still to do.** The start journal is a sixth of a sync run's held time (one `send()` per job holding the
-  GIL), above the issue's 5%: it needs several jobs' marks in one send. `Queue.add` stays at about a quarter
-  of a bare round trip: `enqueue.lua` costs the server about 24 µs a call (a bare `XADD` 2 µs), and the
-  client's wait for the reply polls the socket.
+  GIL), above the issue's 5%: it needs several jobs' marks in one send. `Queue.add` is still below its
+  goal: see *Enqueue at one round trip*, below.
 
 The issue's rows, each as a fraction of its yardstick measured in turns with it in the same run (the rate,
 then the CPU per job against the yardstick's). The load average is given at the start and end of each run:
@@ -186,7 +185,65 @@ and 1.17 of the engine's async drain with 1.68 and 1.61 times its CPU per job (2
 drain 1.03 and 1.09 with 1.08 and 1.13 times (2.25 before): both goals met twice. A retried job reached
 0.59 and 0.43 of the engine's (CPU ×1.24 and ×1.36, from ×2.19): the rate goal held in one run of two.
 `task.enqueue` reached 0.65 and 0.68 of `Queue.add` (CPU ×1.25 and ×1.13, from ×1.51) and `Queue.add`
-0.22 to 0.29 of a round trip: those two goals are not met.
+0.22 to 0.29 of a round trip: those two goals were not met by the worker's changes; the producer's follow.
+
+### Enqueue at one round trip
+
+`Queue.add` wrote one job with `enqueue.lua`: a chunk script (a msgpack array of jobs, `TIME`, the lane's
+`GET` before anything, the prelude's helpers defined on each call, the reply packed for the lane), about
+20–25 µs of server time for one job against 1–2 µs for a bare `XADD` (`INFO commandstats`, embedded Valkey
+9.1 and Redis 7.0 on this host at load 5–8). Each `redis.call` costs 1–2 µs beyond its command here, so
+what counts is how many a plain job makes.
+
+- **A script for the plain job.** A single job ready now, of the default priority, without a caller-given
+  id (`Queue.add` and `task.enqueue()` without options) runs `enqueue_plain.lua`: the `XADD`, the three
+  `enqueued` counters (dated by the entry id, no `TIME`), the lane record; loaded without the prelude, the
+  envelope its own argument, the entry id its reply. 13–18 µs a call at the same load. `enqueue.lua` keeps
+  every other add, and reads the lane only when a write is re-sent (both scripts: a first try cannot find
+  its own number). Why each of the five writes stays, and why not `MULTI` or a plain pipeline:
+  [architecture.md](architecture.md), "Enqueue".
+- **The client.** A task's job options are checked and encoded once (`Queue.template`: the Django backend
+  keeps one per task, `Queue.add` one per task name for jobs without options), so an add checks only its
+  arguments (flat ones with one set test); the call is packed once per link but for its last three
+  arguments (`producer/wire.py`); the link's socket stays non-blocking and it waits with `poll`, where it
+  switched the socket's timeout off and on around every read (four `fcntl` calls an add).
+- **The retry window.** It now opens when the add begins and bounds every wait of its tries: a blackholed
+  add (`bench/faultproxy.py`) with the default 5 s window raised `EnqueueUnavailable` after 10.06 s before
+  (the first try waited out the socket's 5 s timeout, then the window began), 5.01 s now.
+- **The yardstick.** `queue-add` takes turns with a bare `XADD` of a job like `Queue.add`'s (the issue's
+  yardstick; it was a `PING`, a few µs cheaper).
+- **Profiles.** cProfile of 20,000 `task.enqueue()` calls before and after:
+  [profiles/enqueue.md](profiles/enqueue.md).
+
+Measured with `python -m bench queue-add django-enqueue --repeats 1`, the commit before (`f0a65ca`, run
+with this bench) and this one taking turns, three runs each, on this shared 2-core host:
+
+| Row (three runs of each, in turns) | before, load 5.8 / 7.8 / 7.9 | after, load 5.8 / 7.9 / 7.8 | before, load 7.5 / 9.5 / 9.3 | after, load 9.2 / 9.4 / 8.4 | Goal |
+|---|---|---|---|---|---|
+| `Queue.add`, of a bare `XADD` round trip | 0.25 / 0.28 / 0.27 (CPU ×3.57 / ×3.72 / ×3.55) | 0.46 / 0.48 / 0.41 (CPU ×2.37 / ×2.39 / ×2.28) | 0.24 / 0.31 / 0.29 (CPU ×3.75 / ×3.36 / ×3.47) | 0.40 / 0.36 / 0.36 (CPU ×2.42 / ×2.84 / ×2.59) | ≥ 0.7 |
+| `task.enqueue` loop, of a `Queue.add` loop | 0.86 / 0.91 / 0.97 (CPU ×1.20 / ×1.10 / ×1.10) | 0.79 / 0.97 / 0.86 (CPU ×1.06 / ×1.02 / ×1.20) | 1.12 / 0.93 / 0.88 (CPU ×1.04 / ×1.14 / ×1.12) | 0.95 / 0.85 / 0.93 (CPU ×1.05 / ×1.19 / ×1.16) | ≥ 0.8 |
+| `Queue.add`, CPU per call (this process) | 54 / 52 / 62 µs | 36 / 36 / 35 µs | 73 / 54 / 56 µs | 43 / 64 / 50 µs | — |
+| `Queue.add`, calls/s | 8,570 / 10,532 / 6,613 | 12,326 / 15,508 / 9,098 | 4,656 / 6,036 / 5,423 | 12,428 / 4,398 / 6,155 | — |
+
+The server's time per call (`INFO commandstats`, 8 rounds of 1,000 calls, median and lowest; load 7):
+
+| Server time per call | Valkey 9.1 (embedded) | Redis 7.0 |
+|---|---|---|
+| `enqueue.lua` before, one job | 23.9 µs (21.6) | 23.3 µs (19.8) |
+| `enqueue.lua` now, one job (what a job with options still takes) | 22.9 µs (19.6) | 20.7 µs (19.9) |
+| `enqueue_plain.lua` | 16.1 µs (12.9) | 13.9 µs (13.1) |
+| a bare `XADD` | 1.2 µs (1.0) | 1.4 µs (1.1) |
+
+`Queue.add` reached 0.36–0.48 of a bare `XADD` round trip, from 0.24–0.31 (CPU per call from 3.6 to 2.4
+times the `XADD`'s, median of six runs each): the goal of 0.7 is not met. What is left is mostly the
+server's: the plain script's five writes cost it 12–15 µs more than one bare `XADD`, about half of a round trip on this host, and each of
+them keeps a promise (the job, its counters agreeing with the stream, a retry that cannot add it twice).
+Closing the gap takes fewer writes per add: counters kept elsewhere than three hashes per add, or a server
+that deduplicates `XADD` itself (Redis 8's `IDMP`). `task.enqueue` stayed at 0.79–0.97 of `Queue.add`
+(CPU ×1.02–1.20, median ×1.11 as before) while `Queue.add` itself got a third faster: the goal of 0.8 held in five runs of six
+(0.79 in the sixth). Three more runs of this code at load 12–15 gave 0.39–0.40 of the `XADD` (CPU ×2.45–2.64) and
+0.85–1.07 for `task.enqueue`; polling the socket for a reply by time instead of by tries (200 µs) measured no
+better there (0.36–0.38) and was left out.
 """
 
 CONSOLE = """\

@@ -67,7 +67,7 @@ SCENARIOS = """\
 
 | Scenario | What it measures |
 |---|---|
-| `queue-add` | `Queue.add`, one job per call, sync client; in turns with a bare round trip (PING over the same kind of connection), a block of 1,000 calls each: its yardstick `round trip (beside queue-add)` |
+| `queue-add` | `Queue.add`, one job per call, sync client; in turns with a bare round trip (an `XADD` of a job like `Queue.add`'s, over the same kind of connection), a block of 1,000 calls each: its yardstick `bare XADD round trip (beside queue-add)` |
 | `queue-add-bulk` | `Queue.add_bulk` in chunks of 1,000, building the `JobSpec`s included |
 | `queue-add-delayed` | `Queue.add(delay=...)`, one job per call |
 | `django-enqueue` | Django `@task(...).enqueue()` in a loop, one job per call, and the time of one call; in turns with `Queue.add`, a block of 1,000 calls each: engine twin `queue-add (beside django-enqueue)` |

@@ -30,7 +30,7 @@ from chasqui_core.engine.store.connection import connect, undetected
 from chasqui_core.engine.jobs.envelope import MAX_RESULT_TTL, now_ms
 from chasqui_core.engine.jobs.errors import RedisConfigError
 from chasqui_core.engine.store.keys import QueueKeys
-from chasqui_core.engine.producer.queue import BuiltJob, JobSpec, Queue
+from chasqui_core.engine.producer.queue import BuiltJob, JobSpec, JobTemplate, Queue
 from chasqui_core.engine.jobs.progress import Progress
 from chasqui_core.engine.jobs.progress import decode as decode_progress
 from chasqui_core.engine.jobs.results import decode_result, encode_result
@@ -61,6 +61,8 @@ class _Plan:
     queue: Queue
     task_path: str
     options: dict[str, Any]
+    template: JobTemplate
+    """The options checked and encoded once: an enqueue then checks and packs only its arguments."""
 
 
 class ChasquiBackend(BatchBackend):
@@ -178,7 +180,8 @@ class ChasquiBackend(BatchBackend):
             return plan
         self.validate_task(task)
         queue = self.queue(task.queue_name)
-        plan = _Plan(task, queue, task.module_path, self._options(task))
+        options = self._options(task)
+        plan = _Plan(task, queue, task.module_path, options, queue.template(JobSpec(task.module_path, **options)))
         if queue is self._queues.get(task.queue_name):  # else a stand-in while Redis is down: not kept
             if len(self._plans) >= 1024:
                 self._plans.clear()
@@ -218,8 +221,10 @@ class ChasquiBackend(BatchBackend):
     def _enqueue(self, task: Task, args, kwargs, carrier: dict[str, str] | None) -> TaskResult:
         plan = self._plan(task)
         queue = plan.queue
-        options = plan.options if carrier is None else _traced(plan.options, carrier)
-        job = queue.build(JobSpec(plan.task_path, args, kwargs, **options))
+        if carrier is None:
+            job = plan.template.build(args, kwargs)
+        else:
+            job = queue.build(JobSpec(plan.task_path, args, kwargs, **_traced(plan.options, carrier)))
         result = self._result(task, job.job_id, args, kwargs)
         if (self.outbox or self.enqueue_on_commit) and connection.in_atomic_block:
             self._defer(queue, task, [job], [result])
@@ -285,17 +290,17 @@ class ChasquiBackend(BatchBackend):
         Returns the task's queue, the encoded jobs and each call's checked ``(args, kwargs)``, in order.
         """
         plan = self._plan(task)
-        queue, options = plan.queue, plan.options
+        queue, options, template = plan.queue, plan.options, plan.template
         if carrier is not None:
             options = _traced(options, carrier)
-        spec = JobSpec(plan.task_path, (), {}, **options)
+            template = queue.template(JobSpec(plan.task_path, **options))
+        build = template.build
         built: list[BuiltJob] = []
         checked: list[tuple[Any, Any]] = []
         for index, call in enumerate(calls):
             args, kwargs = call if one else _unpack_call(index, call)
-            spec.args, spec.kwargs = args, kwargs
             try:
-                built.append(queue.build(spec))
+                built.append(build(args, kwargs))
             except (TypeError, ValueError) as exc:
                 if one:
                     raise

@@ -24,7 +24,7 @@ def a_run() -> Run:
                measurements=[
                    rate("Redis ceiling (pipelined XADD)", 400_000.0, "ceiling"),
                    rate("queue-add", 20_000.0),
-                   rate("round trip (beside queue-add)", 25_000.0, "queue-add"),
+                   rate("bare XADD round trip (beside queue-add)", 25_000.0, "queue-add"),
                    rate("worker-concurrent", 80_000.0),
                    rate("django-enqueue (loop)", 10_000.0, "django-enqueue"),
                    rate("queue-add (beside django-enqueue)", 20_000.0, "django-enqueue"),
@@ -38,7 +38,7 @@ def test_a_django_path_row_is_shown_as_a_fraction_of_its_twin():
     rows = {r[0]: r for r in report.rows(a_run())}
     twin_column = report.COLUMNS.index("of engine twin")
     assert rows["django-enqueue (loop)"][twin_column] == "0.50 of queue-add (beside django-enqueue)"
-    assert rows["queue-add"][twin_column] == "0.80 of round trip (beside queue-add)"
+    assert rows["queue-add"][twin_column] == "0.80 of bare XADD round trip (beside queue-add)"
     assert rows["worker-concurrent"][twin_column] == "—"  # an engine row with no yardstick of its own
 
 
@@ -72,7 +72,7 @@ def test_json_names_the_twin_and_the_fraction():
     assert items["django-enqueue (loop)"]["fraction_of_twin"] == 0.5
     assert items["runworker-async"]["engine_twin"] == "worker-concurrent (beside runworker-async)"
     assert items["runworker-async"]["fraction_of_twin"] is None
-    assert items["queue-add"]["engine_twin"] == "round trip (beside queue-add)"
+    assert items["queue-add"]["engine_twin"] == "bare XADD round trip (beside queue-add)"
     assert "engine_twin" not in items["worker-concurrent"]
 
 

@@ -35,3 +35,21 @@ def test_the_retry_window_reaches_the_backend_queues(settings):
     from django.tasks import task_backends
 
     assert task_backends["default"].queue("default").retry_for == 2.5
+
+
+def test_enqueue_cut_off_by_a_blackhole_gives_up_within_the_retry_window(settings, tmp_path):
+    import time
+
+    from bench.faultproxy import FaultProxy
+
+    with EmbeddedValkey(tmp_path / "valkey", appendonly=False) as server, FaultProxy(server.port) as proxy:
+        settings.CHASQUI = {"REDIS_URL": proxy.url, "ENQUEUE_RETRY_SECONDS": 2}
+        sample_tasks.add.enqueue(1, 1)  # the backend's client and link are up when the network goes silent
+        proxy.blackhole()
+        started = time.monotonic()
+        with pytest.raises(EnqueueUnavailable):
+            sample_tasks.add.enqueue(2, 2)
+        took = time.monotonic() - started
+        proxy.heal()
+    # the window is 2 s; a silent server used to hold the first try for the socket's timeout (5 s) before it
+    assert 1.9 <= took < 4.5, took

@@ -237,3 +237,44 @@ def test_a_replica_that_stays_read_only_gives_one_clear_error(server, tmp_path):
 def test_retry_for_is_checked():
     with pytest.raises(ValueError, match="retry_for"):
         Queue("outage", redis_client=redis.Redis(), retry_for=-1)
+
+
+@pytest.mark.parametrize("connected", [True, False], ids=["connected", "connecting"])
+def test_an_add_cut_off_by_a_blackhole_gives_up_when_its_window_closes(server, connected):
+    from bench.faultproxy import FaultProxy
+
+    with FaultProxy(server.port) as proxy:
+        queue = Queue("outage", url=proxy.url, retry_for=2.0)
+        if connected:
+            queue.add("tasks.first")  # the link's connection is open when the network goes silent
+        proxy.blackhole()
+        started = time.monotonic()
+        with pytest.raises(EnqueueUnavailable) as caught:
+            queue.add("tasks.partitioned")
+        took = time.monotonic() - started
+        # the window is 2 s; a silent server used to hold each try for its socket timeout (5 s) on top of it
+        assert 1.9 <= took < 4.5, took
+        assert "TimeoutError" in str(caught.value)
+        proxy.heal()
+        queue.close()
+
+
+def test_an_async_add_cut_off_by_a_blackhole_gives_up_when_its_window_closes(server):
+    from bench.faultproxy import FaultProxy
+
+    with FaultProxy(server.port) as proxy:
+        queue = Queue("outage", url=proxy.url, retry_for=2.0)
+
+        async def scenario() -> float:
+            await queue.aadd("tasks.first")
+            proxy.blackhole()
+            started = time.monotonic()
+            with pytest.raises(EnqueueUnavailable):
+                await queue.aadd("tasks.partitioned")
+            took = time.monotonic() - started
+            proxy.heal()
+            await queue.aclose()
+            return took
+
+        took = asyncio.run(scenario())
+        assert 1.9 <= took < 4.5, took

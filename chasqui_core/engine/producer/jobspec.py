@@ -1,5 +1,6 @@
-"""What a producer hands a queue, and what it gets back: ``JobSpec`` (one job and its options), ``build`` (a
-spec validated and encoded, a ``BuiltJob`` ready to send now or on commit) and ``Enqueued`` (what became of it).
+"""What a producer hands a queue, and what it gets back: ``JobSpec`` (one job and its options), ``template``
+(its options checked once: a ``JobTemplate`` that builds jobs), ``build`` (a spec validated and encoded, a
+``BuiltJob`` ready to send now or on commit) and ``Enqueued`` (what became of it).
 
 Kept apart from the sending (queue.py) because the Django backend and the
 outbox validate jobs long before they are sent, and because validation is
@@ -24,6 +25,10 @@ from chasqui_core.engine.jobs.signing import SIGNATURE, Signer
 from chasqui_core.engine.worker.limits import LIMIT_KEY_META
 
 _RESERVED_META = frozenset({SIGNATURE, IDEMPOTENCY_KEY, IDEMPOTENCY_TTL, TIMEOUT_META, LIMIT_KEY_META, PRIORITY_META})
+
+
+_FLAT = frozenset({str, int, bool, type(None)})
+"""Argument types ``check_json_types`` always accepts (floats are checked: they may be infinite or NaN)."""
 
 
 class PayloadTooLarge(ValueError):
@@ -104,21 +109,65 @@ def _when(delay: timedelta | int | float | None, run_at: datetime | None) -> str
 
 
 
-def build(spec: JobSpec, *, signer: Signer | None, idempotency_ttl: int, max_payload_bytes: int) -> BuiltJob:
-    """Validate and encode one job: signed with ``signer`` when given, its idempotency key remembered for
-    ``idempotency_ttl`` seconds unless the job says otherwise, at most ``max_payload_bytes`` once encoded.
+@dataclass(frozen=True, slots=True)
+class JobTemplate:
+    """What every job built from one spec shares, checked and encoded once; ``build(args, kwargs)`` then does
+    only each job's own part: its arguments checked, its id and time, its signature, the packing.
 
-    This runs once per job on the producer's hot path, so the common case
-    (no options) skips straight to packing.
+    The Django backend keeps one per task (a task's options do not change between its enqueues) and
+    ``Queue.add`` one for a job without options, so a caller's mistake in the options still raises in words,
+    once, and a call pays only for its arguments.
     """
+
+    task: str
+    when: str
+    job_id: str | None
+    attempts: int | None
+    backoff: dict[str, Any] | None
+    result_ttl: int
+    meta: dict[str, Any]
+    """The meta every job carries (never changed: a job that adds to it gets a copy)."""
+    key: str | None
+    """The idempotency key every job carries; None: none, or each job's own id (``key_is_id``)."""
+    key_is_id: bool
+    key_ttl: int
+    signer: Signer | None
+    max_payload_bytes: int
+
+    def build(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> BuiltJob:
+        """One job of this template with these arguments, validated and encoded (see ``build``)."""
+        args = list(args)
+        kwargs = kwargs if type(kwargs) is dict else dict(kwargs)
+        if not _FLAT.issuperset(map(type, args)):  # flat arguments (the usual) need no walk
+            check_json_types(args, "args")
+        if kwargs and not _FLAT.issuperset(map(type, kwargs.values())):
+            check_json_types(kwargs, "kwargs")
+        job_id = self.job_id
+        jid = job_id or new_job_id()
+        task, meta, key, signer = self.task, self.meta, self.key, self.signer
+        if self.key_is_id:
+            meta = {**meta, IDEMPOTENCY_KEY: jid, IDEMPOTENCY_TTL: self.key_ttl}
+            key = jid
+        created = now_ms()
+        if signer is not None:
+            meta = {**meta, SIGNATURE: signer.sign(jid, task, args, kwargs, created, key)}
+        payload = pack_job(jid, task, args, kwargs, created, self.attempts, self.backoff, self.result_ttl, meta)
+        if len(payload) > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"Job for task {task!r} is {len(payload)} bytes once encoded; "
+                f"the queue accepts at most {self.max_payload_bytes} bytes. "
+                "Pass a reference (a row id, a file path) instead of the data."
+            )
+        return BuiltJob(job_id or "", self.when, payload, jid)
+
+
+def template(spec: JobSpec, *, signer: Signer | None, idempotency_ttl: int, max_payload_bytes: int) -> JobTemplate:
+    """Check a spec's options (all but its arguments) in words and encode what its jobs share: signed with
+    ``signer`` when given, an idempotency key remembered for ``idempotency_ttl`` seconds unless the spec says
+    otherwise, at most ``max_payload_bytes`` once encoded."""
     task = spec.task
     if type(task) is not str or not task:
         raise ValueError("A job needs a task name (a non-empty string)")
-    args = list(spec.args)
-    kwargs = spec.kwargs if type(spec.kwargs) is dict else dict(spec.kwargs)
-    check_json_types(args, "args")
-    if kwargs:
-        check_json_types(kwargs, "kwargs")
     attempts = spec.attempts
     if attempts is not None and (type(attempts) is not int or attempts < 1):
         raise ValueError(f"attempts must be a whole number of 1 or more, got {attempts!r}")
@@ -139,16 +188,20 @@ def build(spec: JobSpec, *, signer: Signer | None, idempotency_ttl: int, max_pay
         if not _RESERVED_META.isdisjoint(meta):
             raise ValueError(f"meta keys {', '.join(sorted(_RESERVED_META))} are the queue's own; "
                              "pass idempotency_key=, idempotency_ttl=, timeout=, limit_key= and priority= instead")
-    jid = job_id or new_job_id()
     key = spec.idempotency_key
-    if key is not None and key is not False:
-        key = meta[IDEMPOTENCY_KEY] = jid if key is True else check_key(key)
-        ttl = spec.idempotency_ttl
-        meta[IDEMPOTENCY_TTL] = idempotency_ttl if ttl is None else check_ttl(ttl)
-    else:
-        key = None
-        if spec.idempotency_ttl is not None:
+    ttl = spec.idempotency_ttl
+    key_is_id = key is True
+    if key is None or key is False:
+        if ttl is not None:
             raise ValueError("idempotency_ttl is only meaningful with an idempotency_key")
+        key, key_ttl = None, idempotency_ttl
+    else:
+        key_ttl = idempotency_ttl if ttl is None else check_ttl(ttl)
+        if key_is_id:  # each job's own id: set per job
+            key = None
+        else:
+            key = meta[IDEMPOTENCY_KEY] = check_key(key)
+            meta[IDEMPOTENCY_TTL] = key_ttl
     if spec.timeout is not None:
         meta[TIMEOUT_META] = check_timeout(spec.timeout)
     if spec.limit_key is not None:
@@ -161,14 +214,19 @@ def build(spec: JobSpec, *, signer: Signer | None, idempotency_ttl: int, max_pay
         meta[PRIORITY_META] = spec.priority
         if not when:  # ready now: straight to the band's stream (delayed, the promoter reads the envelope)
             when = "!" + band
-    created = now_ms()
-    if signer is not None:
-        meta[SIGNATURE] = signer.sign(jid, task, args, kwargs, created, key)
-    payload = pack_job(jid, task, args, kwargs, created, attempts, backoff, result_ttl, meta)
-    if len(payload) > max_payload_bytes:
-        raise PayloadTooLarge(
-            f"Job for task {task!r} is {len(payload)} bytes once encoded; "
-            f"the queue accepts at most {max_payload_bytes} bytes. "
-            "Pass a reference (a row id, a file path) instead of the data."
-        )
-    return BuiltJob(job_id or "", when, payload, jid)
+    return JobTemplate(task, when, job_id, attempts, backoff, result_ttl, meta, key, key_is_id, key_ttl, signer,
+                       max_payload_bytes)
+
+
+def has_options(spec: JobSpec) -> bool:
+    """Whether a spec sets anything but its task and arguments (most do not: their jobs share a template)."""
+    return not (spec.job_id is None and spec.delay is None and spec.run_at is None and spec.attempts is None
+                and spec.backoff is None and spec.result_ttl == 0 and not spec.meta and spec.idempotency_key is None
+                and spec.idempotency_ttl is None and spec.timeout is None and spec.limit_key is None
+                and spec.priority == 0 and type(spec.priority) is int and type(spec.result_ttl) is int)
+
+
+def build(spec: JobSpec, *, signer: Signer | None, idempotency_ttl: int, max_payload_bytes: int) -> BuiltJob:
+    """Validate and encode one job: ``template`` of its options, built with its arguments."""
+    return template(spec, signer=signer, idempotency_ttl=idempotency_ttl,
+                    max_payload_bytes=max_payload_bytes).build(spec.args, spec.kwargs)

@@ -37,6 +37,7 @@ connects, and a master turned replica answers ``READONLY``: retried the same way
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import secrets
@@ -58,6 +59,10 @@ from chasqui_core.engine.store.connection import is_cluster_client, server_of
 
 SPINS = 100
 """Non-blocking reads tried before the link sleeps in ``recv`` (about 1 µs each)."""
+
+LAST_WAIT = 0.1
+"""Seconds a try started at the end of its write's window may still wait (to connect, or for its reply): a
+server that answers at once (``READONLY``...) is heard, and a silent one costs the window this much more."""
 
 UNAVAILABLE_REPLIES = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS")
 """Error replies of a server that refused the command without running it, during a restart or failover."""
@@ -103,11 +108,15 @@ def backoff_delays(first: float = 0.05, cap: float = 1.0) -> Iterator[float]:
 
 
 class Retrier:
-    """The retry window of one write: how long is left, how long to pause, what went wrong."""
+    """The retry window of one write: how long is left, how long to pause, what went wrong.
 
-    def __init__(self, retry_for: float) -> None:
+    The window closes ``retry_for`` seconds after the write began (``deadline``, when the caller knows it), not
+    after its first failure: a try that waited out a silent server has used its share of the window.
+    """
+
+    def __init__(self, retry_for: float, deadline: float | None = None) -> None:
         self.retry_for = retry_for
-        self.deadline = time.monotonic() + retry_for
+        self.deadline = time.monotonic() + retry_for if deadline is None else deadline
         self.tries = 0
         self.maybe_run = False
         self._delays = backoff_delays()
@@ -122,17 +131,36 @@ class Retrier:
         return float(min(next(self._delays), left))
 
 
+def _poll_ms(wait: float | None) -> int | None:
+    """A wait in seconds as ``poll`` takes it: whole milliseconds, rounded up; None waits for good."""
+    return None if wait is None else max(0, math.ceil(wait * 1000))
+
+
+_process = [os.getpid()]
+"""This process's id, kept here: ``os.getpid()`` is a system call, and every add asks whether its link was made
+before a fork."""
+os.register_at_fork(after_in_child=lambda: _process.__setitem__(0, os.getpid()))
+
+
+def process_id() -> int:
+    """This process's id, without a system call."""
+    return _process[0]
+
+
 class Lane:
     """A producer-side token that carries one write at a time, numbered in order."""
 
     def __init__(self) -> None:
         self.lane = secrets.token_hex(8)
         self.seq = 0
-        self.pid = os.getpid()
+        self.pid = _process[0]
+
+    def next_number(self) -> int:
+        self.seq += 1
+        return self.seq
 
     def next_seq(self) -> str:
-        self.seq += 1
-        return str(self.seq)
+        return str(self.next_number())
 
 
 class Link(Lane):
@@ -150,6 +178,10 @@ class Link(Lane):
         self.cluster = is_cluster_client(client)
         self.cache: dict[str, Any] = {}
         """Commands packed once for this link's lane (the owner's to fill)."""
+        self.deadline: float | None = None
+        """When the write under way gives up (``time.monotonic()``), set by the owner for each write: no wait of
+        its tries (connecting, sending, reading) outlasts it. None: each wait is bounded by the connection's own
+        socket timeout only."""
         self.conn = self._open(self._pool())
         self._reader = hiredis.Reader(replyError=redis.ResponseError)
         self._poller = select.poll()
@@ -167,7 +199,37 @@ class Link(Lane):
             kwargs["socket_connect_timeout"] = self.connect_timeout
         conn = pool.connection_class(**kwargs)
         self.raw = type(conn) in _RAW_CONNECTIONS
+        self._timeouts = (conn.socket_connect_timeout, conn.socket_timeout)
         return conn
+
+    def _wait(self) -> float | None:
+        """How long the next wait may last: the connection's socket timeout, and no later than the deadline."""
+        limit: float | None = self._timeouts[1]
+        if self.deadline is not None:
+            left = max(self.deadline - time.monotonic(), LAST_WAIT)
+            limit = left if limit is None else min(limit, left)
+        return limit
+
+    def _connect(self) -> None:
+        """Connect (and say hello) within the write's deadline; a raw socket is then made non-blocking, since
+        the link waits for it with ``poll``, bounded by ``_wait``."""
+        conn = self.conn
+        connect_timeout, socket_timeout = self._timeouts
+        wait = self._wait()
+        if wait is not None:  # redis-py's connect and handshake read these
+            conn.socket_connect_timeout = wait if connect_timeout is None else min(connect_timeout, wait)
+            conn.socket_timeout = wait if socket_timeout is None else min(socket_timeout, wait)
+        try:
+            conn.connect()
+        finally:
+            conn.socket_connect_timeout, conn.socket_timeout = connect_timeout, socket_timeout
+        self._reader = hiredis.Reader(replyError=redis.ResponseError)
+        self._poller = select.poll()
+        sock = conn._sock
+        assert sock is not None  # connect() opened it or raised
+        if self.raw:
+            sock.settimeout(0.0)  # every read and write a plain syscall: no poll inside Python's socket per call
+        self._poller.register(sock, select.POLLIN)
 
     def follow(self, error: BaseException) -> None:
         """Before a retry on a cluster: point the link at the master serving its slot now.
@@ -225,35 +287,48 @@ class Link(Lane):
 
     def _send(self, packed: bytes) -> None:
         conn = self.conn
-        if not self.raw:
-            conn.send_packed_command([packed], check_health=False)
-            return
-        if conn._sock is not None and self._poller.poll(0):
+        if self.raw and conn._sock is not None and self._poller.poll(0):
             # something to read before anything was asked: the server closed the
             # connection (a restart). Reconnect rather than send into it, so a
             # failure here is known not to have run.
             self.reset()
+        if conn._sock is None:
+            self._connect()
+        if not self.raw:
+            wait = self._wait()
+            if wait is not None and conn._sock is not None:
+                conn._sock.settimeout(max(wait, 0.001))
+            conn.send_packed_command([packed], check_health=False)
+            return
         sock = conn._sock
-        if sock is None:
-            conn.connect()
-            sock = conn._sock
-            assert sock is not None  # connect() opened it or raised
-            self._reader = hiredis.Reader(replyError=redis.ResponseError)
-            self._poller = select.poll()
-            self._poller.register(sock, select.POLLIN)
         try:
-            sock.sendall(packed)
-        except TimeoutError:
-            raise redis.TimeoutError(f"Timeout writing to {self.server}") from None
+            try:
+                sent = sock.send(packed)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(packed):
+                self._send_rest(sock, memoryview(packed)[sent:])
         except OSError as exc:
             raise redis.ConnectionError(f"Error while writing to {self.server}: {exc}") from None
+
+    def _send_rest(self, sock: socket.socket, view: memoryview) -> None:
+        """What one ``send`` did not take (a bulk chunk larger than the socket's buffer): sent as room frees."""
+        writable = select.poll()
+        writable.register(sock, select.POLLOUT)
+        while view:
+            if not writable.poll(_poll_ms(self._wait())):
+                raise redis.TimeoutError(f"Timeout writing to {self.server}")
+            try:
+                view = view[sock.send(view):]
+            except BlockingIOError:
+                continue
 
     def _receive(self, count: int) -> list[Any]:
         if not self.raw:
             out = []
             for _ in range(count):
                 try:
-                    out.append(self.conn.read_response())
+                    out.append(self.conn.read_response(timeout=self._wait()))
                 except redis.ResponseError as exc:
                     out.append(exc)
             return out
@@ -268,45 +343,34 @@ class Link(Lane):
         return out
 
     def _recv(self) -> bytes:
+        """What has arrived; polls the non-blocking socket up to ``SPINS`` times before it sleeps in ``poll``.
+
+        A reply usually arrives within tens of µs, sooner than a sleeping
+        thread wakes up on a virtual machine, so polling briefly costs less
+        CPU than sleeping, not more. The sleep is bounded by ``_wait``.
+        """
         sock = self.conn._sock
         try:
-            data = self._poll(sock)
-            if data is None:
-                data = sock.recv(65536)
-        except TimeoutError:
-            raise redis.TimeoutError(f"Timeout reading from {self.server}") from None
+            for _ in range(SPINS):
+                try:
+                    data: bytes = sock.recv(65536)
+                    break
+                except BlockingIOError:
+                    pass
+            else:
+                while True:
+                    if not self._poller.poll(_poll_ms(self._wait())):
+                        raise redis.TimeoutError(f"Timeout reading from {self.server}")
+                    try:
+                        data = sock.recv(65536)
+                        break
+                    except BlockingIOError:
+                        pass
         except OSError as exc:
             raise redis.ConnectionError(f"Error while reading from {self.server}: {exc}") from None
         if not data:
             raise redis.ConnectionError(f"Connection closed by {self.server}")
         return data
-
-    @staticmethod
-    def _poll(sock: socket.socket) -> bytes | None:
-        """Read what has arrived, polling up to ``SPINS`` times; None when nothing came.
-
-        A reply usually arrives within tens of µs, sooner than a sleeping
-        ``recv`` wakes up on a virtual machine, so polling briefly costs less
-        CPU than sleeping, not more.
-        """
-        timeout = sock.gettimeout()
-        if timeout is None:  # a blocking socket: ask for a non-blocking read per call
-            for _ in range(SPINS):
-                try:
-                    return sock.recv(65536, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    pass
-            return None
-        sock.settimeout(0.0)  # a socket with a timeout polls before it reads: make it non-blocking meanwhile
-        try:
-            for _ in range(SPINS):
-                try:
-                    return sock.recv(65536)
-                except BlockingIOError:
-                    pass
-            return None
-        finally:
-            sock.settimeout(timeout)
 
     def reset(self) -> None:
         """Drop the connection (reconnect on the next call); the lane stays."""

@@ -1,26 +1,25 @@
 """The producer side: put jobs on a queue.
 
-Every add runs ``enqueue.lua``: ``Queue.add`` is one call for one job,
-``Queue.add_bulk`` one call per chunk, so that ready and delayed jobs,
-caller-given ids, the enqueued counter and the lane that makes a re-sent write
-harmless (see ``link.py``) are handled in the same atomic call. A write that
-meets a restarting or failing-over server is retried for ``retry_for``
-seconds, then ``EnqueueUnavailable`` is raised; a retry never adds a job twice.
+Every add is one atomic script call: ``Queue.add_bulk`` one ``enqueue.lua``
+call per chunk, so that ready and delayed jobs, caller-given ids, the enqueued
+counter and the lane that makes a re-sent write harmless (see ``link.py``) are
+handled together. A single plain job (ready now, default priority, no
+caller-given id: most adds) goes through ``enqueue_plain.lua``, which does
+only what such a job needs, since the caller waits for it. A write that meets
+a restarting or failing-over server is retried until ``retry_for`` seconds
+after the call began, then ``EnqueueUnavailable`` is raised; a retry never
+adds a job twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import os
 import time
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-import hiredis
-import msgpack
 import redis
 import redis.asyncio as aredis
 from redis.asyncio.retry import Retry as AsyncRetry
@@ -30,15 +29,17 @@ from chasqui_core.engine.jobs.errors import EnqueueUnavailable
 from chasqui_core.engine.jobs.idempotency import DEFAULT_TTL, check_ttl
 from chasqui_core.engine.jobs.signing import Signer
 from chasqui_core.engine.ops import cancel
-from chasqui_core.engine.producer.jobspec import BuiltJob, Enqueued, JobSpec, PayloadTooLarge, build
-from chasqui_core.engine.producer.link import Lane, Link, Retrier, unavailable
+from chasqui_core.engine.producer import wire
+from chasqui_core.engine.producer.jobspec import (BuiltJob, Enqueued, JobSpec, JobTemplate, PayloadTooLarge,
+                                                  has_options, template)
+from chasqui_core.engine.producer.link import Lane, Link, Retrier, process_id, unavailable
 from chasqui_core.engine.store.connection import (aconnect, ais_cluster, connect, is_cluster_client, server_of,
                                                   undetected, url_of)
 from chasqui_core.engine.store.keys import QUEUES_REGISTRY, QueueKeys
-from chasqui_core.engine.store.scripts import Scripts, source
+from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.timing import delayed
 
-__all__ = ["BuiltJob", "Enqueued", "JobSpec", "PayloadTooLarge", "Queue"]
+__all__ = ["BuiltJob", "Enqueued", "JobSpec", "JobTemplate", "PayloadTooLarge", "Queue"]
 """The value types live in jobspec.py; they are named here too, where callers have always found them."""
 
 DEFAULT_UNIQUE_TTL_MS = 24 * 3600 * 1000
@@ -46,16 +47,14 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 DEFAULT_CHUNK_SIZE = 1000
 DEFAULT_RETRY_FOR = 5.0
 """Seconds a producer keeps retrying an add while Redis is unavailable (a restart, a failover)."""
-LANE_TTL_MS = 600_000
-"""How long a lane remembers its last write: far longer than any write stays in doubt."""
+_monotonic = time.monotonic
+_enqueued = Enqueued._make
 
-_ENQUEUE_SHA = hashlib.sha1(source("enqueue").encode()).hexdigest()
-_pack_command: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
-_LOAD_ENQUEUE = _pack_command(("SCRIPT", "LOAD", source("enqueue")))
-_EMPTY_BULK = b"$0\r\n\r\n"
+_Pending = tuple[list[Any], bytes, bytes, int, BaseException | None]
+"""A write on its way: its jobs, its sequence number, its first try's bytes and reply count, and the error that
+kept it from being sent (None once sent)."""
 
 
-_pack_items = msgpack.Packer(use_bin_type=False).pack
 class Queue:
     """A named queue on one Redis server.
 
@@ -96,6 +95,7 @@ class Queue:
         self._signer = Signer([signing_key]) if signing_key is not None else None
         self.idempotency_ttl = check_ttl(idempotency_ttl)
         self._registered = False
+        self._plain: dict[str, JobTemplate] = {}
         self._links: list[Link] = []
         self._alanes: list[Lane] = []
         self._use(redis_client if redis_client is not None else connect(url))
@@ -106,7 +106,7 @@ class Queue:
         self._scripts = Scripts(client)
         self._cluster = is_cluster_client(client)
         # on a cluster the registry lives in a slot of its own, likely on another node than the queue
-        self._register_cmd = b"" if self._cluster else _pack_command(("SADD", QUEUES_REGISTRY, self.name))
+        self._register_cmd = b"" if self._cluster else wire.pack_command(("SADD", QUEUES_REGISTRY, self.name))
         self._owned_undetected = self._url is not None and undetected(client)
 
     # --- building jobs ------------------------------------------------------
@@ -114,17 +114,25 @@ class Queue:
     def build(self, spec: JobSpec) -> BuiltJob:
         """Validate and encode one job (``jobspec.build``, with this queue's signing key, idempotency window and
         payload limit)."""
-        return build(spec, signer=self._signer, idempotency_ttl=self.idempotency_ttl,
-                     max_payload_bytes=self.max_payload_bytes)
+        if type(spec.task) is str and not has_options(spec):
+            return self._plain_template(spec.task).build(spec.args, spec.kwargs)
+        return self.template(spec).build(spec.args, spec.kwargs)
 
-    @staticmethod
-    def _items(built: list[Any]) -> bytes:
-        flat: list[Any] = []
-        for uid, when, payload, _ in built:
-            flat += (uid, when, payload)
-        # str type for every item: the scripting engine's msgpack reads raw strings
-        packed: bytes = _pack_items(flat)
-        return packed
+    def _plain_template(self, task: str) -> JobTemplate:
+        """The template of a job of ``task`` without options, checked once per task name."""
+        plain = self._plain.get(task)
+        if plain is None:
+            plain = self.template(JobSpec(task))
+            if len(self._plain) >= 1024:
+                self._plain.clear()
+            self._plain[task] = plain
+        return plain
+
+    def template(self, spec: JobSpec) -> JobTemplate:
+        """A spec's options checked once, for building many jobs with this queue's settings (its arguments are
+        not looked at): ``jobspec.template``."""
+        return template(spec, signer=self._signer, idempotency_ttl=self.idempotency_ttl,
+                        max_payload_bytes=self.max_payload_bytes)
 
     def _results(self, built: list[Any], replies: list[Any]) -> list[Enqueued]:
         name = self.name
@@ -163,60 +171,64 @@ class Queue:
         except IndexError:
             link = None
         # a forked child never shares its parent's sockets; a link made for an earlier client is dropped
-        if link is None or link.pid != os.getpid() or link.client is not self.redis:
+        if link is None or link.pid != process_id() or link.client is not self.redis:
             if link is not None:
                 self._links = []
             k = self.keys
             link = Link(self.redis, connect_timeout=min(5.0, max(1.0, self.retry_for)), key=k.stream)
-            # packed once per link; the last two arguments (sequence number, jobs) are added per write
-            link.cache["enqueue"] = _pack_command(
-                ("EVALSHA", _ENQUEUE_SHA, 3, k.stream, k.delayed, k.lane + link.lane, k.unique,
-                 self.unique_ttl_ms, k.metrics, LANE_TTL_MS, "", ""))[:-2 * len(_EMPTY_BULK)]
+            link.cache["heads"] = wire.heads(k, link.lane, self.unique_ttl_ms)
         return link
 
-    def _request(self, link: Link, chunk: list[Any]) -> tuple[bytes, int]:
-        """Pack one write (its sequence number fixed now, for every try) and how many replies it gets."""
-        seq = link.next_seq().encode()
-        items = self._items(chunk)
-        packed = b"%s$%d\r\n%s\r\n$%d\r\n%s\r\n" % (link.cache["enqueue"], len(seq), seq, len(items), items)
+    def _request(self, link: Link, chunk: list[Any], seq: bytes, again: bool) -> tuple[bytes, int]:
+        """Pack one try of a write (``wire.request``) and how many replies it gets."""
+        packed = wire.request(link.cache["heads"], chunk, seq, again)
         if self._registered or self._cluster:
             return packed, 1
         return self._register_cmd + packed, 2
 
-    def _start(self, link: Link, chunk: list[Any]) -> tuple[list[Any], bytes, int, BaseException | None]:
-        """Send one write without waiting for its reply (a bulk add builds the next chunk meanwhile)."""
-        packed, count = self._request(link, chunk)
+    def _start(self, link: Link, chunk: list[Any]) -> _Pending:
+        """Send one write without waiting for its reply (a bulk add builds the next chunk meanwhile).
+
+        The write's retry window opens now: no try of it waits past ``retry_for`` seconds from here.
+        """
+        retry_for = self.retry_for
+        link.deadline = _monotonic() + retry_for if retry_for else None
+        seq = b"%d" % link.next_number()
+        packed, count = self._request(link, chunk, seq, False)
         try:
             link.send(packed)
         except Exception as exc:
             if not unavailable(exc):
                 raise
-            return chunk, packed, count, exc  # not sent: _finish retries it
-        return chunk, packed, count, None
+            return chunk, seq, packed, count, exc  # not sent: _finish retries it
+        return chunk, seq, packed, count, None
 
-    def _finish(self, link: Link, pending: tuple[list[Any], bytes, int, BaseException | None]) -> list[Enqueued]:
+    def _finish(self, link: Link, pending: _Pending) -> list[Enqueued]:
         """Read the reply of a write started by ``_start``, retrying it while Redis is unavailable."""
-        chunk, packed, count, error = pending
+        chunk, seq, packed, count, error = pending
         retrier: Retrier | None = None
         while True:
             if error is None:
                 try:
-                    replies = self._receive(link, packed, count)
+                    reply = self._receive(link, packed, count)[-1]
                     if not self._registered:
                         self._register()
-                    return self._results(chunk, replies[-1])
+                    if type(reply) is bytes:  # enqueue_plain.lua's: the entry id of its one job
+                        return [_enqueued((chunk[0][3], self.name, reply.decode(), False, False))]
+                    return self._results(chunk, reply)
                 except Exception as exc:
                     if not unavailable(exc):
                         raise
                     error = exc
-            retrier = retrier or Retrier(self.retry_for)
+            retrier = retrier or Retrier(self.retry_for, link.deadline)
             wait = retrier.pause(error, sent=getattr(error, "sent", True))
             if wait is None:
                 raise self._unavailable(error, retrier, chunk, link.server) from error
             time.sleep(wait)
             link.follow(error)  # on a cluster: to the slot's master now
+            packed, count = self._request(link, chunk, seq, True)  # same lane, same number: the lane is read
             try:
-                link.send(packed)  # the same bytes: same lane, same sequence number
+                link.send(packed)
                 error = None
             except Exception as exc:
                 if not unavailable(exc):
@@ -241,9 +253,9 @@ class Queue:
         except redis.ResponseError as exc:
             if not isinstance(exc, redis.exceptions.NoScriptError) and not str(exc).startswith("NOSCRIPT"):
                 raise
-        # a restarted server has forgotten the script: load it and send again, one round trip
-        link.send(_LOAD_ENQUEUE + packed)
-        return link.receive(count + 1)[1:]
+        # a restarted server has forgotten the scripts: load them and send again, one round trip
+        link.send(wire.LOAD_BOTH + packed)
+        return link.receive(count + 2)[2:]
 
     def _unavailable(self, cause: BaseException, retrier: Retrier, chunk: list[Any], server: str) -> EnqueueUnavailable:
         jobs = f"{len(chunk)} jobs" if len(chunk) != 1 else f"job {chunk[0].job_id}"
@@ -320,7 +332,9 @@ class Queue:
     ) -> Enqueued:
         """Add one job. Options: job_id, delay, run_at, attempts, backoff, result_ttl, meta, idempotency_key,
         idempotency_ttl, timeout, limit_key, priority (see JobSpec)."""
-        return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
+        if options or type(task) is not str:
+            return self.add_built(self.build(JobSpec(task, args, kwargs or {}, **options)))
+        return self.add_built(self._plain_template(task).build(args, kwargs or {}))
 
     def add_built(self, built: BuiltJob) -> Enqueued:
         """Send one job returned by ``build`` (validate now, send later: on commit, say)."""
@@ -381,18 +395,24 @@ class Queue:
     async def _awrite(self, client: aredis.Redis, scripts: Scripts, lane: Lane, chunk: list[Any]) -> list[Enqueued]:
         k = self.keys
         keys = [k.stream, k.delayed, k.lane + lane.lane]
-        args = [k.unique, self.unique_ttl_ms, k.metrics, LANE_TTL_MS, lane.next_seq(), self._items(chunk)]
+        args = [k.unique, self.unique_ttl_ms, k.metrics, wire.LANE_TTL_MS, lane.next_seq(), "", wire.items(chunk)]
+        deadline = _monotonic() + self.retry_for  # the window opens with the write, not with its first failure
         retrier: Retrier | None = None
         while True:
             try:
                 if not self._registered:
                     await client.sadd(QUEUES_REGISTRY, self.name)
                     self._registered = True
-                return self._results(chunk, await scripts.enqueue(keys=keys, args=args))
+                left = deadline - _monotonic()
+                call = scripts.enqueue(keys=keys, args=args)
+                # no try outlasts the window (a silent server would hold it for the socket's whole timeout)
+                reply = await (asyncio.wait_for(call, max(left, 0.001)) if self.retry_for else call)
+                return self._results(chunk, reply)
             except Exception as exc:
-                if not unavailable(exc):
+                if not unavailable(exc):  # a try cut short by the window is a TimeoutError: an OSError
                     raise
-                retrier = retrier or Retrier(self.retry_for)
+                args[5] = "1"  # sent again: the script reads the lane first
+                retrier = retrier or Retrier(self.retry_for, deadline)
                 wait = retrier.pause(exc, sent=True)
                 if wait is None:
                     raise self._unavailable(exc, retrier, chunk, server_of(client)) from exc

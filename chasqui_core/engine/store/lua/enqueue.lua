@@ -1,4 +1,5 @@
 -- Add a chunk of jobs to a queue in one call; a re-sent call adds nothing.
+-- (A single plain job, the most common add, goes through enqueue_plain.lua.)
 --
 -- KEYS[1]  stream   {chasqui:<q>}:stream
 -- KEYS[2]  delayed  {chasqui:<q>}:delayed
@@ -9,7 +10,9 @@
 -- ARGV[3]  prefix of the metrics counters ({chasqui:<q>}:m:)
 -- ARGV[4]  how long a lane remembers its last write, in ms
 -- ARGV[5]  this write's sequence number in its lane (fixed before the first try)
--- ARGV[6]  the jobs, one msgpack array of triples laid flat (one argument per
+-- ARGV[6]  "1" when the write is sent again after a try whose reply was lost,
+--          "" on its first try (which cannot find its own number: not read)
+-- ARGV[7]  the jobs, one msgpack array of triples laid flat (one argument per
 --          chunk instead of three per job keeps the call cheap to send):
 --          job id ("" when the caller gave none), when, payload
 --            when = ""      -> ready now (XADD)
@@ -27,14 +30,16 @@
 
 local stream, delayed, lane = KEYS[1], KEYS[2], KEYS[3]
 local unique_prefix, unique_ttl, mprefix, lane_ttl, seq = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
-local last = redis.call('GET', lane)
-if last and string.sub(last, 1, #seq + 1) == seq .. ':' then
-  return cmsgpack.unpack(string.sub(last, #seq + 2))
+if ARGV[6] ~= '' then
+  local last = redis.call('GET', lane)
+  if last and string.sub(last, 1, #seq + 1) == seq .. ':' then
+    return cmsgpack.unpack(string.sub(last, #seq + 2))
+  end
 end
 local now = server_ms()
 local out = {}
 local added = 0
-local items = cmsgpack.unpack(ARGV[6])
+local items = cmsgpack.unpack(ARGV[7])
 for i = 1, #items, 3 do
   local id, when, payload = items[i], items[i + 1], items[i + 2]
   local fresh = true
