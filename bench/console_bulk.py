@@ -13,7 +13,8 @@ entry out):
 - second run: the same filter again, from recording it to its first entries
   handled, and its pace to the end;
 - find by id: the job replayed inline (waiting in the stream now), and an id
-  nobody used.
+  nobody used, read everywhere (the API) and where it leads (the console's
+  job page, which says what it left unread).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .console_ops import _runner
 from .results import Measurement
 
 FILTER = DLQFilter(error_class="ValueError")
-INLINE, STOP, SECOND_FIRST, SECOND_RATE, SECOND_READ, FIND_REPLAYED, FIND_UNKNOWN = (
+INLINE, STOP, SECOND_FIRST, SECOND_RATE, SECOND_READ, FIND_REPLAYED, FIND_UNKNOWN, FIND_UNKNOWN_PAGE = (
     "indexed replay: inline, the rare task",
     "indexed replay: stopped after a third, handled of total",
     "indexed replay: a second run, first progress",
@@ -40,6 +41,7 @@ INLINE, STOP, SECOND_FIRST, SECOND_RATE, SECOND_READ, FIND_REPLAYED, FIND_UNKNOW
     "indexed replay: a second run, bytes out of Redis per entry",
     "find by id (replayed)",
     "find by id (unknown)",
+    "find by id (unknown), the job page's narrow lookup",
 )
 
 
@@ -160,11 +162,13 @@ def run(ctx, built, rare_task: str) -> list[Measurement]:
         stop.set()
         runner.join(30)
 
-    for case, job_id in ((FIND_REPLAYED, built.rare_job_id), (FIND_UNKNOWN, new_job_id())):
+    unknown = new_job_id()
+    for case, job_id, wide in ((FIND_REPLAYED, built.rare_job_id, True), (FIND_UNKNOWN, unknown, True),
+                               (FIND_UNKNOWN_PAGE, unknown, False)):
         samples = []
         for _ in range(max(3, ctx.repeats)):
             t0 = time.perf_counter()
-            found = find_job(client, job_id, [queue])
+            found = find_job(client, job_id, [queue], wide=wide)
             samples.append((time.perf_counter() - t0) * 1000)
         out.append(
             Measurement(
@@ -174,7 +178,8 @@ def run(ctx, built, rare_task: str) -> list[Measurement]:
                 samples,
                 jobs=size,
                 lower_is_better=True,
-                note=f"found as {found.state}, {found.scanned:,} entries read",
+                note=f"found as {found.state}, {found.scanned:,} entries read"
+                + (", the rest named as not read" if found.narrowed else ""),
             )
         )
     return out

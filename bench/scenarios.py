@@ -134,7 +134,7 @@ def _console_goals(size: int) -> dict[str, Goal]:
     goals[bulk.label(size, bulk.STOP)] = Goal("says how many of how many, truthfully")
     goals[bulk.label(size, bulk.SECOND_FIRST)] = Goal("< 1 s")
     goals[bulk.label(size, bulk.SECOND_RATE)] = Goal("≥ 10,000 entries/s")
-    for case in (bulk.FIND_REPLAYED, bulk.FIND_UNKNOWN):
+    for case in (bulk.FIND_REPLAYED, bulk.FIND_UNKNOWN, bulk.FIND_UNKNOWN_PAGE):
         goals[bulk.label(size, case)] = Goal("< 100 ms")
     ops = console_ops
     goals[ops.label(ops.OPS_SIZE, ops.CONFIRM)] = Goal("< 1 s")

@@ -294,10 +294,11 @@ def search(request: HttpRequest) -> HttpResponse:
 @console_page
 def job(request: HttpRequest, job_id: str) -> HttpResponse:
     """One job in whatever state it is, with the actions that fit that state."""
-    try:
-        found = jobs_service.find_job(request.user, job_id, source="console")
+    try:  # where the id leads first (milliseconds at any size); every stream and delayed set when asked
+        found = jobs_service.find_job(request.user, job_id, source="console", wide=request.GET.get("search") == "all")
     except (NotFound, InvalidInput) as exc:
-        ctx = {**_base(request, "search"), "job_id": job_id, "message": str(exc)}
+        ctx = {**_base(request, "search"), "job_id": job_id, "message": str(exc),
+               "search_all": isinstance(exc, jobs_service.NotFoundNearby)}
         return render(request, "chasqui_console/search.html", ctx, status=404)
     result = found.result or {}
     errors = found.dead.errors if found.dead is not None else (

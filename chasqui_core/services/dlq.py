@@ -1,8 +1,11 @@
 """The dead-letter queue: browse, group and count dead jobs; replay or discard them.
 
 Replays and discards by filter that match more than ``background_threshold()``
-entries (or that are paced with a ``rate``) are handed to ``background``: the
-queue's workers sweep them, outside the web process.
+entries, whose count is only an estimate (free text over more entries than a
+bounded read covers), or that are paced with a ``rate``, are handed to
+``background``: the queue's workers sweep them, outside the web process. What
+runs inline reads only its matching entries (through the DLQ's index) or a
+range of at most the estimate's bounded read.
 """
 
 from __future__ import annotations
@@ -225,8 +228,8 @@ def replay(
     them now. ``rate`` (jobs per second, by filter only) paces the replay so
     it does not flood the workers; a paced replay always runs in the
     background. Returns how many entries were replayed, or, for a filter that
-    matches more than ``background_threshold()`` entries, the started
-    background Operation (``background=True``/``False`` forces either way).
+    matches more than ``background_threshold()`` entries (or whose count is
+    an estimate), the started background Operation (``background=True``/``False`` forces either way).
     ``progress(done, total)`` and ``should_stop()`` apply when run inline;
     stopping leaves every entry either replayed or untouched.
     """
@@ -292,7 +295,9 @@ def _bulk(actor, kind: str, queue: str, ids, filter, options: dict, source: str,
         with engine_errors:
             matching = estimate_matching(dl, f)
         if in_background is None:
-            in_background = matching.count > background_threshold()
+            # an estimate ("about") means the matches are only known by reading more of the DLQ than a request
+            # may (free text over a big DLQ): a worker sweeps it, however few it says
+            in_background = matching.count > background_threshold() or not matching.exact
         if in_background:
             return launch_in_background(actor, kind, queue, f, options, source, total=matching.count,
                                         total_exact=matching.exact)

@@ -56,19 +56,25 @@ def task_list(actor, *, source: Source = "api") -> list[TaskInfo]:
     return out
 
 
-def find_job(actor, job_id: str, *, source: Source = "api") -> lookup.JobLookup:
+class NotFoundNearby(NotFound):
+    """A narrow lookup (``find_job(wide=False)``) found the job nowhere its id leads, and left places unread
+    where a wide one may still find it."""
+
+
+def find_job(actor, job_id: str, *, source: Source = "api", wide: bool = True) -> lookup.JobLookup:
     """Where a job is now, in any queue and any state; NotFound, saying where it looked, when it is nowhere.
 
-    The lookup's data is the engine's, unmasked: callers mask what they show
-    (the API's schema and the console's templates do).
+    ``wide=False`` reads only where the id leads (the console's first look: milliseconds whatever the queues
+    hold) and raises ``NotFoundNearby`` when it left places unread. The lookup's data is the engine's,
+    unmasked: callers mask what they show (the API's schema and the console's templates do).
     """
     require(actor, access.VIEW, source)
     if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
         raise InvalidInput("job_id must be a non-empty string of at most 200 characters")
     with engine_errors:
-        found = lookup.find_job(redis_client(), job_id, known_queues(), scan_limit=LOOKUP_SCAN_LIMIT)
+        found = lookup.find_job(redis_client(), job_id, known_queues(), scan_limit=LOOKUP_SCAN_LIMIT, wide=wide)
     if not found.found:
-        raise NotFound(not_found_message(found))
+        raise (NotFoundNearby if found.narrowed else NotFound)(not_found_message(found))
     with engine_errors:
         return lookup.watching(redis_client(), found)
 
@@ -122,7 +128,11 @@ def cancel_job(actor, job_id: str, *, source: Source) -> CancelOutcome:
 def not_found_message(found: lookup.JobLookup) -> str:
     """Why a lookup came back empty, and how sure that is."""
     where = "; ".join(found.searched) or "no queue is known"
-    if found.complete:
+    if found.narrowed:
+        verdict = (f"Job {found.job_id!r} is not where its id leads (its marks, stored result, the dead-letter "
+                   "index, the stream near the time in its id); the rest of the queues was not read, so it may "
+                   "still be there")
+    elif found.complete:
         verdict = (f"No job {found.job_id!r} in any queue: it is not waiting, running, delayed or dead, and no "
                    "result is stored for it (finished jobs are kept only with RESULT_TTL on)")
     else:

@@ -175,6 +175,17 @@ def test_replay_by_filter_inline(op_api, redis):
     assert entry.filter == {"task": "b.task"}
 
 
+def test_a_few_matches_of_free_text_over_a_big_dlq_go_to_a_worker_not_the_request(op_api, redis):
+    """Seven matches, but only a read of the whole DLQ finds them: the request must not do that read."""
+    bulk_dead(redis, Q, 15_000, message="row {i} failed")  # more than the confirmation's bounded read
+    r = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {"error_text": "row 14321 failed"}})
+    assert r.status_code == 202, r.content
+    assert r.json()["background"] is True
+    assert dlq_len(redis, Q) == 15_000  # nothing moved inside the request
+    small = op_api.post(f"/api/queues/{Q}/dlq/replay", {"filter": {"task": TASK, "error_text": "nothing"}})
+    assert small.status_code == 202  # an indexed value with free text: still an estimate over 15,000
+
+
 def test_replay_and_discard_one_error_group_by_fingerprint(op_api, redis):
     timeouts = [add_dead(redis, Q, messages=(f"gateway timed out for order {i}",), cls="TimeoutError")
                 for i in range(4)]

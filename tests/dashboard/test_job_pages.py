@@ -245,3 +245,17 @@ def test_the_queue_pages_cancel_of_a_delayed_job_still_removes_it_and_never_land
     assert response.status_code == 302 and response["Location"] == f"/queues/{Q}/#delayed"
     assert "is cancelled: it will not run" in c.get(response["Location"]).content.decode()
     assert redis.zcard(QueueKeys.for_queue(Q).delayed) == 0
+
+
+def test_an_unknown_id_is_answered_from_where_it_leads_with_a_way_to_search_everything(viewer, redis):
+    queue = Queue(Q, redis_client=redis)
+    for i in range(5000):
+        queue.add(TASK, [i, 0])
+    far = queue.add(TASK, [1, 2], job_id="order-9")  # a caller-given id: it leads nowhere in the stream
+    response = _client(viewer).get("/jobs/order-9/")
+    assert response.status_code == 404
+    html = response.content.decode()
+    assert "is not where its id leads" in html and "the rest of the stream of emails" in html
+    assert 'href="?search=all"' in html
+    found = _client(viewer).get("/jobs/order-9/", {"search": "all"})
+    assert found.status_code == 200 and far.job_id in found.content.decode()

@@ -7,7 +7,9 @@ and their lifetime against the group's entries.
 
 import pytest
 
+from chasqui_core.engine.dlq import index as index_module
 from chasqui_core.engine.dlq.filter import DLQFilter
+from chasqui_core.engine.dlq.index import INDEX_VERSION
 from chasqui_core.engine.dlq.search import TextSearch
 from chasqui_core.engine.dlq.shared import texts_key
 from chasqui_core.engine.jobs.errors import UnrecoverableError
@@ -123,3 +125,40 @@ def test_entries_written_before_keep_their_texts_inline(redis, dl):
     dead = dl.get(eid)
     assert dead.errors == job.errors
     assert dead.errors[-1]["traceback"].endswith("ValueError: second\n")
+
+
+def test_a_groups_texts_removed_mid_rebuild_are_swept_when_the_rebuild_ends(redis, redis_url, dl):
+    """Entries taken out while a rebuild has not indexed them leave no count to bring to zero: the pass's end
+    deletes the texts no entry names any more."""
+    fail_orders(redis, redis_url)
+    key = texts_key(KEYS.dlq, redis.xrange(KEYS.dlq)[0][1][b"fp"].decode())
+    dl.index.scripts.dlq_reindex(keys=[KEYS.dlq], args=["reset", INDEX_VERSION])  # as after an upgrade
+    assert dl.discard([eid.decode() for eid, _ in redis.xrange(KEYS.dlq)]) == N
+    assert redis.exists(key)  # the rebuild had not reached them: nothing could tell they were the group's last
+    assert dl.index.rebuild().ready
+    assert not redis.keys(KEYS.dlq + ":tb:*")
+    assert not redis.smembers(KEYS.dlq + ":tbgroups")
+
+
+def test_a_groups_texts_outlive_its_indexed_entries_while_others_wait_for_the_rebuild(redis, redis_url, dl,
+                                                                                     monkeypatch):
+    """Mid-rebuild a group's count covers only the entries indexed so far: removing those must not delete
+    the texts the entries not indexed yet still name."""
+    numbers = fail_orders(redis, redis_url)
+    rows = redis.xrange(KEYS.dlq)
+    key = texts_key(KEYS.dlq, rows[0][1][b"fp"].decode())
+    dl.index.scripts.dlq_reindex(keys=[KEYS.dlq], args=["reset", INDEX_VERSION])
+    monkeypatch.setattr(index_module, "REBUILD_CHUNK", 1)
+    assert dl.index._chunk()  # the oldest entry indexed again, the rest not yet
+    assert redis.zscore(dl.index.ix.groups, rows[0][1][b"fp"]) == 1
+    assert dl.discard([rows[0][0].decode()]) == 1  # the group's count reaches zero
+    assert redis.exists(key)
+    monkeypatch.setattr(index_module, "REBUILD_CHUNK", 1000)
+    assert dl.index.rebuild().ready
+    assert redis.exists(key)  # the sweep at the pass's end keeps the texts of a group with entries
+    for eid, _ in rows[1:]:
+        dead = dl.get(eid.decode())
+        check_history(dead.errors, numbers[dead.job_id])
+    assert dl.discard([eid.decode() for eid, _ in rows[1:]]) == N - 1
+    assert not redis.exists(key)  # the index is whole again: the last entry takes the texts with it
+    assert not redis.smembers(KEYS.dlq + ":tbgroups")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -314,3 +315,47 @@ def test_a_waiting_or_running_job_of_a_priority_band_is_found_in_its_bands_strea
     redis.xreadgroup(GROUP, "w1", {keys.stream: ">"}, count=1)
     found = lookup.find_job(redis, high.job_id, ["lk-bands"])
     assert (found.state, found.delivered_to) == ("running", "w1")
+
+
+def test_a_narrow_lookup_reads_only_where_the_id_leads_and_says_what_it_left(redis):
+    """``wide=False``: an unknown id is answered without reading the stream or the delayed set whole, and the
+    answer says what was left unread, so a wide lookup can be asked for; a job where its id leads is found."""
+    queue = Queue(Q, redis_client=redis)
+    for i in range(6000):
+        queue.add(TASK, [i, 0])
+    far = queue.add(TASK, [1, 2], job_id="order-77")  # a caller-given id: no time to start from
+    delayed = queue.add(TASK, [3, 4], delay=3600)
+    missing = new_job_id()
+
+    narrow = find(redis, missing, wide=False)
+    assert narrow.state is None and not narrow.complete and narrow.narrowed
+    assert narrow.scanned <= 4_000  # the stream near the id's time, nothing more
+    assert any("not read: " in note and "the rest of the stream of lookups" in note for note in narrow.searched)
+    assert find(redis, missing).scanned > 6_000  # the wide lookup reads it all, and is sure
+    assert find(redis, missing).complete
+
+    assert find(redis, delayed.job_id, wide=False).state == "delayed"  # at its mark
+    assert find(redis, "order-77", wide=False).state is None  # only a wide lookup reaches it
+    assert find(redis, "order-77").job.id == far.job_id
+
+
+def test_a_narrow_lookup_of_empty_queues_is_complete(redis):
+    Queue(Q, redis_client=redis).add(TASK, [1, 0])
+    redis.delete(QueueKeys.for_queue(Q).stream)
+    found = find(redis, new_job_id(), wide=False)
+    assert found.state is None and found.complete and not found.narrowed
+
+
+def test_a_job_promoted_when_due_is_found_near_its_due_time_by_a_narrow_lookup(redis):
+    """Its stream entry is far from its id's time but at its due time, which its (stale) mark still holds."""
+    queue = Queue(Q, redis_client=redis)
+    later = queue.add(TASK, [7], delay=timedelta(seconds=4))
+    queue.add_bulk([JobSpec(TASK, [i, 0]) for i in range(6000)])  # between its making and its due time
+    while redis.zcard(KEYS.delayed):
+        time.sleep(0.1)
+        Scripts(redis).promote(keys=[KEYS.delayed, KEYS.stream, KEYS.events, KEYS.promoter_lock],
+                               args=["", 100, KEYS.metrics, 1000])
+    found = find(redis, later.job_id, wide=False)
+    assert found.state == "waiting" and found.job.args == [7], found.searched
+    assert any("around its due time: found" in note for note in found.searched)
+    assert found.scanned < 6000

@@ -305,7 +305,7 @@ class Operations:
         stopped = _Stop(self, op_id, owner, total)
         pace = _Pace(record.rate)
         burst = max(1, int(record.rate * PACE_SLICE_S)) if record.rate else chunk
-        for step in chunks(dl, sel, lo, hi, chunk, decode=record.kind == "replay"):
+        for step in chunks(dl, sel, lo, hi, chunk, decode=False):
             if should_stop():
                 self._update(op_id, owner, "pending", done=done, count=count)
                 return
@@ -336,8 +336,7 @@ class Operations:
         if not ids:
             return 0
         if record.kind == "replay":
-            assert dead is not None
-            return dl._move(dead, record.reset_attempts, record.run_at_ms)
+            return dl._replay_ids(ids, record.reset_attempts, record.run_at_ms)
         return dl._discard(ids)
 
     # --- the scripts ---------------------------------------------------------------------------

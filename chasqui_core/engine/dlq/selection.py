@@ -3,8 +3,8 @@
 A filter on a value the DLQ's index keeps (task, reason, error class, group)
 takes its ids from the index once it is ready (``DLQIndex.oldest_first``):
 only the matching entries are read, and only when the caller needs them (a
-replay needs their envelopes, a text filter their messages; a discard on
-indexed values alone reads none). Entries an earlier operation removed are
+text filter needs their messages; a replay's script reads its entries on the
+server, and a replay or discard on indexed values alone reads none here). Entries an earlier operation removed are
 gone from the index too, so a second run on the same filter starts moving
 at its first chunk. Any other filter (free text alone, a time range, none),
 or an index being rebuilt, reads the DLQ's id range and checks each row, as

@@ -13,7 +13,11 @@ fields, so the record keeps only a flag (``entry``) saying so.
 
 Lifetime: a group's hash goes with the group's last entry, in the same
 script that removes it (``dlq_removal_flush``: replay, discard, retention
-trim), so the texts live exactly as long as an entry may name them.
+trim), so the texts live exactly as long as an entry may name them. The
+group's count says that only while the index counts every entry: during a
+rebuild, entries not indexed yet are in no count, so the hash is kept, and
+the chunk that ends the rebuild deletes the hashes of the groups
+(``<dlq>:tbgroups``) left without an entry (``dlq_texts_sweep``).
 
 Readers put the texts back: ``decode_entry`` restores the class and message
 (they are in the entry), ``resolve`` the tracebacks (one round trip for a

@@ -20,7 +20,9 @@ first, and stops where it finds the job:
 3. The stream, near the job's creation: a job id that is a ULID starts with
    the millisecond it was made, and a job added at once got a stream id of
    about that millisecond (server clock). Entries are read outwards from
-   there, forwards and backwards at once, ``CHUNK`` at a time.
+   there, forwards and backwards at once, ``CHUNK`` at a time. A job whose
+   mark was stale (it left the delayed set, promoted when due) is looked for
+   the same way around its due time, the mark's score.
 4. The delayed set of a queue holding no mark of the job (a job delayed
    before marks were written has none): members are envelopes holding the id
    verbatim, so ``ZSCAN MATCH *<id>*`` filters on the server (about 0.7 µs a
@@ -40,7 +42,11 @@ first, and stops where it finds the job:
 
 Every scan stops after ``scan_limit`` entries per place; the answer says what
 was read, so a miss after a cut-short scan is reported as such, never as
-"does not exist". Reading a stream costs about 2 µs an entry on the client
+"does not exist". ``wide=False`` (the console's first look) stops after the
+places the id leads to (1-3, and 5 when the index is ready): an unknown id is
+answered in milliseconds whatever the queues hold, and the answer says what
+it left unread (4, 6, and 5 while the index is rebuilt) unless those were
+empty, so a person can ask for the rest. Reading a stream costs about 2 µs an entry on the client
 (a Lua scan on the server measured slower, and would block it meanwhile).
 "The stream" is each of the queue's streams in turn, its own first, then its
 priority bands' (priority.py): the same search, per stream.
@@ -66,12 +72,12 @@ from chasqui_core.engine.jobs.progress import Progress
 from chasqui_core.engine.jobs.progress import decode as decode_progress
 from chasqui_core.engine.jobs.results import decode_result
 from chasqui_core.engine.ops.stats import _decode_worker, add_clock_read, server_ms
-from chasqui_core.engine.ops.stream_scan import CLOCK_SKEW_MS, Search, match_stream, packed_id, two_ends, wide
+from chasqui_core.engine.ops.stream_scan import NEAR as NEAR  # re-exported: how far the first look reads
+from chasqui_core.engine.ops.stream_scan import (Search, match_stream, packed_id, stream_name, stream_near, stream_wide,
+                                                 wide)
 
 State = Literal["waiting", "running", "delayed", "dead", "finished"]
 
-NEAR = 4_000
-"""Entries read around a ULID's millisecond before the stream is searched more widely."""
 
 ZSCAN_COUNT = 10_000
 """Members the server checks per ZSCAN call (about 10 ms at most of its time)."""
@@ -134,6 +140,9 @@ class JobLookup:
     complete: bool = True
     searched: tuple[str, ...] = ()
     """What was read, in words, place by place."""
+    narrowed: bool = False
+    """The lookup left out the wide scans (``wide=False``) and they had entries to read: ``complete`` is then
+    False, and a wide lookup may still find the job."""
     cancel_requested_ms: int | None = None
     """When a cancel of the job was asked for, while the request is on record (cancel.py; see ``watching``)."""
     progress: Progress | None = None
@@ -145,13 +154,14 @@ class JobLookup:
 
 
 def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: int = 200_000,
-             zscan_limit: int = 1_000_000) -> JobLookup:
+             zscan_limit: int = 1_000_000, wide: bool = True) -> JobLookup:
     """Look for ``job_id`` in every one of ``queues``; see the module's docstring for the order.
 
     ``scan_limit`` bounds the entries read in each stream and DLQ of each
     queue searched; ``zscan_limit`` the members checked in each delayed set,
     which the server matches itself, about three times as fast as a stream is
-    read.
+    read. ``wide=False`` reads only where the id leads (marks, records, the
+    DLQ's index, the stream near a ULID's time) and says what it left.
     """
     if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
         raise ValueError("job_id must be a non-empty string of at most 200 characters")
@@ -218,6 +228,8 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
 
     # 2. the delayed set at the score a mark names
     unmarked = []
+    left_set: dict[str, int] = {}
+    """Queues whose delayed set the job left: its due time, about when its promotion gave it a stream entry."""
     for k in all_keys:
         if k.queue not in marks:
             unmarked.append(k)
@@ -232,19 +244,15 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
                                                                  job=job, run_at_ms=int(score)))
         else:
             search.note(f"the delayed set of {k.queue} at the job's mark: not there (it left the set)")
+            left_set[k.queue] = int(float(marks[k.queue]))
 
     # the DLQ's index names the job's entry (read in the first round trip): no stream, delayed set or DLQ is scanned
     if not running:
         for k in all_keys:
             if k.queue in indexed:
-                eid = indexed[k.queue]
-                rows = search.client.xrange(k.dlq, eid, eid, count=1)
-                if rows:
-                    entry = decode_entry(k.queue, *rows[0])
-                    resolve(search.client, k.dlq, [entry])
-                    search.note(f"the dead-letter index of {k.queue}: found")
-                    return _done(search, results.get(k.queue), JobLookup(job_id, "dead", queue=k.queue,
-                                                                         job=entry.job, dead=entry))
+                at_entry = _dead_at(search, k, indexed[k.queue])
+                if at_entry is not None:
+                    return _done(search, results.get(k.queue), at_entry)
 
     # the stream entry a replay gave the job, when its mark is there: checked, not trusted
     for k in all_keys:
@@ -256,17 +264,46 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
             rows = client.xrange(where.stream, new_entry, new_entry, count=1) if new_entry else []
             hit = match_stream(search, rows)
             if hit is not None:
-                search.note(f"the stream of {_stream_name(where)} at the entry its replay gave it: found")
+                search.note(f"the stream of {stream_name(where)} at the entry its replay gave it: found")
                 return _done(search, results.get(k.queue), _in_stream(search, where, *hit, running.get(k.queue)))
-            search.note(f"the stream of {_stream_name(where)} at the entry its replay gave it: gone (it ran since)")
+            search.note(f"the stream of {stream_name(where)} at the entry its replay gave it: gone (it ran since)")
 
     # 3. the stream near the job's creation
     if search.created_ms is not None:
         for k in all_keys:
             for band in streams[k.queue]:
-                hit = _stream_near(search, band, search.created_ms)
+                hit = stream_near(search, band, search.created_ms)
                 if hit is not None:
                     return _done(search, results.get(k.queue), _in_stream(search, band, *hit, running.get(k.queue)))
+
+    # the stream near the due time of a job that left the delayed set (promoted when due: a retry, a delayed job)
+    for k in all_keys:
+        if k.queue in left_set:
+            for band in streams[k.queue]:
+                hit = stream_near(search, band, left_set[k.queue], "its due time")
+                if hit is not None:
+                    return _done(search, results.get(k.queue), _in_stream(search, band, *hit, running.get(k.queue)))
+
+    if not wide:
+        if not running:  # a DLQ whose index is not ready: moved on a moment, as any read does, else read
+            for k in all_keys:
+                dlq_index = DLQIndex(client, k.queue)
+                if dlq_index.state().ready:
+                    continue
+                if dlq_index.advance().ready:
+                    eid = dlq_index.find_job(job_id)
+                    at_entry = _dead_at(search, k, eid.encode()) if eid is not None else None
+                else:
+                    dead = _dead(search, k)
+                    at_entry = JobLookup(job_id, "dead", queue=k.queue, job=dead.job, dead=dead) if dead else None
+                if at_entry is not None:
+                    return _done(search, results.get(k.queue), at_entry)
+        queue = next(iter(running), None)
+        found = _narrowed(search, all_keys, unmarked, streams, queue, running.get(queue) if queue else None)
+        if found.state is None and finished is not None:
+            return _done(search, finished[1], JobLookup(job_id, "finished", queue=finished[0]))
+        owner = queue or (owners[0] if owners else None)
+        return _done(search, results.get(owner) if owner else None, replace(found, queue=owner))
 
     # 4. the delayed sets holding no mark of the job
     for k in unmarked:
@@ -280,7 +317,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     if running:
         queue, run = next(iter(running.items()))
         for band in streams[queue]:
-            hit = _stream_wide(search, band)
+            hit = stream_wide(search, band)
             if hit is not None:
                 return _done(search, results.get(queue), _in_stream(search, band, *hit, run))
         return _done(search, results.get(queue), JobLookup(job_id, "running", queue=queue, running=run))
@@ -297,7 +334,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     # 6. the rest of the stream
     for k in all_keys:
         for band in streams[k.queue]:
-            hit = _stream_wide(search, band)
+            hit = stream_wide(search, band)
             if hit is not None:
                 return _done(search, results.get(k.queue), _in_stream(search, band, *hit, None))
     owner = owners[0] if owners else None
@@ -308,45 +345,65 @@ def _done(search: Search, result: dict[str, Any] | None, found: JobLookup) -> Jo
     return JobLookup(
         found.job_id, found.state, found.queue, found.job, found.stream_entry, found.delivered_to,
         found.deliveries, found.running, found.run_at_ms, found.dead, result, search.created_ms, search.scanned,
-        search.complete, tuple(search.notes),
+        search.complete, tuple(search.notes), search.narrowed,
     )
+
+
+def _narrowed(search: Search, keys: Sequence[QueueKeys], unmarked: Sequence[QueueKeys],
+              streams: dict[str, list[QueueKeys]], queue: str | None, run: Running | None) -> JobLookup:
+    """The answer of a lookup that read only where the id leads: running (a worker says so), or not found, with
+    what the wide scans would have read (one round trip), so an empty queue still gets a definite answer."""
+    pipe = search.client.pipeline(transaction=False)
+    for k in unmarked:
+        pipe.zcard(k.delayed)
+    bands = [band for k in keys for band in streams[k.queue]]
+    for band in bands:
+        pipe.xlen(band.stream)
+    indexes = [DLQIndex(search.client, k.queue) for k in keys]
+    for index in indexes:
+        index.add_state_reads(pipe)
+    replies = pipe.execute()
+    sizes = iter(replies)
+    left = []
+    for k in unmarked:
+        members = int(next(sizes))
+        if members:
+            left.append(f"the delayed set of {k.queue} ({members:,} members)")
+        else:
+            search.note(f"the delayed set of {k.queue}: empty")
+    left += [f"the rest of the stream of {stream_name(b)} ({n:,} entries)" for b in bands
+             if (n := int(next(sizes)) - search.near.get(b.stream, 0)) > 0]
+    at = len(unmarked) + len(bands)
+    for i, index in enumerate(indexes):
+        state = DLQIndex.parse_state(replies[at + 3 * i: at + 3 * i + 3])
+        if state.ready:
+            search.note(f"the dead-letter index of {index.queue}: not there")
+        elif state.length:
+            left.append(f"the dead-letter queue of {index.queue} ({state.length:,} entries, its index being rebuilt)")
+    if left:
+        search.narrowed = True
+        search.complete = False
+        search.note("not read: " + "; ".join(left))
+    if run is not None and queue is not None:
+        return JobLookup(search.job_id, "running", queue=queue, running=run)
+    return JobLookup(search.job_id, None, queue=queue)
+
+
+def _dead_at(search: Search, k: QueueKeys, eid: bytes) -> JobLookup | None:
+    """The dead job at the DLQ entry its index names, or None when that entry is gone."""
+    rows = search.client.xrange(k.dlq, eid, eid, count=1)
+    if not rows:
+        return None
+    entry = decode_entry(k.queue, *rows[0])
+    resolve(search.client, k.dlq, [entry])
+    search.note(f"the dead-letter index of {k.queue}: found")
+    return JobLookup(search.job_id, "dead", queue=k.queue, job=entry.job, dead=entry)
 
 
 def _queues(keys: Sequence[QueueKeys]) -> str:
     names = [k.queue for k in keys]
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     return f"queue{'s' if len(names) != 1 else ''} {shown}"
-
-
-def _stream_near(search: Search, k: QueueKeys, created: int) -> tuple[bytes, Job] | None:
-    low = max(0, created - CLOCK_SKEW_MS)
-    budget = min(NEAR, search.scan_limit)
-    before = search.scanned
-    for rows in two_ends(search, k.stream, f"{created}-0", f"({created}-0", f"{low}-0", budget, converge=False):
-        hit = match_stream(search, rows)
-        if hit is not None:
-            search.note(f"the stream of {_stream_name(k)} around the id's time: found")
-            return hit
-    search.note(f"the stream of {_stream_name(k)}: {search.scanned - before:,} entries around the id's time")
-    return None
-
-
-def _stream_name(k: QueueKeys) -> str:
-    """A queue's stream as the notes name it: the queue, or the queue and its priority band."""
-    return f"{k.queue} ({k.band} priority)" if k.band else k.queue
-
-
-def _stream_wide(search: Search, k: QueueKeys) -> tuple[bytes, Job] | None:
-    before = search.scanned
-    for rows in wide(search, k.stream):
-        hit = match_stream(search, rows)
-        if hit is not None:
-            search.note(f"the whole stream of {_stream_name(k)}: found")
-            return hit
-    search.complete = search.complete and not search.cut_short
-    search.note(f"the whole stream of {_stream_name(k)}: {search.scanned - before:,} entries"
-                + (f" (stopped at the limit of {search.scan_limit:,})" if search.cut_short else ""))
-    return None
 
 
 def _in_stream(search: Search, k: QueueKeys, eid: bytes, job: Job, run: Running | None) -> JobLookup:

@@ -2,7 +2,8 @@
 
 ``lookup.find_job`` searches stream after stream (and the DLQ's, which is one too) for a job whose entry id
 it cannot know; this module holds the reads it makes: chunks taken forwards and backwards at once within a
-budget, the wide read that starts near a ULID's time, and the check that a row holds the job. What the search
+budget, the read around a time (a ULID's, or the due time of a job promoted from the delayed set), the wide
+read that starts near a ULID's time, and the check that a row holds the job. What the search
 read and where it stopped short is kept in its ``Search``, so the answer can say it.
 """
 
@@ -15,12 +16,16 @@ import msgpack
 
 from chasqui_core.engine.jobs.envelope import DecodeError, Job, decode
 from chasqui_core.engine.store.connection import Client
+from chasqui_core.engine.store.keys import QueueKeys
 
 CHUNK = 1000
 """Entries read per round trip while scanning a stream."""
 
 CLOCK_SKEW_MS = 60_000
 """How far a producer's clock may run ahead of the server's: the lower bound of a ULID job's entries."""
+
+NEAR = 4_000
+"""Entries read around a ULID's millisecond (or a promoted job's due time) before a stream is read more widely."""
 
 NEAR_SKEW_MS = 2_000
 """The usual bound on a producer clock's lead: the wide scans read from here first, the rest of the margin last."""
@@ -37,6 +42,11 @@ class Search:
     complete: bool = True
     cut_short: bool = False
     notes: list[str] = field(default_factory=list)
+    near: dict[str, int] = field(default_factory=dict)
+    """Per stream key, the most entries one read around a time took from it (a narrow lookup's coverage)."""
+    narrowed: bool = False
+    """Set when the scans beyond the places the id leads to were left out (``lookup.find_job(wide=False)``) and
+    had something to read."""
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -127,3 +137,37 @@ def wide(search: Search, key: str) -> Iterator[list[tuple[bytes, dict[bytes, byt
     if not search.cut_short and near > low:
         budget = search.scan_limit - (search.scanned - start)
         yield from two_ends(search, key, f"{low}-0", f"({near}-0", f"{low}-0", budget, converge=True)
+
+
+def stream_near(search: Search, k: QueueKeys, created: int, when: str = "the id's time") -> tuple[bytes, Job] | None:
+    """The job's entry among the ``NEAR`` entries around a time: its stream entry's id is about then (server
+    clock), and, for a ULID's time, no earlier than ``CLOCK_SKEW_MS`` before it."""
+    low = max(0, created - CLOCK_SKEW_MS)
+    budget = min(NEAR, search.scan_limit)
+    before = search.scanned
+    for rows in two_ends(search, k.stream, f"{created}-0", f"({created}-0", f"{low}-0", budget, converge=False):
+        hit = match_stream(search, rows)
+        if hit is not None:
+            search.note(f"the stream of {stream_name(k)} around {when}: found")
+            return hit
+    search.near[k.stream] = max(search.near.get(k.stream, 0), search.scanned - before)
+    search.note(f"the stream of {stream_name(k)}: {search.scanned - before:,} entries around {when}")
+    return None
+
+
+def stream_name(k: QueueKeys) -> str:
+    """A queue's stream as the notes name it: the queue, or the queue and its priority band."""
+    return f"{k.queue} ({k.band} priority)" if k.band else k.queue
+
+
+def stream_wide(search: Search, k: QueueKeys) -> tuple[bytes, Job] | None:
+    before = search.scanned
+    for rows in wide(search, k.stream):
+        hit = match_stream(search, rows)
+        if hit is not None:
+            search.note(f"the whole stream of {stream_name(k)}: found")
+            return hit
+    search.complete = search.complete and not search.cut_short
+    search.note(f"the whole stream of {stream_name(k)}: {search.scanned - before:,} entries"
+                + (f" (stopped at the limit of {search.scan_limit:,})" if search.cut_short else ""))
+    return None

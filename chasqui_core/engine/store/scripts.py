@@ -33,9 +33,9 @@ _LUA_DIR = Path(__file__).with_name("lua")
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
          "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_search", "dlq_discard",
          "dlq_reindex", "control_send", "purge", "rollup",
-         "cancel", "delayed_find", "dlq_trim", "dlq_fetch", "flow_start", "flow_add")
+         "cancel", "delayed_find", "dlq_trim", "dlq_fetch", "flow_start", "flow_add", "dlq_replay")
 
-WITH_DLQ_INDEX = frozenset({"settle", "dlq_move", "dlq_discard", "dlq_reindex", "dlq_trim"})
+WITH_DLQ_INDEX = frozenset({"settle", "dlq_move", "dlq_discard", "dlq_reindex", "dlq_trim", "dlq_replay"})
 """Scripts that write or remove dead-letter entries: ``lua/dlq_index.lua`` follows the prelude in each."""
 
 WITH_FLOWS = frozenset({"settle", "dlq_discard", "flow_start", "flow_add"})
@@ -132,6 +132,7 @@ class Scripts:
     dlq_fetch: ScriptCall
     flow_start: ScriptCall
     flow_add: ScriptCall
+    dlq_replay: ScriptCall
 
     def __init__(self, client: Client) -> None:
         for name in NAMES:

@@ -24,8 +24,12 @@
 -- An entry is indexed when its id is in r:<its reason>; adding and removing
 -- both check that first, so neither ever counts an entry twice.
 -- Beside the index (not under ix:, so a rebuild keeps them), <dlq>:tb:<fp> holds
--- the tracebacks the entries of group fp name by id (engine/dlq/shared.py); it is
--- deleted with the group's last entry.
+-- the tracebacks the entries of group fp name by id (engine/dlq/shared.py), and
+-- the set <dlq>:tbgroups names the groups that may have such a hash. The hash is
+-- deleted with the group's last entry, but only while the index is whole (it
+-- counts every entry): mid-rebuild a group's count says nothing of its entries
+-- not indexed yet, so the hash is left to dlq_texts_sweep, which the rebuild
+-- runs when its pass ends.
 --
 -- dlq_index_batch(dlq), dlq_index_put(batch, id, task, reason, class, fp, text, job_id), dlq_index_flush(batch)
 --   Index entries not indexed yet (ids XADD returned): put each in a batch, then
@@ -51,6 +55,13 @@
 --   What adding or removing one entry changes, noted in a batch or a removal:
 --   its id in each value's zset (with its score when adding; nil when
 --   removing), the counts, its error group and the group's tasks.
+-- dlq_index_whole(dlq)
+--   Whether the index counts every entry of the stream (its version, no rebuild
+--   under way, as many entries as XLEN): a group's count is then all of its entries.
+-- dlq_texts_sweep(dlq)
+--   When the index is whole, delete the shared texts of every group named in
+--   <dlq>:tbgroups that has no entry left (an entry removed while a rebuild had
+--   not indexed it yet leaves its group's texts behind). Returns the hashes deleted.
 -- DLQ_INDEX_VERSION
 --   The index's layout (keys.py), recorded in v with the first entry indexed.
 -- INVALID_RETRY_FP, INVALID_RETRY_TEXT
@@ -148,9 +159,43 @@ local function dlq_index_flush(b)
     end
   end
   call_in_chunks('HSET', p .. 'jobs', b.jobs, 4000)
+  local registered = {}
   for fp, texts in pairs(b.shared) do
     call_in_chunks('HSET', b.dlq .. ':tb:' .. fp, texts, 4000)
+    registered[#registered + 1] = fp
   end
+  call_in_chunks('SADD', b.dlq .. ':tbgroups', registered, 4000)
+end
+
+local function dlq_index_whole(dlq)
+  local p = dlq .. ':ix:'
+  local state = redis.call('HMGET', p .. 'v', 'version', 'cursor')
+  return state[1] == DLQ_INDEX_VERSION and not state[2]
+    and tonumber(redis.call('HGET', p .. 'n', 'all') or '0') == redis.call('XLEN', dlq)
+end
+
+local function dlq_texts_sweep(dlq)
+  if not dlq_index_whole(dlq) then
+    return 0
+  end
+  local registry = dlq .. ':tbgroups'
+  local fps = redis.call('SMEMBERS', registry)
+  local gone = {}
+  for s = 1, #fps, 1000 do
+    local e = math.min(s + 999, #fps)
+    local counts = redis.call('ZMSCORE', dlq .. ':ix:groups', unpack(fps, s, e))
+    for k = s, e do
+      if not counts[k - s + 1] then
+        gone[#gone + 1] = fps[k]
+      end
+    end
+  end
+  local deleted = 0
+  for _, fp in ipairs(gone) do
+    deleted = deleted + redis.call('DEL', dlq .. ':tb:' .. fp)
+  end
+  call_in_chunks('SREM', registry, gone, 4000)
+  return deleted
 end
 
 local function dlq_removal(dlq)
@@ -243,12 +288,21 @@ local function dlq_removal_flush(b)
       redis.call('HDEL', n, field)
     end
   end
+  local whole
   for fp, count in pairs(b.groups) do
     if tonumber(redis.call('ZINCRBY', p .. 'groups', -count, fp)) <= 0 then
       redis.call('ZREM', p .. 'groups', fp)
       redis.call('HDEL', p .. 'fp', fp)
       redis.call('HDEL', p .. 'fc', fp)
-      redis.call('DEL', p .. 'ft:' .. fp, b.dlq .. ':tb:' .. fp)
+      redis.call('DEL', p .. 'ft:' .. fp)
+      if whole == nil then
+        whole = dlq_index_whole(b.dlq)
+      end
+      if whole then
+        -- the group's last entry: no entry names its texts any more
+        redis.call('DEL', b.dlq .. ':tb:' .. fp)
+        redis.call('SREM', b.dlq .. ':tbgroups', fp)
+      end
     else
       for task, c in pairs(b.group_tasks[fp]) do
         if redis.call('HINCRBY', p .. 'ft:' .. fp, task, -c) <= 0 then

@@ -16,7 +16,9 @@
 --         ignored (its own fields are indexed). An entry no longer in the stream
 --         is skipped. The cursor moves only if it is still ARGV[2] (a second
 --         rebuilder that read the same chunk moves nothing and counts nothing).
---         Returns the number of entries this call indexed.
+--         Returns the number of entries this call indexed. The chunk that ends
+--         the pass also deletes the shared texts of groups left without an entry
+--         (dlq_texts_sweep), once the index counts every entry.
 --
 -- Calls dlq_index_batch, dlq_index_put and dlq_index_flush from dlq_index.lua.
 
@@ -25,6 +27,8 @@ local p = dlq .. ':ix:'
 local v = p .. 'v'
 
 if ARGV[1] == 'reset' or ARGV[1] == 'start' then
+  -- the groups the index knows may have shared texts: the pass's end sweeps those left without an entry
+  call_in_chunks('SADD', dlq .. ':tbgroups', redis.call('ZRANGE', p .. 'groups', 0, -1), 4000)
   if ARGV[1] == 'reset' then
     local n = redis.call('HGETALL', p .. 'n')
     local drop = {p .. 'n', p .. 'groups', p .. 'fp', p .. 'fc', p .. 'jobs', p .. 'legacy'}
@@ -74,6 +78,7 @@ dlq_index_flush(batch)
 call_in_chunks('HSET', p .. 'legacy', legacy, 4000)
 if ARGV[3] == '' then
   redis.call('HDEL', v, 'cursor')
+  dlq_texts_sweep(dlq)
 else
   redis.call('HSET', v, 'cursor', ARGV[3])
 end
