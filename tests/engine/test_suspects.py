@@ -4,6 +4,7 @@ the worker's hands, the jobs held back behind it go on."""
 from __future__ import annotations
 
 import threading
+import time
 
 from chasqui_core.engine.jobs.envelope import Job, error_record, new_job_id, now_ms
 from chasqui_core.engine.store.keys import QueueKeys
@@ -83,3 +84,31 @@ def test_a_suspect_whose_rate_token_lapsed_while_it_waited_to_run_alone_still_ru
         wait_for(lambda: len(ran) == 5, 20, f"every job to run (ran: {ran})")
     assert sorted(ran) == ["other", "other", "other", "slow", "suspect"]
     assert ran.index("suspect") < min(i for i, name in enumerate(ran) if name == "other"), "the others waited"
+
+
+def test_the_jobs_fetched_with_a_suspect_run_in_another_process_while_it_runs_alone(redis, redis_url):
+    """A worker that keeps a suspect gives back what it fetched with it and reads nothing more until its suspects
+    ran: the other worker runs those jobs meanwhile. Held behind suspects run one at a time, they used to wait for
+    all of them (a crash storm on a loaded host left the soak's queues undrained that way)."""
+    keys = QueueKeys.for_queue("suspects-give-back")
+    registry = HandlerRegistry()
+    ended: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def job(name: str, seconds: float):
+        def run(ctx) -> None:
+            threading.Event().wait(seconds)
+            with lock:
+                ended[name if name == "suspect" else ctx.job.id] = time.monotonic()
+        return run
+
+    registry.register("t.suspect", job("suspect", 2.0), takes_context=True)
+    registry.register("t.other", job("other", 0.02), takes_context=True)
+    q = Queue(keys.queue, url=redis_url)
+    add_suspect(redis, keys, "t.suspect")  # first in the stream: the first worker to read takes it with the others
+    others = [q.add("t.other").job_id for _ in range(8)]
+    with worker_running(redis_url, [keys.queue], registry, concurrency=4, batch_size=50):
+        with worker_running(redis_url, [keys.queue], registry, concurrency=4, batch_size=50):
+            wait_for(lambda: len(ended) == 9, 30, "every job to run")
+    late = [job_id for job_id in others if ended[job_id] > ended["suspect"]]
+    assert not late, f"{len(late)} job(s) waited for the suspect to run alone instead of running elsewhere"

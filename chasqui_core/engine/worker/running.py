@@ -114,8 +114,6 @@ class Runner(Gates, Suspects):
         """Set while a suspect waits to run alone or runs alone (``_run_alone``): nothing else starts."""
         self._suspects: deque[Delivery] = deque()
         """Suspects (a death charged, or counted a recovery) waiting to run alone, in the order read."""
-        self._set_aside: deque[Delivery] = deque()
-        """Other jobs fetched while isolating: they start once no suspect is left."""
         self._alone: Delivery | None = None
         """The suspect running alone now."""
 
@@ -125,7 +123,7 @@ class Runner(Gates, Suspects):
         lane = self._lane
         buffered = len(self._inbox) + self._running + (lane.outstanding if lane is not None else 0)
         if self._isolating:
-            buffered += len(self._suspects) + len(self._set_aside)
+            buffered += len(self._suspects)
         return buffered
 
     @property
@@ -139,7 +137,7 @@ class Runner(Gates, Suspects):
     def room_to_read(self, batch_size: int) -> int | None:
         """How many entries a reader may fetch now; None when the inbox is too full to read."""
         room = self.prefetch - self.buffered
-        if room < min(batch_size, self.prefetch) // 2 + 1:
+        if self._isolating or room < min(batch_size, self.prefetch) // 2 + 1:  # suspects run first (suspects.py)
             self._room.clear()
             return None
         return min(batch_size, room)
@@ -155,9 +153,8 @@ class Runner(Gates, Suspects):
 
     def give_back_unstarted(self, *, stopping: bool = False) -> None:
         """Put every fetched job not started back on the stream, uncharged (quiet, stop); ``stopping``: no more."""
-        unstarted = [*self._suspects, *self._set_aside, *self._inbox]
+        unstarted = [*self._suspects, *self._inbox]
         self._suspects.clear()
-        self._set_aside.clear()
         self._inbox.clear()
         if self._lane is not None:
             if stopping:

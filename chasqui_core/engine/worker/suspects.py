@@ -33,9 +33,10 @@ class Suspects:
     _lane: SyncLane | None
     _isolating: bool
     _suspects: deque[Delivery]
-    _set_aside: deque[Delivery]
+    _room: asyncio.Event
     _alone: Delivery | None
     _to_lane: Callable[[Delivery], None]
+    _requeue: Callable[[Delivery], None]
     _dispatch: Callable[..., None]
 
     @property
@@ -44,29 +45,33 @@ class Suspects:
         raise NotImplementedError
 
     def _isolate(self, d: Delivery) -> None:
-        """Set a delivery aside while a suspect runs alone: a suspect (a job charged a run lost with a worker
-        that died) waits for its turn; any other job waits until no suspect is left.
+        """Keep a suspect to run alone, and give every other job back while one is kept.
 
         A job that kills its process takes with it every job running beside it, and each of those is charged a
         lost run. Run beside the same neighbours again, it would kill them a second time, and two deaths make
         a ``panic``: innocent jobs dead-lettered beside the pill. So a suspect runs with nothing else running in
-        its process; if it dies then, the death is its own. What was fetched and has not started waits too,
-        so that only the runs under way must end before the suspect starts."""
+        its process; if it dies then, the death is its own. The jobs fetched with it go back on the stream,
+        uncharged, for the other worker processes to run meanwhile, and this one reads nothing more until its
+        suspects have run (``Runner.room_to_read``): held here, behind suspects run one at a time, they would wait
+        for all of them (under a crash storm on a loaded host the soak saw a queue stop draining that way)."""
+        if not self._isolating:
+            self._isolating = True
+            waiting = [*self._inbox, *(self._lane.take_unstarted() if self._lane is not None else ())]
+            self._inbox.clear()
+            for other in waiting:
+                self._isolate_one(other)
+        self._isolate_one(d)
+        self._loop.call_soon(self._run_alone)
+
+    def _isolate_one(self, d: Delivery) -> None:
         if d.suspect:
             self._suspects.append(d)
         else:
-            self._set_aside.append(d)
-        if not self._isolating:
-            self._isolating = True
-            self._set_aside.extend(self._inbox)
-            self._inbox.clear()
-            if self._lane is not None:
-                self._set_aside.extend(self._lane.take_unstarted())
-        self._loop.call_soon(self._run_alone)
+            self._requeue(d)
 
     def _run_alone(self) -> None:
-        """Start the next suspect once nothing runs in this process; when none is left, start what was set aside.
-        Called whenever a run ends while isolating."""
+        """Start the next suspect once nothing runs in this process; when none is left, read again. Called whenever
+        a run ends while isolating."""
         if self._alone is not None or not self._isolating or self._stop.is_set() or self.in_flight:
             return
         while self._suspects:
@@ -88,13 +93,5 @@ class Suspects:
                 self._to_lane(d)
             return
         self._isolating = False
-        set_aside, self._set_aside = self._set_aside, deque()
-        for d in set_aside:
-            if d.taken_back or not self.held.holds(d):
-                continue
-            if d.handler.is_async:
-                self._inbox.append(d)
-            else:
-                self._to_lane(d)
-        self._dispatch()
+        self._room.set()  # the reader takes jobs again
 
