@@ -110,6 +110,7 @@ def task_handler(task: ChasquiTask):
                 else:
                     value = await func(*args, **kwargs)
             except Exception as exc:
+                ctx.run_returned()  # before the signal's receivers (logging): the run itself has ended
                 if not ctx.will_retry(exc) and _finished.wanted(FAILED):
                     await _finished.asend(finished_result(task, ctx, shown(context, result), exc))
                 raise
@@ -117,6 +118,7 @@ def task_handler(task: ChasquiTask):
                 if ctx.cancelled and _finished.wanted(FAILED):
                     await _finished.asend(finished_result(task, ctx, shown(context, result), JobCancelled()))
                 raise
+            ctx.run_returned()
             if _finished.wanted(SUCCESSFUL):
                 await _finished.asend(finished_result(task, ctx, shown(context, result)))
             return value
@@ -149,9 +151,11 @@ def task_handler(task: ChasquiTask):
                 else:
                     value = func(*args, **kwargs)
             except Exception as exc:
+                ctx.run_returned()  # before the signal's receivers (logging): the run itself has ended
                 if not ctx.will_retry(exc) and _finished.wanted(FAILED):
                     _finished.send(finished_result(task, ctx, shown(context, result), exc))
                 raise
+            ctx.run_returned()
             if _finished.wanted(SUCCESSFUL):
                 _finished.send(finished_result(task, ctx, shown(context, result)))
             return value

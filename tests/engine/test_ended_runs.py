@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.engine.recovery import ended_runs
 from chasqui_core.engine.recovery.ended_runs import EndedRuns
@@ -21,6 +23,7 @@ from chasqui_core.engine.recovery.reclaim import add_death_record
 from chasqui_core.engine.jobs.envelope import now_ms
 from chasqui_core.engine.store.keys import QueueKeys
 from tests.engine.test_accounting import ghost_reads
+from tests.engine.worker_app import read_runs, settled, wait_for
 from tests.helpers import reclaim_now
 
 
@@ -61,3 +64,29 @@ def test_only_the_dead_workers_own_queue_journals_are_struck_and_a_clean_stop_le
     assert redis.hkeys(b.running(ghost)) == [b"2-2"], "queue b's record, when written, strikes its own"
     ended.close()
     assert ended_runs.read(ghost) == {} and not os.path.exists(ended_runs.path_of(ghost))
+
+
+@pytest.mark.timeout(90)
+def test_a_run_whose_code_returned_is_not_charged_when_the_process_dies_in_its_wrapper(redis, workers):
+    """Django's task runner logs a failed task (a traceback, written to a log file) after the task's code raised,
+    inside the handler: on a loaded host that took long enough for a crash beside it to land in between, and the
+    run was charged a death though it had ended (the soak: 15 'finished run charged' in 10 minutes). The wrapper
+    now says the run has ended first, and its mark is struck there."""
+    queue = "ends-then-dies"
+    q = Queue(queue, redis_client=redis)
+    job_id = q.add("ends_then_dies_once").job_id
+    first = workers.start(queue, visibility_ms=1000, concurrency=1)
+    assert first.wait(60) == 1, "the first run's process died"
+    workers.bury(redis, first, queue)  # its supervisor would record the death
+    second = workers.start(queue, visibility_ms=1000, concurrency=1)
+    try:
+        wait_for(lambda: settled(redis, queue) and len(read_runs(redis)) == 2, 60, "the job to run again and settle")
+    finally:
+        second.terminate()
+        second.wait(30)
+    assert [(r.job_id, r.attempt) for r in read_runs(redis)] == [(job_id, 1), (job_id, 1)], (
+        "the second run is attempt 1 again: the first, which had returned, was not charged")
+    keys = QueueKeys.for_queue(queue)
+    assert redis.xlen(keys.dlq) == 0
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.metrics + "total").items()}
+    assert totals.get("lost", 0) == 0

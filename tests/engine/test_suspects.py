@@ -107,8 +107,8 @@ def test_the_jobs_fetched_with_a_suspect_run_in_another_process_while_it_runs_al
     q = Queue(keys.queue, url=redis_url)
     add_suspect(redis, keys, "t.suspect")  # first in the stream: the first worker to read takes it with the others
     others = [q.add("t.other").job_id for _ in range(8)]
-    with worker_running(redis_url, [keys.queue], registry, concurrency=4, batch_size=50):
-        with worker_running(redis_url, [keys.queue], registry, concurrency=4, batch_size=50):
-            wait_for(lambda: len(ended) == 9, 30, "every job to run")
+    with (worker_running(redis_url, [keys.queue], registry, concurrency=4, batch_size=50),
+          worker_running(redis_url, [keys.queue], registry, concurrency=4, batch_size=50)):
+        wait_for(lambda: len(ended) == 9, 30, "every job to run")
     late = [job_id for job_id in others if ended[job_id] > ended["suspect"]]
     assert not late, f"{len(late)} job(s) waited for the suspect to run alone instead of running elsewhere"

@@ -126,6 +126,15 @@ def _build_registry(client):
         record(ctx, log)
         os._exit(1)
 
+    def ends_then_dies_once(ctx, log: str = RUNS_KEY, **_):
+        """On its first run, its code returns and the process dies while its wrapper is still busy (Django's
+        signals, logging a failure): the wrapper said the run had ended first (``run_returned``)."""
+        record(ctx, log)
+        run = run_number(ctx, log)
+        ctx.run_returned()
+        if run == 1:
+            os._exit(1)
+
     async def quick(ctx, *_args, log: str = RUNS_KEY, **_):
         """An async job that never waits: it runs to its end inside the worker's round of starts."""
         record(ctx, log)
@@ -194,7 +203,7 @@ def _build_registry(client):
                      ("unrecoverable", unrecoverable), ("foreign_unrecoverable", foreign_unrecoverable),
                      ("die", die), ("obedient", obedient), ("hog", hog), ("die_after", die_after),
                      ("noted", noted), ("die_on_signal", die_on_signal),
-                     ("die_at_once", die_at_once), ("quick", quick)]:
+                     ("die_at_once", die_at_once), ("quick", quick), ("ends_then_dies_once", ends_then_dies_once)]:
         registry.register(name, fn, takes_context=True)
     registry.register("retry_after", retry_after, takes_context=True, backoff="retry_after")
     # the middle layer of the retry budget: task defaults, below the job's own options

@@ -49,6 +49,14 @@ class JobContext:
         run = self.run
         return run is not None and run.cancel_requested > 0
 
+    def run_returned(self) -> None:
+        """The task's own code has returned or raised: a wrapper (Django's task runner) says so before its signals
+        and logging run, so that a crash of the process while they do is not charged as a run lost under way
+        (the start journal's mark is struck now; engine/recovery/journal.py)."""
+        run = self.run
+        if run is not None:
+            run.end_run()
+
     def check_cancelled(self) -> None:
         """Raise ``JobCancelled`` if this job was cancelled: the run ends, recorded as cancelled, not retried."""
         if self.cancelled:

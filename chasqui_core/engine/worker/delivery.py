@@ -67,8 +67,9 @@ class Delivery:
     """Seconds this run may take (the job's, its task's or the worker's); None: no limit."""
     started: int = 0
     """When the handler started (epoch ms); 0 while the job waits in the worker."""
-    journaled: bool = False
-    """Written to the start journal, its mark not yet struck (struck the moment the run ends, journal.py)."""
+    journal: Any = None
+    """The start journal holding this run's mark (journal.StartJournal), until the mark is struck; None while
+    unmarked. The first to see the run end strikes it (``end_run``)."""
     timed_out: bool = False
     """Set when the run passed its timeout: an async run is being cancelled, a sync run was abandoned."""
     timer: Any = None
@@ -95,6 +96,19 @@ class Delivery:
     suspect: bool = False
     """It may have killed a worker: charged a death, or taken back from a dead worker that was about to start it
     (its entry's ``recovered`` count). It runs alone in its process (suspects.py)."""
+
+    def end_run(self) -> None:
+        """The run has ended: strike its start mark now, once, before anything else happens in the process.
+
+        Called by whoever sees the end first: the task's wrapper the moment
+        the task's own code returns or raises (``JobContext.run_returned``,
+        before Django's signals and logging, which can take long enough on a
+        loaded host for a crash beside it to land in between), or the runner
+        when the handler returns."""
+        journal = self.journal
+        if journal is not None:
+            self.journal = None
+            journal.finished_one(self.keys.stream, self.entry_id)
 
     def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
         """Positional arguments for the handler: a JobContext first when it asked for one."""

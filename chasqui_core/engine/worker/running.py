@@ -297,7 +297,7 @@ class Runner(Gates, Suspects):
                     late.append(d)
                     continue
                 batch.append(d)
-                if not d.journaled:  # a suspect running alone is marked running already (suspects.py)
+                if d.journal is None:  # a suspect running alone is marked running already (suspects.py)
                     rounds.setdefault(d.keys.stream, []).append(d.entry_id)
             if rounds:
                 self.journal.dispatching(rounds)
@@ -329,8 +329,8 @@ class Runner(Gates, Suspects):
             run.add_done_callback(self._job_ended)
             if d.timeout is not None:
                 d.timer = loop.call_later(max(0.0, d.timeout - (now_ms() - started) / 1000), self._time_out, d, run)
-            if not d.journaled:
-                d.journaled = True
+            if d.journal is None:
+                d.journal = self.journal
                 marks = marks or {}
                 marks.setdefault(d.keys.stream, []).append(d.entry_id)
         if marks or rounds:
@@ -391,9 +391,7 @@ class Runner(Gates, Suspects):
 
     def _outcome(self, d: Delivery, value: Any, started: int, duration: int, *, failed: bool) -> None:
         """Hand a finished run to the outcomes; whatever goes wrong there touches this job only."""
-        if d.journaled:  # struck at once, before anything else (journal.py); a sync run's thread struck its own
-            d.journaled = False
-            self.journal.finished_one(d.keys.stream, d.entry_id)
+        d.end_run()  # struck at once, unless its wrapper or its sync thread did already (journal.py)
         if not self._release(d):
             return  # written already (a sync run that passed its timeout, reporting at last), or let go
         if d.timeout is not None:
@@ -434,9 +432,7 @@ class Runner(Gates, Suspects):
             let_go.append(d)
             if d.timeout is not None:
                 self._timed_sync.discard(d)
-            if d.journaled:
-                d.journaled = False
-                self.journal.finished_one(d.keys.stream, d.entry_id)
+            d.end_run()
             if not d.started and d.handler.is_async and d in self._inbox:
                 self._inbox.remove(d)
         if let_go:
@@ -486,7 +482,7 @@ class Runner(Gates, Suspects):
         lane.abandon(d)
         # its run has ended as far as the job is concerned (its outcome is written now), though its thread never
         # returns to strike its journal mark: strike it here, or a crash before the settle would charge a death
-        self.journal.finished_one(d.keys.stream, d.entry_id)
+        d.end_run()
         self._outcome(d, exc, d.started, now - d.started, failed=True)
         lane.replace()  # another thread takes its place: the lane keeps its size until the process goes
         if self.recycles:

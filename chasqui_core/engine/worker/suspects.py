@@ -85,7 +85,7 @@ class Suspects:
             if d.handler.is_async:
                 # marked running before it starts, unlike other async jobs (running._dispatch): nothing runs beside
                 # it to take the blame, and a job that kills its process before its first await is charged a death
-                d.journaled = True
+                d.journal = self.journal
                 self.journal.started_one(d.keys.stream, d.entry_id, now_ms())
                 self._inbox.append(d)
                 self._dispatch(alone=True)

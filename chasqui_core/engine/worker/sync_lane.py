@@ -208,7 +208,8 @@ class SyncLane:
             if self.stopping or d.cancel_requested or d.taken_back or (d.limits and LimitGate.late(d)):
                 # back unstarted (cancel.py, Runner.let_go), or back to the loop for a rate token (limits.py)
                 if marked:
-                    journal.finished_one(d.keys.stream, d.entry_id)
+                    d.journal = journal
+                    d.end_run()
                 late = not (self.stopping or d.cancel_requested or d.taken_back)
                 d.started = 0
                 done.append((LATE if late else REQUEUE, d, None, 0, 0))
@@ -218,23 +219,28 @@ class SyncLane:
             started = now_ms()
             if not marked:
                 journal.started_one(d.keys.stream, d.entry_id, started)
+            d.journal = journal
             outcome = self._call(d, started)
             if d.timed_out:  # abandoned: its outcome is written, and this thread is out of the lane
-                journal.finished_one(d.keys.stream, d.entry_id)
+                d.end_run()
                 done.append(outcome)
                 self._notify()
                 return
-            # strike its mark at once, with the next job's start when one waits
+            # strike its mark at once (unless the task's wrapper did), with the next job's start when one waits
             try:
                 ahead = waiting.popleft()
             except IndexError:
                 ahead = None
             if ahead is not None:
                 ahead.started = now_ms()
-                journal.ended_and_started(d.keys.stream, d.entry_id, ahead.keys.stream, ahead.entry_id,
-                                          ahead.started)
+                if d.journal is not None:
+                    d.journal = None
+                    journal.ended_and_started(d.keys.stream, d.entry_id, ahead.keys.stream, ahead.entry_id,
+                                              ahead.started)
+                else:
+                    journal.started_one(ahead.keys.stream, ahead.entry_id, ahead.started)
             else:
-                journal.finished_one(d.keys.stream, d.entry_id)
+                d.end_run()
             done.append(outcome)
             if self._notify():  # the loop is gone (an abandoned run ending late)
                 return
