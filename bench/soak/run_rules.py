@@ -33,20 +33,30 @@ def is_lost(run: Run, kind: Kind | None, died: Mapping[int, float | None], abrup
 
 
 def outcome_lost(run: Run, until: float, died: Mapping[int, float | None], abrupt: set[int],
-                 cut_off: Sequence[tuple[float, float]]) -> str | None:
+                 cut_off: Sequence[tuple[float, float]], ended: float | None = None) -> str | None:
     """The evidence that a run which ended had its outcome lost: its process died without a clean stop (``died``),
     or the workers were cut off from Redis (``lost contact``), after the run ended and before ``until`` (the
     job's next run, or its dead-letter entry: had the outcome been settled, neither would have come). None: no
-    such evidence, so whatever came next cannot be blamed on a lost outcome."""
-    if run.ended is None:
+    such evidence, so whatever came next cannot be blamed on a lost outcome. ``ended``: when the run ended, if
+    not by its end line (a hanging run, ended by its timeout: ``timed_out``)."""
+    ended = run.ended if ended is None else ended
+    if ended is None:
         return None
     if run.pid in abrupt:
         at = died.get(run.pid)
-        if at is None or run.ended <= at <= until + WATCH_SLACK:
+        if at is None or ended <= at <= until + WATCH_SLACK:
             return DIED
-    if any(start <= until and end >= run.ended for start, end in cut_off):
+    if any(start <= until and end >= ended for start, end in cut_off):
         return CONTACT
     return None
+
+
+def timed_out(run: Run, kind: Kind, died: Mapping[int, float | None], abrupt: set[int]) -> float | None:
+    """When a hanging run, with no end line, was ended by its timeout (its worker wrote a ``JobTimeout`` outcome
+    then): the timeout, unless its process died first (then the run was lost, not ended). None otherwise."""
+    if run.ended is not None or not kind.hang or is_lost(run, kind, died, abrupt) is not None:
+        return None
+    return run.started + HANG_TIMEOUT
 
 
 def charged_deaths(runs: list[Run], kind: Kind, died: Mapping[int, float | None], abrupt: set[int]) -> int:

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 
 from .kinds import SCHEDULE_PREFIX, Kind, kind_of_job
 from .ledger import OK, Ledger, Run
-from .run_rules import CONTACT, DIED, LOST, at_once, charged_deaths, is_lost, most_at_once, outcome_lost
+from .run_rules import CONTACT, DIED, LOST, at_once, charged_deaths, is_lost, most_at_once, outcome_lost, timed_out
 from .verdict_flows import FlowEvidence, judge_flows
 
 SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
@@ -317,15 +317,19 @@ def judge(ev: Evidence) -> Verdict:
         dead_at = min((_entry_time(d) for d in dead), default=None)
         lost_outcomes: Counter = Counter()  # why runs that ended had their outcome lost, by reason
         unsettled = 0  # runs the job ran again after, unexplained but for such a lost outcome
+        successes_lost = True  # every success's outcome lost: the engine never heard of one (see below)
         for i, run in enumerate(runs):
             after = runs[i + 1] if i + 1 < len(runs) else None
             until = after.started if after is not None else dead_at
             if run.ended is None and run.pid in ev.ledger.exits and not kind.hang:
                 flag("no end in a clean stop", f"run {run.run_id} has no end, yet its process {run.pid} stopped "
                                                "cleanly: a clean stop finishes or gives up what it runs")
-            if run.ended is None or until is None:
+            ended = run.ended if run.ended is not None else timed_out(run, kind, died, abrupt)
+            why = outcome_lost(run, until, died, abrupt, ev.cut_off, ended) if until is not None else None
+            if run.outcome == OK and why is None:
+                successes_lost = False
+            if ended is None or until is None:
                 continue
-            why = outcome_lost(run, until, died, abrupt, ev.cut_off)
             if why is not None:
                 lost_outcomes[why] += 1
             # a failed run's retry (the next attempt) or a replay is explained by the outcome itself; a run after a
@@ -335,11 +339,12 @@ def judge(ev: Evidence) -> Verdict:
             if why is not None:
                 unsettled += 1
             elif run.outcome == OK:
-                flag("ran after success", f"run {run.run_id} succeeded at {run.ended:.3f} and the job ran again at "
+                flag("ran after success", f"run {run.run_id} succeeded at {ended:.3f} and the job ran again at "
                                           f"{after.started:.3f}, with no death or lost contact of its process "
                                           "in between to lose that success")
             else:
-                flag("rerun without a lost outcome", f"run {run.run_id} ended {run.outcome} at {run.ended:.3f} and "
+                flag("rerun without a lost outcome", f"run {run.run_id} ended {run.outcome or 'by its timeout'} at "
+                                                     f"{ended:.3f} and "
                                                      f"the job ran again as the same attempt {run.attempt}, with no "
                                                      "death or lost contact of its process in between")
         row.unsettled += unsettled
@@ -351,7 +356,9 @@ def judge(ev: Evidence) -> Verdict:
         for d in dead:
             row.dead[d.reason] += 1
 
-        if succeeded and dead:
+        # A success whose outcome was lost (its process died, or lost contact, before the settle) never reached
+        # Redis: the job ran again, at least once, and may then end dead by the rules below.
+        if succeeded and dead and not successes_lost:
             flag("succeeded and dead", "the ledger shows a successful run, yet the job is in the dead-letter queue")
         elif not succeeded and not dead:
             flag("unaccounted", "neither succeeded nor dead-lettered after the drain")

@@ -172,7 +172,9 @@ def test_lost_contact_charged_as_a_death_is_named_and_never_a_death():
     b.cut(8.5, 14)
     b.dies("ok-2", "panic", "WorkerLost", "soak-a", at=15)
     verdict = b.judge()
-    assert what(verdict) == [("lost contact charged", "ok-2"), ("succeeded and dead", "ok-2")]
+    # both successes were lost with the contact (so "succeeded and dead" is no discrepancy of its own); the panic,
+    # charged for lost contact, is
+    assert what(verdict) == [("lost contact charged", "ok-2")]
     assert verdict.rows["ok"].lost_runs == 0 and verdict.rows["ok"].unsettled == 1
 
 
@@ -232,3 +234,42 @@ def test_the_evidence_kept_with_a_run_is_judged_again_the_same(tmp_path):
     assert what(judge(load(str(tmp_path)))) == [("ran after success", "ok-2")]
     assert main(["--judge", str(tmp_path)]) == 1
     assert main(["--judge", str(tmp_path / "nothing-here")]) == 2
+
+
+def test_a_job_whose_success_was_lost_with_its_process_may_end_dead_but_one_with_a_settled_success_may_not():
+    """A slow job died with a crash, ran again and succeeded, and its process died before the settle: Redis never
+    heard of the success. It ran a third time, alone, and its process was killed again: two deaths, a panic by
+    the rules. Only the lost success excuses the success beside the dead-letter entry."""
+    b = a_clean_book()
+    b.enqueue("slow-9", "slow_sync")
+    b.run("slow-9", "slow_sync", at=1, outcome=None, pid=KILLED_PID)
+    b.process_died(KILLED_PID, 1.5, killed=True)
+    b.run("slow-9", "slow_sync", at=3, pid=CRASHED_PID + 7, attempt=2)
+    b.process_died(CRASHED_PID + 7, 3.5)
+    b.run("slow-9", "slow_sync", at=8, outcome=None, pid=KILLED_PID + 1, attempt=2)
+    b.process_died(KILLED_PID + 1, 8.5, killed=True)
+    b.dies("slow-9", "panic", "WorkerLost", at=9)
+    verdict = b.judge()
+    assert "succeeded and dead" not in [w for w, _ in what(verdict)], report_discrepancies(verdict)
+    b.process_died(CRASHED_PID + 7, None)
+    b.dead_pids.pop(CRASHED_PID + 7)  # its process lived: the success was settled, and the job is still dead
+    assert ("succeeded and dead", "slow-9") in what(b.judge())
+
+
+def test_a_hanging_run_ended_by_its_timeout_may_run_again_only_after_that_outcome_was_lost():
+    """A hanging sync run has no end line: its timeout ends it, and its worker writes the JobTimeout outcome then.
+    When its process dies after the timeout and before the settle, the job runs again as the same attempt: one more
+    run, explained. Without such a death, the same rerun is flagged."""
+    b = a_clean_book()
+    b.enqueue("hang-9", "hang_sync")
+    b.run("hang-9", "hang_sync", at=1, outcome=None)
+    b.run("hang-9", "hang_sync", at=4, outcome=None, pid=CRASHED_PID + 8, attempt=2)
+    b.process_died(CRASHED_PID + 8, 7)  # after its timeout (4 + 2 s): the run had ended, its outcome unsettled
+    b.run("hang-9", "hang_sync", at=9, outcome=None, attempt=2)
+    b.dies("hang-9", "retries_exhausted", "chasqui_core.engine.jobs.errors.JobTimeout", at=12)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert verdict.rows["hang_sync"].unsettled == 1
+    b.dead_pids.pop(CRASHED_PID + 8)
+    flagged = [w for w, j in what(b.judge()) if j == "hang-9"]
+    assert "rerun without a lost outcome" in flagged
