@@ -50,6 +50,11 @@ _COUNTERS = (
     ("recovered", "jobs_recovered", "Jobs taken back from a worker that stopped answering before they started "
      "(no attempt charged)."),
     ("dlq_trimmed", "jobs_dlq_trimmed", "Dead-letter entries removed by the queue's retention rule, oldest first."),
+    ("batches_started", "batches_started", "Workflow batches written (each step of a chain is one)."),
+    ("batches_succeeded", "batches_succeeded", "Batches whose every child succeeded (on_success is due)."),
+    ("batches_completed", "batches_completed", "Batches whose every child ended: succeeded, dead or discarded "
+     "(on_complete is due)."),
+    ("callbacks", "workflow_callbacks", "Callbacks and chain steps a batch's end enqueued (also counted as enqueued)."),
 )
 
 _BUCKET_BOUNDS = [floatToGoString(ms / 1000) for ms in totals.DURATION_BOUNDS_MS] + ["+Inf"]

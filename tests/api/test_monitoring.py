@@ -394,3 +394,17 @@ def test_healthz_answers_in_time_when_redis_hangs(anon_api):
     assert response.status_code == 503
     assert "TimeoutError" in response.json()["redis"]
     assert elapsed < 10, f"took {elapsed:.1f} s"
+
+
+def test_metrics_carry_the_workflow_counters(redis, view_api):
+    keys = QueueKeys.for_queue("flows-fleet")
+    redis.sadd(QUEUES_REGISTRY, "flows-fleet")
+    redis.hset(keys.totals, mapping={"batches_started": 5, "batches_succeeded": 3, "batches_completed": 4,
+                                     "callbacks": 6})
+    samples = scrape(view_api.get("/metrics"))
+
+    def value(name):
+        return samples[(name, (("queue", "flows-fleet"),))]
+
+    assert [value(f"chasqui_{name}_total") for name in ("batches_started", "batches_succeeded",
+                                                          "batches_completed", "workflow_callbacks")] == [5, 3, 4, 6]
