@@ -90,6 +90,9 @@ class StartJournal:
         the worker's."""
         self._keys: dict[str, bytes] = {}
         """Stream -> its running hash's name, as a RESP bulk string."""
+        self._routes: dict[str, tuple[str | None, bytes, bytes]] = {}
+        """Stream -> (its server, the start of an HSET of its running hash, the start of an HDEL of it): what a
+        sync lane thread's per-run mark is made of, looked up once and written with one format."""
         self._rounds: dict[str, bytes] = {}
         """Stream -> the name of its set of ids about to start (``dispatching``), as a RESP bulk string."""
         self._conns: dict[str | None, Any] = {}
@@ -107,8 +110,9 @@ class StartJournal:
         """Write the marks of ``stream``'s entries to hash ``key`` and its rounds' ids to set ``dispatching``, on
         the server ``url`` names (a cluster node; None: the worker's)."""
         self._server[stream] = url
-        self._keys[stream] = _bulk(key.encode())
+        self._keys[stream] = name = _bulk(key.encode())
         self._rounds[stream] = _bulk(dispatching.encode())
+        self._routes[stream] = (url, b"*4\r\n$4\r\nHSET\r\n" + name, b"*3\r\n$4\r\nHDEL\r\n" + name)
 
     def use_like(self, stream: str, key: str, like: str, *, dispatching: str) -> None:
         """Write ``stream``'s marks to ``key`` and ``dispatching``, on the server ``like``'s go to (a priority
@@ -131,30 +135,36 @@ class StartJournal:
 
     def started_one(self, stream: str, entry_id: bytes, started_ms: int) -> None:
         """Mark one entry as running: a sync lane thread calls this just before the handler starts."""
+        server, mark, _ = self._routes[stream]
         # epoch milliseconds have 13 digits from 2001 to 2286
-        self._write(self._server.get(stream),
-                    b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id), entry_id,
-                                                                       started_ms))
+        self._write(server, b"%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (mark, len(entry_id), entry_id, started_ms))
 
     def finished_one(self, stream: str, entry_id: bytes) -> None:
         """Strike one run's mark the moment its handler returned (a sync lane thread, or the loop for an async run
         that waited): a process killed a moment later must not be charged a run that had ended."""
-        strike = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[stream], len(entry_id), entry_id)
-        self._write(self._server.get(stream), strike, strike)
+        server, _, strike = self._routes[stream]
+        end = b"%s$%d\r\n%s\r\n" % (strike, len(entry_id), entry_id)
+        self._write(server, end, end)
 
     def ended_and_started(self, ended_stream: str, ended_id: bytes, stream: str, entry_id: bytes,
                           started_ms: int) -> None:
         """Strike one run's mark and write the next run's, in one send when both go to one server (a sync lane
-        thread going from one job straight to the next)."""
-        end = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[ended_stream], len(ended_id), ended_id)
-        start = b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id),
-                                                                            entry_id, started_ms)
-        server = self._server.get(ended_stream)
-        if self._server.get(stream) == server:
-            self._write(server, end + start, end)
+        thread going from one job straight to the next, once per job: hence the send inlined)."""
+        server, _, strike = self._routes[ended_stream]
+        next_server, mark, _ = self._routes[stream]
+        if next_server != server:
+            self.finished_one(ended_stream, ended_id)
+            self.started_one(stream, entry_id, started_ms)
+            return
+        data = b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (strike, len(ended_id), ended_id, mark,
+                                                                      len(entry_id), entry_id, started_ms)
+        fd = self._fds.get(server)
+        if fd is not None and _send_holding_gil is not None:
+            if _send_holding_gil(fd, data, len(data), _FLAGS) == len(data):
+                return
+            self._write(server, data, b"%s$%d\r\n%s\r\n" % (strike, len(ended_id), ended_id), tried=fd)
         else:
-            self._write(server, end, end)
-            self._write(self._server.get(stream), start)
+            self._write(server, data, b"%s$%d\r\n%s\r\n" % (strike, len(ended_id), ended_id))
 
     def started(self, marks: dict[str, list[bytes]] | None, started_ms: int, rounds: dict[str, list[bytes]]) -> None:
         """After a round of starts: mark the entries still running (stream -> entry ids) as running since
@@ -172,12 +182,18 @@ class StartJournal:
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 
-    def _write(self, server: str | None, data: bytes, strike: bytes = b"") -> None:
-        """One whole command: in one GIL-holding send when the connection allows it, else under the lock."""
-        fd = self._fds.get(server)
-        if fd is not None and _send_holding_gil is not None:
-            if _send_holding_gil(fd, data, len(data), _FLAGS) == len(data):
+    def _write(self, server: str | None, data: bytes, strike: bytes = b"", tried: int | None = None) -> None:
+        """Whole commands: in one GIL-holding send when the connection allows it, else under the lock.
+        ``strike``: the HDEL that leads ``data``, kept if it cannot be sent; ``tried``: the descriptor a caller's
+        own GIL-holding send did not send ``data`` whole on (it is not tried again)."""
+        fd = tried
+        if fd is None:
+            fd = self._fds.get(server)
+            if fd is None or _send_holding_gil is None:
+                fd = None
+            elif _send_holding_gil(fd, data, len(data), _FLAGS) == len(data):
                 return
+        if fd is not None:
             with self._lock:  # not sent whole: this connection cannot be trusted with the next command
                 if self._fds.get(server) == fd:
                     self._drop(server)
