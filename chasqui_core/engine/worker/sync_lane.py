@@ -91,6 +91,18 @@ class SyncLane:
         """Hand a job to the threads (on the loop): a thread is woken only when none is awake."""
         self.outstanding += 1
         self._waiting.append(delivery)
+        self._fed()
+
+    def submit_many(self, deliveries: list[Delivery]) -> None:
+        """Hand a read's sync jobs to the threads at once (on the loop): all are in the inbox before a thread is
+        woken, and the lane's checks are made once for the lot, not once per job."""
+        self.outstanding += len(deliveries)
+        lines = self._waiting.lines
+        for d in deliveries:
+            lines[d.keys.rank].append(d)
+        self._fed()
+
+    def _fed(self) -> None:
         if len(self._asleep) >= self._size:  # none awake (a thread going to sleep says so first, then looks at
             self._wake_up(1)                   # the inbox again: one of the two sees the other)
         if self._spreading is None:
