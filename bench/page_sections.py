@@ -207,7 +207,7 @@ outcome is handed on, one send per run):
   send; the lane now wakes few threads, and in turns the lane alone took 3.6–6.3 µs of CPU per job with
   Python's `send` against 7.6–8.8 with the ctypes call. The commands stay written by hand: redis-py's encoder
   costs more than a noop job's whole time in its thread.
-- **Fed in batches.** A read's sync jobs without a timeout go to the lane in one call (`submit_many`): its
+- **Fed in batches.** A read's sync jobs go to the lane in one call (`submit_many`): its
   checks and its wake-up once per read.
 - **Less per outcome.** The settler clears its idle event when outcomes start to wait, not per outcome; the
   Django wrapper looks at the thread's connection flag before calling `check_connections`.

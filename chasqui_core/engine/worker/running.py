@@ -241,10 +241,8 @@ class Runner(Gates, Suspects):
             elif d.handler.is_async:
                 self._inbox.append(d)
                 to_dispatch = True
-            elif d.timeout is None:
-                to_lane.append(d)
             else:
-                self._to_lane(d)
+                to_lane.append(d)
         if to_lane:  # one hand-over for the lot (sync_lane.py)
             self._to_lane(to_lane)
         if to_dispatch and not self._gathering:
@@ -266,14 +264,11 @@ class Runner(Gates, Suspects):
         return True
 
     def _to_lane(self, d: Delivery | list[Delivery]) -> None:
-        """Hand a sync job, or a list of them without timeouts, to the lane."""
         if self._lane is None:
             self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal, self.priority_mode)
-        if isinstance(d, list):
-            return self._lane.submit_many(d)
-        if d.timeout is not None:
-            self._timed_sync.add(d)
-        self._lane.submit(d)
+        batch = d if isinstance(d, list) else [d]
+        self._timed_sync.update([x for x in batch if x.timeout is not None])  # watched (watch_deadlines)
+        self._lane.submit_many(batch)
 
     # --- running ------------------------------------------------------------------
 

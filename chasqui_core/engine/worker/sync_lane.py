@@ -11,7 +11,7 @@ Throughput comes from waking few threads, not many. A noop job takes a few
 from the loop) costs more than the job, and with a hundred threads each
 woken per job a sync worker ran at a quarter of an async one. So a woken
 thread keeps taking jobs from the inbox until it is empty, and the loop wakes
-a thread only when none is awake (``submit``). Threads are added as the jobs
+a thread only when none is awake (``submit_many``). Threads are added as the jobs
 need them: while jobs wait, the loop looks every ``SPREAD_S``, and if a job
 waiting at the last look still waits (the awake threads are busy in slower
 jobs: a query, a call to another service), it wakes as many again as are
@@ -87,22 +87,13 @@ class SyncLane:
         for _ in range(size):
             self.replace()
 
-    def submit(self, delivery: Delivery) -> None:
-        """Hand a job to the threads (on the loop): a thread is woken only when none is awake."""
-        self.outstanding += 1
-        self._waiting.append(delivery)
-        self._fed()
-
     def submit_many(self, deliveries: list[Delivery]) -> None:
-        """Hand a read's sync jobs to the threads at once (on the loop): all are in the inbox before a thread is
-        woken, and the lane's checks are made once for the lot, not once per job."""
+        """Hand jobs to the threads (on the loop), a read's at once: all are in the inbox before a thread is woken,
+        the lane's checks are made once for the lot, and a thread is woken only when none is awake."""
         self.outstanding += len(deliveries)
         lines = self._waiting.lines
         for d in deliveries:
             lines[d.keys.rank].append(d)
-        self._fed()
-
-    def _fed(self) -> None:
         if len(self._asleep) >= self._size:  # none awake (a thread going to sleep says so first, then looks at
             self._wake_up(1)                   # the inbox again: one of the two sees the other)
         if self._spreading is None:
@@ -180,7 +171,7 @@ class SyncLane:
 
         The thread says it is asleep first and looks at the inbox after: a job
         the loop added before it looked is seen here, and one added after
-        finds no thread awake and wakes one (``submit``). A thread that finds
+        finds no thread awake and wakes one (``submit_many``). A thread that finds
         a job but was taken out to be woken meanwhile takes its wake-up too."""
         self._asleep.append(waker)
         if self._waiting:
