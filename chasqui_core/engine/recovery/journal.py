@@ -42,15 +42,15 @@ The sync lane's threads write one mark per run, with the socket's own
 ``send`` on the journal's connection, made non-blocking so that a send never
 waits (a full buffer, a server that went away: the send fails instead). A
 send that does not go out whole closes that connection; the next mark
-reconnects. The kernel writes each ``send`` of a stream socket whole or not
-at all while it does not have to wait, so threads need no lock between
+reconnects. The kernel does not interleave two sends on a stream socket
+that each go out whole without waiting, so threads need no lock between
 them. ``send`` releases the GIL around the system call: when the lane woke
 a thread per job, ten threads took the GIL from each other on every job
 (a noop sync job's CPU went from 13 to 28 µs), and the marks went out with
 libc's ``send`` through ctypes, which keeps it. Since the lane wakes few
 threads (sync_lane.py), a noop job's thread has no other lane thread
-waiting for the GIL, and Python's ``send`` costs what ctypes' did (turns on
-the bench host, docs/benchmarks.md). The commands are written by hand:
+waiting for the GIL, and Python's ``send`` costs less than the ctypes call
+did (turns on the bench host, docs/benchmarks.md). The commands are written by hand:
 a hash's name and the command's head are made once per stream, and a mark
 is one format of them with the entry id and the time; redis-py's encoder
 costs several times that per command.
