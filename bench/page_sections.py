@@ -213,8 +213,8 @@ outcome is handed on, one send per run):
   Django wrapper looks at the thread's connection flag before calling `check_connections`.
 
 Measured with `python -m bench worker-concurrent worker-sync runworker-sync runworker-sync-100 --repeats 1`,
-three turns of `7c0a235`, `d26fc9e` (before) and this change (after), taking turns on this host while three
-other engineers' work loaded it (load average at the start of each turn, before / after: 16.7 / 13.0, 10.6 /
+three turns of `7c0a235`, `d26fc9e` (before) and this change (after), taking turns on this host while other
+work loaded it (load average at the start of each turn, before / after: 16.7 / 13.0, 10.6 /
 8.9, 6.7 / 5.7; `7c0a235`: 15.4, 11.5, 6.6). Worker CPU per noop job, median (the three turns), and the median
 rate:
 
@@ -234,6 +234,14 @@ at `--concurrency 100` against the engine's async drain (goal ≥ 0.6): 0.76, 0.
 ×1.30, ×1.48), 0.93, 1.07, 0.76 after (CPU ×1.34, ×1.05, ×1.60). On this host at these loads the CPU per job
 is about 1.5–2 times what an idle host shows, and a single turn moves by a third; what the turns agree on: no
 row is worse than at `7c0a235` beyond that noise, the engine's sync rows are cheaper than before.
+
+Two more turns of before and the final code of this change (every sync job through `submit_many`; the bench's
+noop jobs take the same path as above), at load 5.3 / 5.9 and 6.2 / 5.3, after against before: worker-sync CPU
+×0.93, ×1.01 (its twin beside runworker-sync ×0.85, ×0.83), runworker-sync ×0.95, ×0.96 (rate ×1.07, ×1.16),
+runworker-sync-100 ×0.91, ×1.33, worker-concurrent ×1.04, ×1.07 (rate ×0.99, ×0.93); medians 28.7 against 29.4
+µs for worker-sync, 33.7 against 35.2 for runworker-sync, 22.4 against 21.2 for worker-concurrent. Issue 38's
+row at `--concurrency 100` reached 0.72 and 0.60 of the engine's async drain (CPU ×1.32, ×1.67), before 0.51
+and 0.82.
 
 What remains is the send itself: one system call per sync run, about 2.5 µs on this virtual machine (a
 loopback TCP send wakes the server through the hypervisor), a sixth of a noop sync job where issue 38 asks
