@@ -126,8 +126,8 @@ there was no `enqueue_many`.
   about 7 µs more (median 21 µs against 14, ranges 18-24 and 12-16): each run's mark is a `send()` of its own before the handler
   starts, so that a job that kills its process at once is still charged, and a loopback TCP send costs that
   much system time on this virtual machine. Python's own `send` first cost twice that, handing the GIL
-  between ten threads on every job; it now keeps the GIL (libc's `send` through `ctypes.PyDLL`, never
-  blocking). Handing jobs only to free threads, with one send per hand-over, cost more (threads waiting for
+  between ten threads on every job; it then kept the GIL (libc's `send` through `ctypes.PyDLL`, never
+  blocking), until the sync lane woke few threads (below, *The sync path won back*). Handing jobs only to free threads, with one send per hand-over, cost more (threads waiting for
   the event loop between jobs). For jobs that do real work (a query, a request) the 7 µs vanish; for noop
   sync jobs it is the price of exact crash charges.
 - **What limits cost a worker without any.** Rate and concurrency limits (`chasqui_core/engine/worker/limits.py`) are
@@ -244,6 +244,68 @@ that deduplicates `XADD` itself (Redis 8's `IDMP`). `task.enqueue` stayed at 0.7
 (0.79 in the sixth). Three more runs of this code at load 12–15 gave 0.39–0.40 of the `XADD` (CPU ×2.45–2.64) and
 0.85–1.07 for `task.enqueue`; polling the socket for a reply by time instead of by tries (200 µs) measured no
 better there (0.36–0.38) and was left out.
+
+### The sync path won back (worker side)
+
+Between `7c0a235` and `d26fc9e` a noop sync job's worker CPU had grown by about a sixth (17.4 → 20.3 µs
+measured idle, issue 38). Profiled (py-spy `--gil`, cProfile call counts, callgrind instruction counts of a
+1,000- and a 3,000-job drain: 183,000 → 210,000 instructions per job), the growth was spread over small steps
+of Python per job, and the start journal's send was the largest single part: the lane alone (its threads and
+journal, no reader or settler) took 7.4 µs of CPU per job with the journal and 3.6 without, in turns. Removed
+per job, without changing what is marked or when (each run marked before its handler starts, struck before its
+outcome is handed on, one send per run):
+
+- **The run in the thread's loop.** A lane thread runs each job inline (no call for the run, none for the
+  wake-up check), with one clock read for the next job's start, used for both its mark and its outcome.
+- **One format per mark.** The journal makes an HSET's and an HDEL's head once per stream; a thread's strike
+  and next start are one `%` of them, sent inline.
+- **No ctypes.** The mark goes out with the journal connection's own `send`, made non-blocking. ctypes kept
+  the GIL because the lane once woke a thread per job and ten threads took the GIL from each other on every
+  send; the lane now wakes few threads, and in turns the lane alone took 3.6–6.3 µs of CPU per job with
+  Python's `send` against 7.6–8.8 with the ctypes call. The commands stay written by hand: redis-py's encoder
+  costs more than a noop job's whole time in its thread.
+- **Fed in batches.** A read's sync jobs go to the lane in one call (`submit_many`): its
+  checks and its wake-up once per read.
+- **Less per outcome.** The settler clears its idle event when outcomes start to wait, not per outcome; the
+  Django wrapper looks at the thread's connection flag before calling `check_connections`.
+
+Measured with `python -m bench worker-concurrent worker-sync runworker-sync runworker-sync-100 --repeats 1`,
+three turns of `7c0a235`, `d26fc9e` (before) and this change (after), taking turns on this host while other
+work loaded it (load average at the start of each turn, before / after: 16.7 / 13.0, 10.6 /
+8.9, 6.7 / 5.7; `7c0a235`: 15.4, 11.5, 6.6). Worker CPU per noop job, median (the three turns), and the median
+rate:
+
+| row | `7c0a235` | before (`d26fc9e`) | after |
+|---|---|---|---|
+| worker-concurrent (async, c=100) | 21.2 µs (21.4 / 21.2 / 17.5); 23,085 jobs/s | 26.2 µs (26.1 / 27.0 / 26.2); 19,451 jobs/s | 22.3 µs (22.3 / 26.0 / 19.5); 27,459 jobs/s |
+| worker-sync (c=10) | 33.2 µs (35.1 / 33.2 / 25.2); 15,856 jobs/s | 33.6 µs (34.8 / 33.4 / 33.6); 13,351 jobs/s | 29.1 µs (29.1 / 33.8 / 26.1); 19,425 jobs/s |
+| runworker-sync (`@task`, c=10) | 33.8 µs (33.8 / 28.1 / 36.2); 19,723 jobs/s | 34.4 µs (34.4 / 32.8 / 40.8); 18,571 jobs/s | 35.0 µs (35.0 / 42.6 / 33.7); 18,797 jobs/s |
+| worker-sync (beside runworker-sync) | 32.4 µs (32.4 / 22.8 / 36.3); 20,265 jobs/s | 33.2 µs (34.8 / 22.5 / 33.2); 20,647 jobs/s | 24.9 µs (24.4 / 30.1 / 24.9); 22,743 jobs/s |
+| runworker-sync-100 (`@task`, c=100) | — | 34.8 µs (32.0 / 34.8 / 35.0); 18,426 jobs/s | 32.1 µs (32.1 / 26.8 / 32.4); 22,796 jobs/s |
+
+After against before, turn by turn: worker-sync CPU ×0.84, ×1.01, ×0.77 (rate ×1.51, ×1.40, ×1.26);
+worker-concurrent ×0.85, ×0.96, ×0.75. The runworker-sync row swung more than it moved (×1.02, ×1.30, ×0.83),
+so it was measured again on its own, two turns each of before, the change with ctypes kept, and after, at load
+3.8–5.9: 39.8, 30.3 and 28.6 µs (medians), its engine twin 33.1, 30.7 and 27.8. Issue 38's row for sync tasks
+at `--concurrency 100` against the engine's async drain (goal ≥ 0.6): 0.76, 0.68, 0.69 before (CPU ×1.19,
+×1.30, ×1.48), 0.93, 1.07, 0.76 after (CPU ×1.34, ×1.05, ×1.60). On this host at these loads the CPU per job
+is about 1.5–2 times what an idle host shows, and a single turn moves by a third; what the turns agree on: no
+row is worse than at `7c0a235` beyond that noise, the engine's sync rows are cheaper than before.
+
+Two more turns of before and the final code of this change (every sync job through `submit_many`; the bench's
+noop jobs take the same path as above), at load 5.3 / 5.9 and 6.2 / 5.3, after against before: worker-sync CPU
+×0.93, ×1.01 (its twin beside runworker-sync ×0.85, ×0.83), runworker-sync ×0.95, ×0.96 (rate ×1.07, ×1.16),
+runworker-sync-100 ×0.91, ×1.33, worker-concurrent ×1.04, ×1.07 (rate ×0.99, ×0.93); medians 28.7 against 29.4
+µs for worker-sync, 33.7 against 35.2 for runworker-sync, 22.4 against 21.2 for worker-concurrent. Issue 38's
+row at `--concurrency 100` reached 0.72 and 0.60 of the engine's async drain (CPU ×1.32, ×1.67), before 0.51
+and 0.82.
+
+What remains is the send itself: one system call per sync run, about 2.5 µs on this virtual machine (a
+loopback TCP send wakes the server through the hypervisor), a sixth of a noop sync job where issue 38 asks
+for 5 %. Two sends cannot become one without marking a run that has not started (a crash would then charge
+it) or striking late (a crash after a run returned would charge it); batching starts the way async rounds
+are (`dispatching`) would turn a sync pill's first death into a recovery, a change of the crash accounting.
+Below that needs the journal outside Redis (a shared-memory journal read by the supervisor, issue 35).
 """
 
 CONSOLE = """\

@@ -138,7 +138,8 @@ def task_handler(task: ChasquiTask):
             return value
 
     def run_untraced(ctx: JobContext, args: Any, kwargs: Any) -> Any:
-        check_connections()
+        if _thread.connected:  # check_connections, looked at here first: a job's every run asks twice
+            check_connections()
         try:
             result = context = None
             if _started.wanted(RUNNING):
@@ -160,7 +161,8 @@ def task_handler(task: ChasquiTask):
                 _finished.send(finished_result(task, ctx, shown(context, result)))
             return value
         finally:
-            check_connections()
+            if _thread.connected:
+                check_connections()
 
     return run_sync
 

@@ -38,25 +38,32 @@ its outcome's settle strikes it too, so a crash while Redis is away can
 still charge it. Only a journal kept outside Redis (read by the supervisor
 when a child dies) would close that window.
 
-The sync lane's threads write one mark per run. Python's own ``send``
-releases the GIL around the system call, and with ten threads waiting for
-it, handing the GIL over on every job cost more than the job (a noop sync
-job's CPU went from 13 to 28 µs). So on a plain TCP or Unix connection a
-thread's mark goes out with libc's ``send`` called through ``ctypes.PyDLL``,
-which keeps the GIL, with ``MSG_DONTWAIT`` so that it can never block while
-holding it: the whole command is written at once, by one thread at a time,
-with no lock. A send that does not go out whole (the buffer is full, the
-server went away) closes that connection: the next mark reconnects.
+The sync lane's threads write one mark per run, with the socket's own
+``send`` on the journal's connection, made non-blocking so that a send never
+waits (a full buffer, a server that went away: the send fails instead). A
+send that does not go out whole closes that connection; the next mark
+reconnects. The kernel does not interleave two sends on a stream socket
+that each go out whole without waiting, so threads need no lock between
+them. ``send`` releases the GIL around the system call: when the lane woke
+a thread per job, ten threads took the GIL from each other on every job
+(a noop sync job's CPU went from 13 to 28 µs), and the marks went out with
+libc's ``send`` through ctypes, which keeps it. Since the lane wakes few
+threads (sync_lane.py), a noop job's thread has no other lane thread
+waiting for the GIL, and Python's ``send`` costs less than the ctypes call
+did (turns on the bench host, docs/benchmarks.md). The commands are written by hand:
+a hash's name and the command's head are made once per stream, and a mark
+is one format of them with the entry id and the time; redis-py's encoder
+costs several times that per command.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import socket
 import ssl
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from chasqui_core.engine.recovery.ended_runs import EndedRuns
@@ -94,13 +101,16 @@ class StartJournal:
         the worker's."""
         self._keys: dict[str, bytes] = {}
         """Stream -> its running hash's name, as a RESP bulk string."""
+        self._routes: dict[str, tuple[str | None, bytes, bytes]] = {}
+        """Stream -> (its server, the start of an HSET of its running hash, the start of an HDEL of it): what a
+        sync lane thread's per-run mark is made of, looked up once and written with one format."""
         self._rounds: dict[str, bytes] = {}
         """Stream -> the name of its set of ids about to start (``dispatching``), as a RESP bulk string."""
         self._conns: dict[str | None, Any] = {}
         self._socks: dict[str | None, Any] = {}
         """The connections' sockets, written to directly (redis-py's send costs more than the send)."""
-        self._fds: dict[str | None, int] = {}
-        """File descriptors of the plain (not TLS) connections, for ``_send_holding_gil``."""
+        self._fast: dict[str | None, Callable[[bytes, int], int]] = {}
+        """The ``send`` of each plain (not TLS) connection, non-blocking: what a mark goes out with."""
         self._lock = threading.Lock()
         """Taken on the slow path only (a connection to open, a TLS socket), never by a mark sent whole."""
         self._failures = LogBudget(logger, "start journal writes dropped (Redis unavailable)")
@@ -111,10 +121,11 @@ class StartJournal:
         """Write the marks of ``stream``'s entries to hash ``key`` and its rounds' ids to set ``dispatching``, on
         the server ``url`` names (a cluster node; None: the worker's)."""
         self._server[stream] = url
-        self._keys[stream] = _bulk(key.encode())
+        self._keys[stream] = name = _bulk(key.encode())
         self._rounds[stream] = _bulk(dispatching.encode())
         if self._ended is not None:
             self._ended_index[stream] = self._ended.name(key)
+        self._routes[stream] = (url, b"*4\r\n$4\r\nHSET\r\n" + name, b"*3\r\n$4\r\nHDEL\r\n" + name)
 
     def use_like(self, stream: str, key: str, like: str, *, dispatching: str) -> None:
         """Write ``stream``'s marks to ``key`` and ``dispatching``, on the server ``like``'s go to (a priority
@@ -137,34 +148,41 @@ class StartJournal:
 
     def started_one(self, stream: str, entry_id: bytes, started_ms: int) -> None:
         """Mark one entry as running: a sync lane thread calls this just before the handler starts."""
+        server, mark, _ = self._routes[stream]
         # epoch milliseconds have 13 digits from 2001 to 2286
-        self._write(self._server.get(stream),
-                    b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id), entry_id,
-                                                                       started_ms))
+        self._write(server, b"%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (mark, len(entry_id), entry_id, started_ms))
 
     def finished_one(self, stream: str, entry_id: bytes) -> None:
         """Strike one run's mark the moment its handler returned (a sync lane thread, or the loop for an async run
         that waited): a process killed a moment later must not be charged a run that had ended."""
         if self._ended is not None:
             self._ended.ended(self._ended_index[stream], entry_id)
-        strike = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[stream], len(entry_id), entry_id)
-        self._write(self._server.get(stream), strike, strike)
+        server, _, strike = self._routes[stream]
+        end = b"%s$%d\r\n%s\r\n" % (strike, len(entry_id), entry_id)
+        self._write(server, end, end)
 
     def ended_and_started(self, ended_stream: str, ended_id: bytes, stream: str, entry_id: bytes,
                           started_ms: int) -> None:
         """Strike one run's mark and write the next run's, in one send when both go to one server (a sync lane
-        thread going from one job straight to the next)."""
+        thread going from one job straight to the next, once per job: hence the send inlined)."""
         if self._ended is not None:
             self._ended.ended(self._ended_index[ended_stream], ended_id)
-        end = b"*3\r\n$4\r\nHDEL\r\n%s$%d\r\n%s\r\n" % (self._keys[ended_stream], len(ended_id), ended_id)
-        start = b"*4\r\n$4\r\nHSET\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (self._keys[stream], len(entry_id),
-                                                                            entry_id, started_ms)
-        server = self._server.get(ended_stream)
-        if self._server.get(stream) == server:
-            self._write(server, end + start, end)
-        else:
-            self._write(server, end, end)
-            self._write(self._server.get(stream), start)
+        server, _, strike = self._routes[ended_stream]
+        next_server, mark, _ = self._routes[stream]
+        if next_server != server:
+            self.finished_one(ended_stream, ended_id)
+            self.started_one(stream, entry_id, started_ms)
+            return
+        data = b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (strike, len(ended_id), ended_id, mark,
+                                                                      len(entry_id), entry_id, started_ms)
+        send = self._fast.get(server)
+        if send is not None:
+            try:
+                if send(data, _FLAGS) == len(data):
+                    return
+            except OSError:
+                pass
+        self._write(server, data, b"%s$%d\r\n%s\r\n" % (strike, len(ended_id), ended_id), tried=send)
 
     def started(self, marks: dict[str, list[bytes]] | None, started_ms: int, rounds: dict[str, list[bytes]]) -> None:
         """After a round of starts: mark the entries still running (stream -> entry ids) as running since
@@ -182,14 +200,23 @@ class StartJournal:
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 
-    def _write(self, server: str | None, data: bytes, strike: bytes = b"") -> None:
-        """One whole command: in one GIL-holding send when the connection allows it, else under the lock."""
-        fd = self._fds.get(server)
-        if fd is not None and _send_holding_gil is not None:
-            if _send_holding_gil(fd, data, len(data), _FLAGS) == len(data):
-                return
+    def _write(self, server: str | None, data: bytes, strike: bytes = b"",
+               tried: Callable[[bytes, int], int] | None = None) -> None:
+        """Whole commands: in one non-blocking send when the connection is plain, else under the lock.
+        ``strike``: the HDEL that leads ``data``, kept if it cannot be sent; ``tried``: the send a caller tried
+        already, which did not send ``data`` whole (it is not tried again)."""
+        send = tried
+        if send is None:
+            send = self._fast.get(server)
+            if send is not None:
+                try:
+                    if send(data, _FLAGS) == len(data):
+                        return
+                except OSError:
+                    pass
+        if send is not None:
             with self._lock:  # not sent whole: this connection cannot be trusted with the next command
-                if self._fds.get(server) == fd:
+                if self._fast.get(server) is send:
                     self._drop(server)
         with self._lock:
             self._send(server, data, strike)
@@ -217,7 +244,7 @@ class StartJournal:
                 sock.sendall(b"".join(unstruck) + data if unstruck else data)
                 self._unstruck.pop(server, None)
                 if not isinstance(sock, ssl.SSLSocket):
-                    self._fds[server] = sock.fileno()  # only now: no thread's mark may interleave with this one
+                    self._fast[server] = _nonblocking_send(sock)  # only now: no mark may interleave with this one
                 return
             except Exception as exc:
                 self._drop(server)
@@ -237,7 +264,7 @@ class StartJournal:
                     with contextlib.suppress(Exception):
                         sock = self._open(server)
                         if not isinstance(sock, ssl.SSLSocket):
-                            self._fds[server] = sock.fileno()
+                            self._fast[server] = _nonblocking_send(sock)
 
     def summarise_logs(self) -> None:
         self._failures.summarise()
@@ -262,7 +289,7 @@ class StartJournal:
         return conn._sock
 
     def _drop(self, server: str | None) -> None:
-        self._fds.pop(server, None)
+        self._fast.pop(server, None)
         self._socks.pop(server, None)
         conn = self._conns.pop(server, None)
         if conn is not None:
@@ -270,16 +297,10 @@ class StartJournal:
                 conn.disconnect()
 
 
-def _libc_send() -> Any:
-    """libc's ``send``, called without releasing the GIL; None where it cannot be had (then the slow path)."""
-    try:
-        send = ctypes.PyDLL(None, use_errno=True).send
-    except (OSError, AttributeError):
-        return None
-    send.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
-    send.restype = ctypes.c_ssize_t
-    return send
+def _nonblocking_send(sock: socket.socket) -> Callable[[bytes, int], int]:
+    """``sock``'s ``send``, made never to wait (the journal's own connection: nothing else writes to it)."""
+    sock.setblocking(False)
+    return sock.send
 
 
-_send_holding_gil = _libc_send()
 _FLAGS = getattr(socket, "MSG_DONTWAIT", 0) | getattr(socket, "MSG_NOSIGNAL", 0)

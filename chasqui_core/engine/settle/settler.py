@@ -166,8 +166,10 @@ class Settler:
 
     def _added(self) -> None:
         self._pending += 1
-        self._idle.clear()
-        if self._pending == 1 or self._pending >= self.flush_size:
+        if self._pending == 1:  # idle is set only while nothing is pending: cleared once, not per outcome
+            self._idle.clear()
+            self._wake.set()
+        elif self._pending >= self.flush_size:
             self._wake.set()
 
     # --- outcomes -------------------------------------------------------------
@@ -175,7 +177,9 @@ class Settler:
     def complete(self, keys: QueueKeys, entry_id: bytes, job_id: str, task: str, duration_ms: int,
                  result: tuple[str, int, bytes] | None = None, marker: tuple[str, int] | None = None) -> None:
         """A success; ``marker`` (key, ttl ms) marks the job's idempotency key completed in the same call."""
-        batch = self._batch(keys)
+        batch = self._batches.get(keys.stream)  # once per job: no call when the stream's batch exists
+        if batch is None:
+            batch = self._batch(keys)
         batch.done.append(entry_id)
         batch.completed.append([job_id, task, duration_ms])
         if result is not None:

@@ -221,6 +221,7 @@ class Runner(Gates, Suspects):
     async def _start(self, keys: QueueKeys, admitted: list[Delivery]) -> None:
         """Start or queue each admitted delivery (the keyed ones after their idempotency screen)."""
         keyed: list[Delivery] | None = None
+        to_lane: list[Delivery] = []
         to_dispatch = False
         stopping = self._stop.is_set()
         for d in admitted:
@@ -236,7 +237,9 @@ class Runner(Gates, Suspects):
                 self._inbox.append(d)
                 to_dispatch = True
             else:
-                self._to_lane(d)
+                to_lane.append(d)
+        if to_lane:  # one hand-over for the lot (sync_lane.py)
+            self._to_lane(to_lane)
         if to_dispatch and not self._gathering:
             self._dispatch()
         if keyed:
@@ -255,12 +258,12 @@ class Runner(Gates, Suspects):
             self._loop.call_soon(self._run_alone)
         return True
 
-    def _to_lane(self, d: Delivery) -> None:
+    def _to_lane(self, d: Delivery | list[Delivery]) -> None:
         if self._lane is None:
             self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal, self.priority_mode)
-        if d.timeout is not None:
-            self._timed_sync.add(d)
-        self._lane.submit(d)
+        batch = d if isinstance(d, list) else [d]
+        self._timed_sync.update([x for x in batch if x.timeout is not None])  # watched (watch_deadlines)
+        self._lane.submit_many(batch)
 
     # --- running ------------------------------------------------------------------
 

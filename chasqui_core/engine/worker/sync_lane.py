@@ -11,7 +11,7 @@ Throughput comes from waking few threads, not many. A noop job takes a few
 from the loop) costs more than the job, and with a hundred threads each
 woken per job a sync worker ran at a quarter of an async one. So a woken
 thread keeps taking jobs from the inbox until it is empty, and the loop wakes
-a thread only when none is awake (``submit``). Threads are added as the jobs
+a thread only when none is awake (``submit_many``). Threads are added as the jobs
 need them: while jobs wait, the loop looks every ``SPREAD_S``, and if a job
 waiting at the last look still waits (the awake threads are busy in slower
 jobs: a query, a call to another service), it wakes as many again as are
@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from chasqui_core.engine.jobs.envelope import check_json_types, now_ms
+from chasqui_core.engine.jobs.envelope import check_json_types
 from chasqui_core.engine.jobs.priority import STRICT, Inbox
 from chasqui_core.engine.recovery.journal import StartJournal
 from chasqui_core.engine.worker.delivery import Delivery
@@ -88,10 +88,13 @@ class SyncLane:
         for _ in range(size):
             self.replace()
 
-    def submit(self, delivery: Delivery) -> None:
-        """Hand a job to the threads (on the loop): a thread is woken only when none is awake."""
-        self.outstanding += 1
-        self._waiting.append(delivery)
+    def submit_many(self, deliveries: list[Delivery]) -> None:
+        """Hand jobs to the threads (on the loop), a read's at once: all are in the inbox before a thread is woken,
+        the lane's checks are made once for the lot, and a thread is woken only when none is awake."""
+        self.outstanding += len(deliveries)
+        lines = self._waiting.lines
+        for d in deliveries:
+            lines[d.keys.rank].append(d)
         if len(self._asleep) >= self._size:  # none awake (a thread going to sleep says so first, then looks at
             self._wake_up(1)                   # the inbox again: one of the two sees the other)
         if self._spreading is None:
@@ -169,7 +172,7 @@ class SyncLane:
 
         The thread says it is asleep first and looks at the inbox after: a job
         the loop added before it looked is seen here, and one added after
-        finds no thread awake and wakes one (``submit``). A thread that finds
+        finds no thread awake and wakes one (``submit_many``). A thread that finds
         a job but was taken out to be woken meanwhile takes its wake-up too."""
         self._asleep.append(waker)
         if self._waiting:
@@ -186,63 +189,76 @@ class SyncLane:
         A run's journal mark is struck the moment its handler returns, before
         its outcome is handed on (journal.py says why); when another job is
         waiting, its start mark goes out in the same send, so a busy thread
-        pays one send per job, not two.
+        pays one send per job, not two. The run itself is written out here
+        rather than in a method of its own: this loop is the whole of a sync
+        job's time in its thread, and each call it makes per job is a
+        measurable share of a noop job.
         """
         done = self._done
+        append = done.append
         journal = self.journal
-        waiting = self._waiting
+        popleft = self._waiting.popleft
+        worker_id = self.worker_id
+        clock, wall = time.perf_counter, time.time
         ahead: Delivery | None = None
         """The next job, taken while the last run's mark was struck, its start mark already written."""
         while True:
             if ahead is not None:
-                d, ahead, marked = ahead, None, True
+                d, ahead = ahead, None
+                started = d.started
             else:
                 try:
-                    d = waiting.popleft()
+                    d = popleft()
                 except IndexError:
                     if not self._sleep(waker):
                         return
                     continue
-                marked = False
+                started = 0
             self._taken += 1
             if self.stopping or d.cancel_requested or d.taken_back or (d.limits and LimitGate.late(d)):
                 # back unstarted (cancel.py, Runner.let_go), or back to the loop for a rate token (limits.py)
-                if marked:
+                if started:
                     d.journal = journal
                     d.end_run()
                 late = not (self.stopping or d.cancel_requested or d.taken_back)
                 d.started = 0
-                done.append((LATE if late else REQUEUE, d, None, 0, 0))
+                append((LATE if late else REQUEUE, d, None, 0, 0))
                 if self._notify():
                     return
                 continue
-            started = now_ms()
-            if not marked:
+            if not started:
+                d.started = started = int(wall() * 1000)
                 journal.started_one(d.keys.stream, d.entry_id, started)
             d.journal = journal
-            outcome = self._call(d, started)
+            job = d.job
+            t0 = clock()
+            try:  # the handler: never raises out of here (whatever it raises is the job's outcome)
+                result = d.handler.fn(*d.handler_args(worker_id), **job.kwargs)
+                if job.result_ttl:
+                    check_json_types(result, "return value")
+            except BaseException as exc:  # SystemExit from a handler fails its job, not the thread
+                outcome: Outcome = (FAILED, d, exc, started, int((clock() - t0) * 1000))
+            else:
+                outcome = (OK, d, result, started, int((clock() - t0) * 1000))
             if d.timed_out:  # abandoned: its outcome is written, and this thread is out of the lane
                 d.end_run()
-                done.append(outcome)
+                append(outcome)
                 self._notify()
                 return
             # strike its mark at once (unless the task's wrapper did), with the next job's start when one waits
             try:
-                ahead = waiting.popleft()
+                ahead = popleft()
             except IndexError:
-                ahead = None
-            if ahead is not None:
-                ahead.started = now_ms()
-                if d.journal is not None:
-                    d.journal = None
-                    journal.ended_and_started(d.keys.stream, d.entry_id, ahead.keys.stream, ahead.entry_id,
-                                              ahead.started)
-                else:
-                    journal.started_one(ahead.keys.stream, ahead.entry_id, ahead.started)
-            else:
                 d.end_run()
-            done.append(outcome)
-            if self._notify():  # the loop is gone (an abandoned run ending late)
+            else:
+                ahead.started = now = int(wall() * 1000)
+                if d.journal is not None:  # not struck by the task's wrapper (JobContext.run_returned)
+                    d.journal = None
+                    journal.ended_and_started(d.keys.stream, d.entry_id, ahead.keys.stream, ahead.entry_id, now)
+                else:
+                    journal.started_one(ahead.keys.stream, ahead.entry_id, now)
+            append(outcome)
+            if not self._notified and self._notify():  # the loop is gone (an abandoned run ending late)
                 return
 
     def _notify(self) -> bool:
@@ -258,29 +274,13 @@ class SyncLane:
                 return True
         return False
 
-    def _call(self, d: Delivery, started: int) -> Outcome:
-        """Run the handler; never raises (whatever it raises is the job's outcome)."""
-        job, handler = d.job, d.handler
-        d.started = started
-        t0 = time.perf_counter()
-        try:
-            result = handler.fn(*d.handler_args(self.worker_id), **job.kwargs)
-            if job.result_ttl:
-                check_json_types(result, "return value")
-        except BaseException as exc:  # SystemExit from a handler fails its job, not the thread
-            return (FAILED, d, exc, started, int((time.perf_counter() - t0) * 1000))
-        return (OK, d, result, started, int((time.perf_counter() - t0) * 1000))
-
     # --- on the loop ----------------------------------------------------------------
 
     def _drain(self) -> None:
         self._notified = False
         done = self._done
-        items = []
-        while done:
-            items.append(done.popleft())
-        for item in items:
-            if not item[1].timed_out:
-                self.outstanding -= 1
+        popleft = done.popleft
+        items = [popleft() for _ in range(len(done))]  # only the loop takes out: what was counted is there
         if items:
+            self.outstanding -= len(items) - sum([1 for item in items if item[1].timed_out])
             self._on_outcomes(items)
