@@ -3,14 +3,16 @@ the run came to (the other worker owns the entry now), says so once, and stops r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 
 from chasqui_core.engine.store.keys import GROUP, QueueKeys
 from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.engine.jobs.registry import HandlerRegistry
 from tests.engine.worker_app import wait_for
-from tests.helpers import worker_running
+from tests.helpers import reclaim_now, worker_running
 
 
 def test_an_entry_taken_back_while_running_is_let_go_and_its_late_outcome_is_not_written(redis, redis_url, caplog):
@@ -92,3 +94,37 @@ def test_a_problem_the_worker_reported_is_shown_until_it_has_not_been_seen_for_a
     w.problem = "reading hk-problem: ConnectionError: refused"
     assert w.problem == "reading hk-problem: ConnectionError: refused"
     wait_for(lambda: w.problem == "", 5, "the problem to be over once not seen again")
+
+
+def test_a_worker_stopping_after_its_alive_key_lapsed_keeps_the_runs_it_is_finishing(redis, redis_url):
+    """A worker cut off past its visibility timeout lets its alive key lapse. As it begins to stop, it records
+    its own end (so that a crash while it winds down is charged as a death), and it used to leave the key lapsed
+    until its next lease pass: a reclaim in between took the run it was still finishing and charged it a death
+    (the soak: a job charged its second death, a panic, 0.8 s before its run succeeded). The stop sets the alive
+    key again with the record."""
+    keys = QueueKeys.for_queue("stopping-lapsed")
+    registry = HandlerRegistry()
+    started, finished = threading.Event(), threading.Event()
+    release = threading.Event()
+
+    async def slow(ctx):
+        started.set()
+        while not release.is_set():
+            await asyncio.sleep(0.02)
+        finished.set()
+
+    registry.register("t.slow", slow, takes_context=True)
+    Queue(keys.queue, url=redis_url).add("t.slow")
+    with worker_running(redis_url, [keys.queue], registry, visibility_timeout_ms=30_000,
+                        shutdown_timeout=20) as worker:
+        assert started.wait(20), "the job started"
+        redis.delete(keys.alive(worker.id))  # lapsed while it was cut off
+        worker.request_stop()
+        wait_for(lambda: redis.exists(keys.died(worker.id)), 10, "the stop's record of its end")
+        time.sleep(0.3)
+        moved = reclaim_now(redis_url, keys, min_idle_ms=100)
+        release.set()
+        assert finished.wait(20)
+    assert moved == [], "a run the stopping worker is still finishing must not be taken back"
+    totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.metrics + "total").items()}
+    assert totals.get("lost", 0) == 0 and totals.get("completed") == 1

@@ -277,11 +277,17 @@ class Housekeeping:
         Written even with nothing running: a job fetched before the stop may still start (and crash) while the
         readers wind down. Runs that end as they should leave no mark to charge, so the record costs them
         nothing. Best effort: with Redis away, those runs count as lost contact, unless a worker of the same
-        host sees the process gone (recovery.deathwatch)."""
+        host sees the process gone (recovery.deathwatch).
+
+        The alive key is set again first, in the same pipeline: a worker that was cut off past its visibility
+        timeout has let it lapse, and a reclaim between the record and the next lease pass would take the runs it
+        is still finishing and charge them as deaths (the soak met a run that succeeded 0.8 s after it was
+        charged its second death, a ``panic``)."""
         w = self.w
         try:
             pipe = w.client.pipeline(transaction=False)
             for k in w.keys:
+                pipe.set(k.alive(w.id), "1", px=w.visibility_timeout_ms)
                 add_death_record(pipe, k, w.id, f"stopping with {w.in_flight} run(s) under way", now_ms())
             await asyncio.wait_for(pipe.execute(), timeout=2.0)
         except Exception:
