@@ -90,3 +90,18 @@ def test_a_run_whose_code_returned_is_not_charged_when_the_process_dies_in_its_w
     assert redis.xlen(keys.dlq) == 0
     totals = {k.decode(): int(v) for k, v in redis.hgetall(keys.metrics + "total").items()}
     assert totals.get("lost", 0) == 0
+
+
+def test_a_process_that_stops_leaving_entries_pending_keeps_its_ends_for_the_recorder_of_its_death():
+    """Stopping with outcomes it could not settle (a partition), the process's entries are reclaimed later by a
+    worker beside it, which records its death then; a strike the partition swallowed may reach Redis only after the
+    stop, so the ends stay on the host for that recorder."""
+    ghost = f"host:{os.getpid()}:keeps"
+    ended = EndedRuns(ghost)
+    key = QueueKeys.for_queue("ended-keep").running(ghost)
+    ended.ended(ended.name(key), b"7-7")
+    ended.close(keep=True)
+    try:
+        assert ended_runs.read(ghost) == {key: [b"7-7"]}
+    finally:
+        os.unlink(ended_runs.path_of(ghost))

@@ -93,15 +93,19 @@ class EndedRuns:
         if index >= 0:  # an id longer than a slot (never: stream ids have 41 bytes at most) is ignored when read
             _pack_slot(self._map, _SLOT_AT[self._next() & _RING], index + 1, len(entry_id), entry_id)
 
-    def close(self) -> None:
-        """A clean stop: every end reached Redis or nobody needs it, so the file goes. A thread still running (an
-        abandoned sync run) may note its end later: it goes to memory."""
+    def close(self, *, keep: bool = False) -> None:
+        """The process stops. On a clean stop every end reached Redis, so the file goes; ``keep``: the process
+        leaves entries pending (outcomes it could not settle, runs it could not finish), which a worker beside
+        it will record dead and reclaim: the file stays for that recorder (a strike swallowed by a partition may
+        reach Redis only after the stop's own record). A thread still running (an abandoned sync run) may note
+        its end later: it goes to memory."""
         mapped, self._map = self._map, bytearray(SIZE)
         if isinstance(mapped, mmap.mmap):
             with contextlib.suppress(OSError, ValueError, BufferError):
                 mapped.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
+        if not keep:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
 
 def ended_runs_of(worker_id: str) -> EndedRuns | None:

@@ -269,12 +269,14 @@ class StartJournal:
     def summarise_logs(self) -> None:
         self._failures.summarise()
 
-    def close(self) -> None:
+    def close(self, *, keep_ends: bool = False) -> None:
+        """Close the connections; ``keep_ends``: leave the ends noted on the host for whoever records this
+        process's death (ended_runs.EndedRuns.close)."""
         with self._lock:
             for server in list(self._conns):
                 self._drop(server)
         if self._ended is not None:
-            self._ended.close()
+            self._ended.close(keep=keep_ends)
 
     def _open(self, server: str | None) -> Any:
         """A connection to ``server``, opened now; returns its socket."""

@@ -433,7 +433,7 @@ class Worker:
                          "reclaimed", self.id, self.settler.pending)
         await runner.release_slots()
         await self.housekeeping.unregister()
-        self.journal.close()
+        self.journal.close(keep_ends=bool(self.settler.pending or runner.in_flight))
         await self.client.aclose()
         logger.info("worker %s stopped (%d processed)", self.id, self.stats.processed)
 
