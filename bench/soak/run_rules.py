@@ -15,6 +15,11 @@ from .ledger import Run
 WATCH_SLACK = 0.5
 """Seconds the watcher may note a death late (it polls five times a second, on a busy host)."""
 
+TIMEOUT_SLACK = 1.0
+"""Seconds after a hanging run's timeout during which its worker may not yet have ended it: the worker looks at
+its sync runs' deadlines every 0.2 s on its event loop, which a loaded host delays (the soak saw 0.9 s). A process
+that died within it may have died before the timeout was seen: its run is lost, not ended."""
+
 LOST, UNSETTLED = "lost", "unsettled"
 DIED, CONTACT = "died", "lost contact"
 """Why a run's outcome may never have been settled: its process died, or lost contact with Redis."""
@@ -28,7 +33,7 @@ def is_lost(run: Run, kind: Kind | None, died: Mapping[int, float | None], abrup
         return None
     if kind is not None and kind.hang:
         at = died.get(run.pid)
-        return LOST if at is not None and at < run.started + HANG_TIMEOUT else None
+        return LOST if at is not None and at < run.started + HANG_TIMEOUT + TIMEOUT_SLACK else None
     return LOST
 
 

@@ -273,3 +273,19 @@ def test_a_hanging_run_ended_by_its_timeout_may_run_again_only_after_that_outcom
     b.dead_pids.pop(CRASHED_PID + 8)
     flagged = [w for w, j in what(b.judge()) if j == "hang-9"]
     assert "rerun without a lost outcome" in flagged
+
+
+def test_a_hanging_run_whose_process_died_just_after_its_timeout_may_be_charged_as_lost():
+    """The worker sees a sync run's timeout on its event loop, every 0.2 s, later on a loaded host: a process that
+    died 0.9 s after the timeout may have died before the worker ended the run, and charging it a death is right.
+    Two seconds after, the run had ended: a death charged for it is a finished run charged."""
+    b = a_clean_book()
+    b.enqueue("hang-8", "hang_sync")
+    b.run("hang-8", "hang_sync", at=1, outcome=None)
+    b.run("hang-8", "hang_sync", at=4, outcome=None, pid=CRASHED_PID + 9, attempt=2)
+    b.process_died(CRASHED_PID + 9, 6.9)  # 0.9 s after its timeout
+    b.dies("hang-8", "retries_exhausted", "WorkerLost", at=12)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    b.process_died(CRASHED_PID + 9, 8.5)
+    assert ("finished run charged", "hang-8") in what(b.judge())
