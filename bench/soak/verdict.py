@@ -406,7 +406,7 @@ def judge(ev: Evidence) -> Verdict:
                            "dead-lettered as panic, but the ledger shows {deaths} run(s) lost with their process: "
                            "a poison pill must have been running at two process deaths")
             elif d.reason == "retries_exhausted" and d.error_class.endswith(WORKER_LOST):
-                if not deaths:
+                if not deaths and not at_death:  # a run lost before its first line (noted above) is one too
                     _blame(flag, deaths, lost_outcomes, 1, "false worker lost",
                            "its budget was spent by a run lost with its worker, but the ledger shows no run lost "
                            "with its process")

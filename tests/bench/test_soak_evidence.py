@@ -289,3 +289,18 @@ def test_a_hanging_run_whose_process_died_just_after_its_timeout_may_be_charged_
     assert verdict.ok, report_discrepancies(verdict)
     b.process_died(CRASHED_PID + 9, 8.5)
     assert ("finished run charged", "hang-8") in what(b.judge())
+
+
+def test_a_budget_spent_by_an_attempt_lost_before_its_first_line_is_no_finished_run_charged():
+    """The last attempt was marked started and its process died before the task's first line (noted, with the
+    death as evidence): its WorkerLost is that attempt's, not the earlier run's, whose outcome was lost too."""
+    b = a_clean_book()
+    b.enqueue("fail-8", "always_fail")
+    b.run("fail-8", "always_fail", at=1, outcome="error", error_class="SoakFailure", pid=CRASHED_PID + 10)
+    b.run("fail-8", "always_fail", at=2, outcome="error", error_class="SoakFailure", pid=CRASHED_PID + 10)
+    b.process_died(CRASHED_PID + 10, 2.5)  # after run 2 ended: its outcome (a retry) may be lost too
+    b.process_died(CRASHED_PID + 11, 5)  # while attempt 3 was due: marked started, died before its first line
+    b.dies("fail-8", "retries_exhausted", "WorkerLost", at=10)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert [n.what for n in verdict.notes if n.job_id == "fail-8"] == ["charged before its first line"]
