@@ -96,8 +96,9 @@ def timed_registry():
     import asyncio
 
     def make(name):
-        async def handler(ctx, seconds=0.0, **_):
+        async def handler(ctx, seconds=0.0, block=0.0, **_):
             start = time.monotonic()
+            time.sleep(block)  # holds the event loop: the jobs after it in its round start that much later
             await asyncio.sleep(seconds)
             spans.append((name, ctx.job.id, ctx.attempt, start, time.monotonic()))
         registry.register(name, handler, takes_context=True)
@@ -143,6 +144,23 @@ def test_a_rate_limit_spaces_the_starts(redis, redis_url):
     for i in range(len(starts) - 3):  # any four starts span at least a second (a little slack for the clocks)
         assert starts[i + 3] - starts[i] >= 0.95, starts
     assert starts[-1] - starts[0] < 10, "the waiting jobs were not started as soon as the window allowed"
+
+
+def test_a_job_started_late_behind_its_round_takes_its_rate_token_again(redis, redis_url):
+    """Jobs of one round start one after the other, each running until its first ``await``: a job that
+    holds the loop for 0.3 s makes the next start 0.3 s after its token was taken, past its grace. Checked
+    only when the round was made, that job started on its old token, and the jobs parked behind it were
+    due a second after that token: two starts 0.75 s apart under a limit of one a second."""
+    spans, registry = timed_registry()
+    q = Queue("lim", url=redis_url)
+    q.add("limited", kwargs={"block": 0.3})
+    for _ in range(3):
+        q.add("limited")
+    with running(redis_url, ["lim"], registry, limits={"limited": {"rate": "2/s"}}):
+        wait_for(lambda: len(spans) == 4, 30, "every job to run once")
+    starts = sorted(s[3] for s in spans)
+    assert starts[2] - starts[0] >= 0.95, starts
+    assert starts[3] - starts[1] >= 0.95, starts  # the late start counted from when it started, not its token
 
 
 def test_a_keyed_limit_holds_per_value(redis, redis_url):

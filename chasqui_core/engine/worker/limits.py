@@ -13,11 +13,14 @@ buckets will have room. Waiting costs it no attempt and holds no worker slot.
 
 A rate limit promises starts, not reads: at most N jobs start in any window.
 A job admitted at read may wait in its worker before it starts, so a rate
-token holds for ``START_GRACE_MS`` only: a job not started by then
+token holds for a short grace only: a job not started by then
 (``LimitGate.late``) takes its token again before it starts
 (``LimitGate.retake``: it starts now, or waits in the delayed set like any
-job the limit holds back), and a token counts against a window of W + the
-grace, which keeps any W of starts to N.
+job the limit holds back). A token is scored by the end of its grace and
+counts against the window from there, which keeps any W of starts to N. The
+grace is ``START_GRACE_MS`` plus twice the round trips the worker sees: a
+fixed grace shorter than a slow link's round trip would send every job back
+for a token, forever.
 A run's concurrency slots are given back when it ends (lua/limit_release.lua,
 which also wakes one parked job per slot); the lease pass renews the slots of
 runs still going, so a dead worker's slots lapse after one lease.
@@ -146,9 +149,13 @@ def bucket_name(value: object) -> str:
 
 
 START_GRACE_MS = 50
-"""How long after its rate token was taken a job may still start on it (see the module's docstring). A token
-counts against its window for this much longer, so a rate of N per W admits N per W + 50 ms at most: 5 % below
-N at one second, nothing to speak of over a minute; a shorter grace sends more jobs back for a token."""
+"""How long after its rate token's reply a job may still start on it (see the module's docstring), on top of
+twice the round trip the take is expected to take. A token counts against its window for its grace too, so a
+rate of N per W admits N per W + the grace at most: 5 % below N at one second on a fast link, nothing to speak
+of over a minute; a shorter grace sends more jobs back for a token."""
+
+MAX_GRACE_MS = 10_000
+"""The longest grace asked for, whatever the round trips: a link that slow holds tokens no longer than this."""
 
 
 SLOT_MARGIN_MS = 500
@@ -212,6 +219,8 @@ class LimitGate:
         """A concurrency slot's lifetime without renewal: the visibility timeout, renewed by each lease pass."""
         self.skew_ms = 0
         """The server's clock minus this process's, as of the last take."""
+        self.round_trip_ms = 0.0
+        """The slowest recent take's round trip, decaying: what the grace of the next take allows for."""
 
     async def take(self, keys: QueueKeys, deliveries: list[Delivery]) -> Taken:
         """Give each delivery a slot in all its buckets, or park it (one Lua call for the batch).
@@ -258,14 +267,17 @@ class LimitGate:
                     flat_buckets.extend(bucket)
                 mine.append(at)
             flat_jobs += (d.entry_id, d.payload, mine)
+        grace = min(START_GRACE_MS + int(2 * self.round_trip_ms), MAX_GRACE_MS)
         sent = time.monotonic()
         server_ms, positions, parked, earliest = await self.scripts.limit_take(
             keys=[keys.stream, keys.delayed, keys.limits],
             args=[GROUP, keys.metrics, self.slot_ms, _pack(flat_buckets), _pack(flat_jobs),
-                  slot_prefix(keys), START_GRACE_MS, "1" if retake else "0"])
+                  slot_prefix(keys), grace, "1" if retake else "0"])
+        answered = time.monotonic()
+        self.round_trip_ms = max((answered - sent) * 1000, self.round_trip_ms * 0.8)
         self.skew_ms = int(server_ms) - now_ms()
         admitted = [deliveries[p - 1] for p in positions]
-        start_by = sent + (START_GRACE_MS - 1) / 1000  # the token is scored after ``sent``, in whole ms
+        start_by = sent + (grace - 1) / 1000  # the token is scored grace after ``sent`` at the earliest, in whole ms
         held_until = sent + (self.slot_ms - SLOT_MARGIN_MS) / 1000
         for d in admitted:
             d.rate_by = start_by if any(b[1] for b in d.limits or ()) else 0.0

@@ -93,6 +93,8 @@ class Runner(Gates, Suspects):
         self._report_problem = report_problem
         self._loop = asyncio.get_running_loop()
         self._inbox = Inbox(priority_mode)
+        self._late: list[Delivery] = []
+        """Limited jobs found late at their start in this turn of ``_dispatch``, to take their tokens again."""
         self._running = 0
         self._lane: SyncLane | None = None  # started on the first sync job
         self._gathering = False
@@ -287,31 +289,33 @@ class Runner(Gates, Suspects):
         if self._isolating and not alone:  # a suspect waits to run alone, or runs: nothing else starts
             return
         inbox = self._inbox
-        late: list[Delivery] | None = None
+        late = self._late
         while inbox and self._running < self.concurrency and not self._stop.is_set():
             room = self.concurrency - self._running
             batch: list[Delivery] = []
             rounds: dict[str, list[bytes]] = {}
             while inbox and len(batch) < room:
                 d = inbox.popleft()
-                if d.limits and LimitGate.late(d):  # its rate token or slot lapsed while it waited: take it again
-                    if late is None:
-                        late = []
-                    late.append(d)
-                    continue
                 batch.append(d)
                 if d.journal is None:  # a suspect running alone is marked running already (suspects.py)
                     rounds.setdefault(d.keys.stream, []).append(d.entry_id)
             if rounds:
                 self.journal.dispatching(rounds)
-            self._start_round(batch, rounds)
+            self._start_round(batch, rounds, late)
         if late:
             self._retake_later(late)
+            late.clear()
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 
-    def _start_round(self, batch: list[Delivery], rounds: dict[str, list[bytes]]) -> None:
-        """Start one round's jobs (``_dispatch``), then mark those still running and close the round."""
+    def _start_round(self, batch: list[Delivery], rounds: dict[str, list[bytes]], late: list[Delivery]) -> None:
+        """Start one round's jobs (``_dispatch``), then mark those still running and close the round.
+
+        A limited job is checked for lateness (``LimitGate.late``) at its own start, not when the round was
+        made: the round's send and the jobs started before it in this call (each runs until its first
+        ``await``) take time too, and a rate token must still hold when the job starts. The late ones are
+        added to ``late``, to take their tokens again.
+        """
         base = self._context
         loop = self._loop
         started = now_ms()
@@ -321,6 +325,9 @@ class Runner(Gates, Suspects):
                 for rest in batch[i:]:
                     self._inbox.append(rest)
                 break
+            if d.limits and LimitGate.late(d):  # its rate token or slot lapsed while it waited: take it again
+                late.append(d)
+                continue
             d.started = started
             self._running += 1
             run = asyncio.Task(self._run_job(d), loop=loop, context=base.copy(), eager_start=True)

@@ -215,20 +215,21 @@ class SyncLane:
                     continue
                 started = 0
             self._taken += 1
-            if self.stopping or d.cancel_requested or d.taken_back or (d.limits and LimitGate.late(d)):
-                # back unstarted (cancel.py, Runner.let_go), or back to the loop for a rate token (limits.py)
+            back = self.stopping or d.cancel_requested or d.taken_back
+            if not (back or started):
+                d.started = started = int(wall() * 1000)
+                journal.started_one(d.keys.stream, d.entry_id, started)
+            if back or (d.limits and LimitGate.late(d)):
+                # back unstarted (cancel.py, Runner.let_go), or back to the loop for a rate token (limits.py),
+                # checked once its start mark is sent: whatever the send took counts against the token's grace
                 if started:
                     d.journal = journal
                     d.end_run()
-                late = not (self.stopping or d.cancel_requested or d.taken_back)
                 d.started = 0
-                append((LATE if late else REQUEUE, d, None, 0, 0))
+                append((REQUEUE if back else LATE, d, None, 0, 0))
                 if self._notify():
                     return
                 continue
-            if not started:
-                d.started = started = int(wall() * 1000)
-                journal.started_one(d.keys.stream, d.entry_id, started)
             d.journal = journal
             job = d.job
             t0 = clock()

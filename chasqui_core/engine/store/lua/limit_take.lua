@@ -21,9 +21,10 @@
 -- grace G (ARGV[7]) of this call, or take its token again first (a retake,
 -- ARGV[8] = '1', with the late jobs' rate buckets only: each job's own token
 -- is dropped, then it is checked like a new one and starts now or waits).
--- And a token counts against a window of W + G: then any W ms of starts
--- holds at most N, since a start at most G after its token falls in the
--- window only if its token falls in the W + G before it.
+-- A token is scored by the latest moment its job may start (now + G) and
+-- counts until a window W has passed since: then any W ms of starts holds at
+-- most N, whatever grace each caller asked for (a worker behind a slow link
+-- asks for more, so that its jobs can start before their tokens lapse).
 --
 -- KEYS[1] stream   KEYS[2] delayed   KEYS[3] the queue's set of limit buckets ({chasqui:<q>}:limits)
 -- ARGV[1] consumer group
@@ -36,7 +37,7 @@
 --         stream id, payload, array of the job's buckets (1-based positions in ARGV[4])
 -- ARGV[6] what goes before a stream id in the limit sets' members: '' for the default
 --         band's stream, '<band>:' for a priority band's (stream ids repeat across streams)
--- ARGV[7] start grace G, ms: a token counts against a window of W + G
+-- ARGV[7] start grace G, ms: the job must start within G of this call; its token is scored now + G
 -- ARGV[8] '1' for a retake: the jobs' own rate tokens are dropped before they are checked
 -- Returns {server ms, array of the admitted jobs' positions (1-based), number parked,
 --          earliest due ms of a parked job or -1}
@@ -67,7 +68,7 @@ local function look(b)
   if s then return s end
   local base = (b - 1) * 4
   s = {prefix = buckets[base + 1], rate = tonumber(buckets[base + 2]),
-       window = tonumber(buckets[base + 3]) + grace,
+       window = tonumber(buckets[base + 3]),
        conc = tonumber(buckets[base + 4]), started = 0, running = 0, waiting = 0}
   if s.rate > 0 then
     redis.call('ZREMRANGEBYSCORE', s.prefix .. 'rate', '-inf', now - s.window)
@@ -90,10 +91,11 @@ for j = 1, #jobs, 3 do
   for _, b in ipairs(mine) do
     local s = look(b)
     if s.rate > 0 and s.started >= s.rate then
-      -- the k-th job waiting on a full window starts when the k-th oldest start leaves it
+      -- the k-th job waiting on a full window starts when the k-th oldest token leaves it (a job due
+      -- too early is only parked again: each take counts afresh)
       local k = s.waiting
       local oldest = redis.call('ZRANGE', s.prefix .. 'rate', k % s.rate, k % s.rate, 'WITHSCORES')
-      local at = tonumber(oldest[2] or now) + s.window * (1 + math.floor(k / s.rate))
+      local at = tonumber(oldest[2] or now) + s.window + (s.window + grace) * math.floor(k / s.rate)
       if at > due then due = at end
       full_rate[#full_rate + 1] = s
     end
@@ -108,8 +110,10 @@ for j = 1, #jobs, 3 do
     for _, b in ipairs(mine) do
       local s = state[b]
       if s.rate > 0 then
-        redis.call('ZADD', s.prefix .. 'rate', now, member)
-        redis.call('PEXPIRE', s.prefix .. 'rate', s.window)
+        redis.call('ZADD', s.prefix .. 'rate', now + grace, member)
+        if redis.call('PTTL', s.prefix .. 'rate') < s.window + grace then  -- never cut a longer grace's
+          redis.call('PEXPIRE', s.prefix .. 'rate', s.window + grace)
+        end
         s.started = s.started + 1
       end
       if s.conc > 0 then
