@@ -45,6 +45,8 @@ class Kind:
     async_: bool = False
     concurrency: int = 0
     """At most this many of its runs at once, held by a concurrency limit (settings.py); 0: no limit."""
+    rate: int = 0
+    """At most this many of its runs start in any second, held by a rate limit (settings.py); 0: no limit."""
     kills: bool = False
     """Its run ends its process at once (``os._exit``): the run's start is when that process died."""
     flow: bool = False
@@ -67,7 +69,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("hang_async", "hang_async", "soak-c", 2, "dead", "retries_exhausted", "JobTimeout", weight=1, hang=True,
          async_=True),
     Kind("scheduled", "scheduled", "soak-a", 2, "succeeded"),
-    Kind("limited", "limited", "soak-a", 3, "succeeded", weight=6, async_=True, concurrency=2),
+    Kind("limited", "limited", "soak-a", 3, "succeeded", weight=6, async_=True, concurrency=2, rate=30),
     Kind("flow_ok", "flow_ok", "soak-b", 3, "succeeded", flow=True),
     Kind("flow_fail", "flow_fail", "soak-b", 2, "dead", "retries_exhausted", flow=True),
     Kind("flow_fixed", "flow_fixed", "soak-b", 2, "succeeded", flow=True),
@@ -79,7 +81,7 @@ then succeeds: its dead-letter entries are consumed by the replays (``flow_fixed
 step, the same way: its replay's success fires its batch's ``on_success`` or carries its chain on). ``flow_crash``
 ends its process on its first run only, then succeeds. ``flow_callback`` jobs are workflows' callbacks and later
 chain steps: one fed a value checks it against the one it expects. ``scheduled`` jobs come from the schedules.
-``limited`` jobs run under a concurrency and a rate limit (settings.py): the verdict checks the first from the
+``limited`` jobs run under a concurrency and a rate limit (settings.py): the verdict checks both from the
 ledger's run times; waiting on either must cost them no attempt (the budget check)."""
 
 BY_NAME = {k.name: k for k in KINDS}

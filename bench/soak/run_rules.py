@@ -121,3 +121,19 @@ def most_at_once(runs: list[Run]) -> int:
         now += step
         most = max(most, now)
     return most
+
+
+RATE_SLACK_S = 0.05
+"""How much shorter than a second the starts of a rate limit's N + 1 runs may span: a start is written to the
+ledger by the run itself, a moment after its worker started it, and a busy host stretches that moment."""
+
+
+def most_in_a_second(starts: list[float]) -> int:
+    """The most of these sorted start times within one second (less ``RATE_SLACK_S``)."""
+    most = 0
+    first = 0
+    for last, at in enumerate(starts):
+        while at - starts[first] >= 1.0 - RATE_SLACK_S:
+            first += 1
+        most = max(most, last - first + 1)
+    return most

@@ -24,8 +24,9 @@ TASKS = {
 }
 CHASQUI = {
     "LIMITS": {
-        f"bench.soak.tasks.{kind.task}": {"concurrency": kind.concurrency, "rate": "30/s"}
-        for kind in KINDS if kind.concurrency
+        f"bench.soak.tasks.{kind.task}": {"concurrency": kind.concurrency or None,
+                                          "rate": f"{kind.rate}/s" if kind.rate else None}
+        for kind in KINDS if kind.concurrency or kind.rate
     },
     "SCHEDULES": {
         name: {"task": f"bench.soak.tasks.{kind}", "every": every, "attempts": 2, "misfire": "skip"}

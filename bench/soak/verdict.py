@@ -38,6 +38,9 @@ which the network faults cut the workers off from Redis.
   journaled is not charged).
 - **Never twice at once.** Two runs of one job under way at the same time
   are flagged unless the first one's process was cut off from Redis then.
+- **Limits hold where runs start**: no more runs of a limited kind under way
+  at once than its concurrency limit, and no more starting within a second
+  than its rate limit, across every process, from the ledger's start times.
 - **Every attempt charged matches a run**: the attempt numbers of a job's
   runs leave no gap, and a job dead for ``retries_exhausted`` ran its whole
   budget.
@@ -81,7 +84,8 @@ from dataclasses import dataclass, field
 
 from .kinds import SCHEDULE_PREFIX, Kind, kind_of_job
 from .ledger import OK, Ledger, Run
-from .run_rules import CONTACT, DIED, LOST, at_once, charged_deaths, is_lost, most_at_once, outcome_lost, timed_out
+from .run_rules import (CONTACT, DIED, LOST, at_once, charged_deaths, is_lost, most_at_once, most_in_a_second,
+                         outcome_lost, timed_out)
 from .verdict_flows import FlowEvidence, judge_flows
 
 SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
@@ -448,6 +452,12 @@ def judge(ev: Evidence) -> Verdict:
             if most > kind.concurrency:
                 problems.append(f"{kind.name}: {most} runs were under way at once; its concurrency limit is "
                                 f"{kind.concurrency}")
+        if kind.rate:
+            starts = sorted(r.started for kind_runs in ledger.runs.values() for r in kind_runs if r.kind == kind.name)
+            crowded = most_in_a_second(starts)
+            if crowded > kind.rate:
+                problems.append(f"{kind.name}: {crowded} runs started within one second; its rate limit is "
+                                f"{kind.rate} a second")
     if ev.flows is not None:  # the workflows' rules: verdict_flows.py
         flow_found, flow_problems = judge_flows(ev.flows, ledger, set(dead_by_job))
         found += [Discrepancy(f.what, f.job_id, f.kind, f.detail) for f in flow_found]

@@ -322,4 +322,16 @@ def test_runs_of_a_limited_kind_past_its_concurrency_are_a_problem_and_at_the_li
                                      f"is {limit}"]
 
 
+
+def test_runs_of_a_limited_kind_past_its_rate_are_a_problem_and_at_the_rate_are_not():
+    rate = BY_NAME["limited"].rate
+    book = Book()
+    for n in range(rate):  # a whole second's worth, spread over most of it
+        book.run(book.enqueue(f"soak-limited-{n}", "limited"), "limited", at=1.0 + n * 0.02, took=0.001)
+    book.run(book.enqueue("soak-limited-next", "limited"), "limited", at=2.0, took=0.001)  # a second after the first
+    assert book.judge().problems == []
+    book.run(book.enqueue("soak-limited-extra", "limited"), "limited", at=1.5, took=0.001)
+    assert book.judge().problems == [f"limited: {rate + 1} runs started within one second; its rate limit is "
+                                     f"{rate} a second"]
+
 # --- the rules that excuse nothing without evidence -------------------------------------------------------------
