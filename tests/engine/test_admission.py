@@ -216,6 +216,20 @@ async def test_a_job_taken_back_from_too_many_workers_is_a_panic_and_one_fewer_r
 
 
 @pytest.mark.asyncio
+async def test_a_job_recovered_from_a_dead_worker_or_charged_a_death_is_a_suspect_and_no_other_is(redis, redis_url):
+    """A suspect runs alone (suspects.py): a job taken back from a worker that died in its round of starts
+    (``recovered``), or one already charged a death, and only those."""
+    recovered = Job(id=new_job_id(), task="t.ok", created_at=now_ms())
+    lost = {"class": "chasqui_core.engine.jobs.errors.WorkerLost"}
+    died = Job(id=new_job_id(), task="t.ok", created_at=now_ms(), attempt=1, deaths=1, errors=[lost])
+    plain = Job(id=new_job_id(), task="t.ok", created_at=now_ms(), attempt=1, errors=[{"class": "ValueError"}])
+    entries = read(redis, {"j": recovered.encode(), "recovered": b"1"}, {"j": died.encode()},
+                   {"j": plain.encode(), "recovered": b"0"})
+    deliveries, _, _ = await admitted(redis_url, entries)
+    assert [(d.job.id, d.suspect) for d in deliveries] == [(recovered.id, True), (died.id, True), (plain.id, False)]
+
+
+@pytest.mark.asyncio
 async def test_the_budget_and_timeout_are_the_job_s_then_the_task_s_then_the_worker_s(redis, redis_url):
     registry = HandlerRegistry()
     registry.register("t.ok", lambda: None)
