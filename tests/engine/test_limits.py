@@ -163,6 +163,32 @@ def test_a_job_started_late_behind_its_round_takes_its_rate_token_again(redis, r
     assert starts[3] - starts[1] >= 0.95, starts  # the late start counted from when it started, not its token
 
 
+def test_a_limited_job_late_behind_a_busy_worker_starts_once_its_turn_comes(redis, redis_url):
+    """A limited job that waited in a busy worker past its token's grace takes its token again when its turn
+    comes, and starts on the reply in the worker slot it kept. Put back at the end of the inbox instead, it
+    waited there past its new grace too, for as long as other jobs kept coming: it started only once they
+    had all been run, holding its concurrency slot all along."""
+    spans, registry = timed_registry()
+    q = Queue("lim", url=redis_url)
+    limited: list[str] = []
+
+    def keep_adding():  # faster than two slots run them: the worker stays busy, its inbox never empty
+        for n in range(60):
+            q.add("free", kwargs={"seconds": 0.2})
+            if n == 5:
+                limited.extend(q.add("limited").job_id for _ in range(3))
+            time.sleep(1 / 15)
+
+    with running(redis_url, ["lim"], registry, concurrency=2, limits={"limited": {"rate": "100/s"}}):
+        adder = threading.Thread(target=keep_adding)
+        adder.start()
+        adder.join()
+        wait_for(lambda: len(spans) == 63, 60, "every job to run once")
+    assert sorted(s[1] for s in spans if s[0] == "limited") == sorted(limited)
+    last_free = max(s[3] for s in spans if s[0] == "free")
+    assert max(s[3] for s in spans if s[0] == "limited") < last_free - 1, "the limited jobs waited for the others"
+
+
 def test_a_keyed_limit_holds_per_value(redis, redis_url):
     spans, registry = timed_registry()
     q = Queue("lim", url=redis_url)

@@ -69,7 +69,10 @@ class Gates:
     _release: Callable[[Delivery], bool]
     _requeue: Callable[[Delivery], None]
     _isolate: Callable[[Delivery], None]
-    _to_lane: Callable[[Delivery], None]
+    _to_lane: Callable[..., None]
+    _start_now: Callable[[list[Delivery]], None]
+    _reserved: set[Delivery]
+    _running: int
     _dispatch: Callable[..., None]
 
     @property
@@ -130,9 +133,21 @@ class Gates:
             task.add_done_callback(self._side_tasks.discard)
 
     async def _retake(self, keys: QueueKeys, late: list[Delivery]) -> None:
-        """Start the late jobs whose rate has room now; the others wait in the delayed set, uncharged."""
+        """Start the late jobs whose rate has room now; the others wait in the delayed set, uncharged.
+
+        An async job admitted again starts on the reply, in the worker slot it kept (``_reserved``): put back
+        in the inbox, behind jobs read since, it would wait past its new grace as well, and go round again
+        for as long as the worker stays busy, holding its concurrency slot all along. A sync job goes to the
+        front of the lane's line, for the next thread free.
+        """
         taken = await self._read_or_requeue(keys, late, "taking rate tokens again", self.gate.retake(keys, late))
+        kept = [d for d in late if d in self._reserved]
+        self._reserved.difference_update(kept)
+        self._running -= len(kept)
+        dispatch, alone = bool(kept), False  # a slot kept and not started in is filled from the inbox
         if taken is UNREAD:
+            if kept:
+                self._dispatch()
             return
         admitted = set(taken.admitted)
         for d in late:
@@ -140,7 +155,7 @@ class Gates:
                 self._release(d)
         if taken.earliest_ms >= 0:
             self._retry_hint(keys.queue, taken.earliest_ms, taken.server_ms)
-        dispatch = alone = False
+        now: list[Delivery] = []
         for d in taken.admitted:
             if self._stop.is_set() or d.taken_back:
                 self._requeue(d)
@@ -149,14 +164,19 @@ class Gates:
                     self._inbox.append(d)
                     alone = True
                 else:
-                    self._to_lane(d)
+                    self._to_lane(d, first=True)
             elif self._isolating:  # a suspect waits or runs alone: this one waits too
                 self._isolate(d)
             elif d.handler.is_async:
-                self._inbox.append(d)
-                dispatch = True
+                if d in kept:
+                    now.append(d)
+                else:
+                    self._inbox.append(d)
+                    dispatch = True
             else:
-                self._to_lane(d)
+                self._to_lane(d, first=True)
+        if now:
+            self._start_now(now)
         if alone:
             self._dispatch(alone=True)
         elif dispatch:

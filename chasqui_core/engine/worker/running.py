@@ -95,6 +95,9 @@ class Runner(Gates, Suspects):
         self._inbox = Inbox(priority_mode)
         self._late: list[Delivery] = []
         """Limited jobs found late at their start in this turn of ``_dispatch``, to take their tokens again."""
+        self._reserved: set[Delivery] = set()
+        """Late async jobs taking their tokens again, each keeping the worker slot it was about to start in
+        (counted in ``_running``): admitted, it starts in it on the reply (gates.py ``_retake``)."""
         self._running = 0
         self._lane: SyncLane | None = None  # started on the first sync job
         self._gathering = False
@@ -260,12 +263,13 @@ class Runner(Gates, Suspects):
             self._loop.call_soon(self._run_alone)
         return True
 
-    def _to_lane(self, d: Delivery | list[Delivery]) -> None:
+    def _to_lane(self, d: Delivery | list[Delivery], first: bool = False) -> None:
+        """Hand sync jobs to the lane; ``first``: ahead of those waiting (a job that took its rate token again)."""
         if self._lane is None:
             self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal, self.priority_mode)
         batch = d if isinstance(d, list) else [d]
         self._timed_sync.update([x for x in batch if x.timeout is not None])  # watched (watch_deadlines)
-        self._lane.submit_many(batch)
+        self._lane.submit_many(batch, first=first)
 
     # --- running ------------------------------------------------------------------
 
@@ -308,6 +312,21 @@ class Runner(Gates, Suspects):
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 
+    def _start_now(self, batch: list[Delivery]) -> None:
+        """Start these jobs at once, as one round, in worker slots kept for them (``_reserved``, given up by the
+        caller just before)."""
+        rounds: dict[str, list[bytes]] = {}
+        for d in batch:
+            if d.journal is None:
+                rounds.setdefault(d.keys.stream, []).append(d.entry_id)
+        if rounds:
+            self.journal.dispatching(rounds)
+        late = self._late
+        self._start_round(batch, rounds, late)
+        if late:
+            self._retake_later(late)
+            late.clear()
+
     def _start_round(self, batch: list[Delivery], rounds: dict[str, list[bytes]], late: list[Delivery]) -> None:
         """Start one round's jobs (``_dispatch``), then mark those still running and close the round.
 
@@ -325,7 +344,9 @@ class Runner(Gates, Suspects):
                 for rest in batch[i:]:
                     self._inbox.append(rest)
                 break
-            if d.limits and LimitGate.late(d):  # its rate token or slot lapsed while it waited: take it again
+            if d.limits and LimitGate.late(d):  # its rate token or slot lapsed while it waited: take it again,
+                self._running += 1               # keeping its place: it starts on the reply, not behind the inbox
+                self._reserved.add(d)
                 late.append(d)
                 continue
             d.started = started

@@ -88,13 +88,18 @@ class SyncLane:
         for _ in range(size):
             self.replace()
 
-    def submit_many(self, deliveries: list[Delivery]) -> None:
+    def submit_many(self, deliveries: list[Delivery], first: bool = False) -> None:
         """Hand jobs to the threads (on the loop), a read's at once: all are in the inbox before a thread is woken,
-        the lane's checks are made once for the lot, and a thread is woken only when none is awake."""
+        the lane's checks are made once for the lot, and a thread is woken only when none is awake. ``first``:
+        ahead of the jobs of their band already waiting."""
         self.outstanding += len(deliveries)
         lines = self._waiting.lines
-        for d in deliveries:
-            lines[d.keys.rank].append(d)
+        if first:
+            for d in deliveries:
+                lines[d.keys.rank].appendleft(d)
+        else:
+            for d in deliveries:
+                lines[d.keys.rank].append(d)
         if len(self._asleep) >= self._size:  # none awake (a thread going to sleep says so first, then looks at
             self._wake_up(1)                   # the inbox again: one of the two sees the other)
         if self._spreading is None:
