@@ -56,7 +56,8 @@ which the network faults cut the workers off from Redis.
   attempt number) does not count there: the recovery count catches those.
   A job whose budget a lost run spent is dead-lettered as
   ``retries_exhausted`` with a ``WorkerLost`` error: right for any kind, if
-  the ledger shows a lost run. Where the deaths the engine charged were
+  the ledger shows a lost run; with a ``LostContact`` error, if one of its
+  runs was under way while the workers were cut off from Redis. Where the deaths the engine charged were
   runs that had returned before their process died, the discrepancy is
   named *finished run charged*; where they were runs of a live process cut
   off from Redis, *lost contact charged*: lost contact is not a death.
@@ -85,13 +86,14 @@ from dataclasses import dataclass, field
 from .kinds import SCHEDULE_PREFIX, Kind, kind_of_job
 from .ledger import OK, Ledger, Run
 from .run_rules import (CONTACT, DIED, LOST, at_once, charged_deaths, is_lost, most_at_once, most_in_a_second,
-                         outcome_lost, timed_out)
+                         outcome_lost, run_end, timed_out)
 from .verdict_flows import FlowEvidence, judge_flows
 
 SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
 POISON_PILL_DEATHS = 2
 """Deaths of its workers after which a job is dead-lettered as ``panic`` (docs/retries.md)."""
 WORKER_LOST = "WorkerLost"
+LOST_CONTACT = "LostContact"
 """The error class the engine records for a run lost with its worker."""
 
 
@@ -414,6 +416,13 @@ def judge(ev: Evidence) -> Verdict:
                     _blame(flag, deaths, lost_outcomes, 1, "false worker lost",
                            "its budget was spent by a run lost with its worker, but the ledger shows no run lost "
                            "with its process")
+            elif d.reason == "retries_exhausted" and d.error_class.endswith(LOST_CONTACT):
+                # its budget was spent by a run whose worker was cut off from Redis past the visibility timeout:
+                # right for any kind, if one of its runs was under way while the workers were cut off
+                if not any(start <= (run_end(run, kind, died, abrupt) or end) and end >= run.started
+                           for run in runs for start, end in ev.cut_off):
+                    flag("false lost contact", "its budget was spent by a run its worker lost contact with, but "
+                                               "no run of it was under way while the workers were cut off from Redis")
             elif kind.expect != "dead" or d.reason != kind.reason:
                 expected = f"reason {kind.reason}" if kind.expect == "dead" else "to succeed"
                 flag("wrong reason", f"dead-lettered as {d.reason} ({d.error_class}); a {kind.name} job is "

@@ -199,6 +199,15 @@ def test_a_hanging_job_must_be_charged_a_job_timeout():
     assert what(b.judge()) == [("wrong error", "hang-1")]
 
 
+def test_a_budget_spent_by_lost_contact_is_right_only_when_a_run_was_under_way_while_the_workers_were_cut_off():
+    b = a_clean_book()
+    b.dead[-1] = DeadEntry("hang-1", "soak-b", "retries_exhausted", "chasqui_core.engine.jobs.errors.LostContact",
+                           "9-0", "contact with its worker was lost during run 2 of 2; no run is left")
+    assert what(b.judge()) == [("false lost contact", "hang-1")]
+    b.cut(4.5, 12.0)  # its second run (started at 4, hanging) was under way
+    assert what(b.judge()) == []
+
+
 def test_a_hanging_run_is_lost_only_when_its_process_died_before_the_timeout():
     b = Book()
     b.enqueue("hang-2", "hang_async")
