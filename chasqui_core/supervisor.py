@@ -88,7 +88,7 @@ class _Child:
 @dataclass(slots=True)
 class _Slot:
     deaths: int = 0
-    """Quick deaths in a row (children that died before ``stable_after``)."""
+    """Quick deaths in a row (children that died before ``stable_after`` and before they were ready)."""
     start_at: float | None = 0.0
     """When to start the slot's next child; None while a child serves it."""
     retired: bool = False
@@ -254,8 +254,22 @@ class Supervisor:
                 continue
             del self._children[child.pid]
             if child.ready_pipe >= 0:
+                self._hear_last_words(child)
                 os.close(child.ready_pipe)
             self._on_exit(child, code)
+
+    @staticmethod
+    def _hear_last_words(child: _Child) -> None:
+        """Read what an exited child wrote before it died and was not read yet: above all that it was ready."""
+        while select.select([child.ready_pipe], [], [], 0)[0]:
+            try:
+                data = os.read(child.ready_pipe, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            if READY in data:
+                child.ready = True
 
     def _on_exit(self, child: _Child, code: int) -> None:
         slot = self._slots[child.slot]
@@ -290,6 +304,8 @@ class Supervisor:
             slot.deaths = 0
             slot.start_at = time.monotonic()
             return
+        if child.ready:  # it read its queues: a job or a fault ended it, not a start that keeps failing
+            slot.deaths = 0
         slot.deaths += 1
         delay = restart_delay(slot.deaths, first=self.config.restart_delay, cap=self.config.max_restart_delay)
         logger.warning("worker process %d (slot %d) %s; restarting %s", child.pid, child.slot, how,

@@ -44,7 +44,10 @@ def restart_delay(deaths: int, *, first: float, cap: float) -> float:
     The first death restarts at once (a crash or an OOM kill is usually a
     one-off); after that ``first``, twice that, and so on up to ``cap``, so a
     child that cannot start (a syntax error in a task module, Redis down)
-    does not burn a core restarting.
+    does not burn a core restarting. Only deaths before a child was ready
+    count: one that read its queues and then died (a job that killed it) is
+    replaced at once, or a poison pill's few deaths would leave its slot empty
+    for as long as the backoff, and with every slot so, the queues unread.
     """
     if deaths <= 1:
         return 0.0

@@ -65,6 +65,25 @@ def test_a_child_killed_with_sigkill_is_replaced_and_its_job_still_completes(sta
 
 
 @pytest.mark.timeout(600)
+def test_a_child_that_dies_after_it_read_its_queues_is_replaced_at_once_every_time(start, redis):
+    """Backing off is for children that cannot start. One that read its queues and then died (a job that killed
+    it, an OOM kill) is replaced at once however often that happens: the crash jobs of a soak, killing a process
+    every few seconds, left both slots of a supervisor empty for half a minute at a time, and the queues unread."""
+    supervisor = start("--processes", "1", "--max-jobs", "100000")  # a limit makes one process supervised
+    gone: set[int] = set()
+    for _ in range(3):
+        [pid] = supervisor.wait_workers(redis, 1, not_among=gone)
+        supervisor.wait(f"process {pid} ready", lambda pid=pid: f"worker process {pid} (slot 0) is ready" in
+                        supervisor.log())
+        gone.add(pid)
+        os.kill(pid, signal.SIGKILL)
+    supervisor.wait_workers(redis, 1, not_among=gone)
+    log = supervisor.log()
+    assert log.count("was killed by SIGKILL; restarting now") == 3 and "quick exits in a row" not in log, log
+    assert supervisor.stop() == 0
+
+
+@pytest.mark.timeout(600)
 def test_sigterm_lets_running_jobs_finish_stops_every_child_and_exits_0(start, redis):
     supervisor = start("--processes", "2")
     children = supervisor.wait_workers(redis, 2)
