@@ -83,10 +83,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from chasqui_core.engine.settle.retry import RECOVERIES_BEFORE_PANIC
+
 from .kinds import SCHEDULE_PREFIX, Kind, kind_of_job
 from .ledger import OK, Ledger, Run
 from .run_rules import (CONTACT, DIED, LOST, at_once, charged_deaths, is_lost, most_at_once, most_in_a_second,
-                         outcome_lost, run_end, timed_out)
+                         outcome_lost, timed_out)
 from .verdict_flows import FlowEvidence, judge_flows
 
 SUCCESSFUL, FAILED = "SUCCESSFUL", "FAILED"
@@ -229,9 +231,13 @@ def missing_attempts(runs: list[Run], kind: Kind, replays: list[bool], dead: lis
     return [n for n in range(1, top + 1) if n not in seen]
 
 
-def _allowed_runs(kind: Kind, replays: list[bool], lost: int, unsettled: int) -> int:
+def _allowed_runs(kind: Kind, replays: list[bool], lost: int, unsettled: int, uncharged: int = 0) -> int:
+    """The runs a job may make: its budget (and its replays'), one more per lost outcome, and one more per lost run
+    the engine did not charge (the job ran again as the same attempt: its process died inside a round of starts,
+    or its start mark never reached Redis), at least one when any run was lost, at most the recoveries a
+    job may have before it is a ``panic``."""
     budget = kind.budget + sum(kind.budget if reset else 1 for reset in replays)
-    return budget + unsettled + (1 if lost else 0)
+    return budget + unsettled + min(max(uncharged, 1 if lost else 0), RECOVERIES_BEFORE_PANIC)
 
 
 def _attempt_window(runs: list[Run], attempt: int, enqueued: float, dead_at: float | None) -> tuple[float, float]:
@@ -375,7 +381,9 @@ def judge(ev: Evidence) -> Verdict:
             flag("replay not run", f"replayed {len(replays)} time(s) but ran only {len(runs)} time(s): each replay "
                                    "must give the job a new run")
 
-        allowed = _allowed_runs(kind, replays, deaths, unsettled)
+        uncharged = sum(1 for i, r in enumerate(runs) if is_lost(r, kind, died, abrupt) == LOST
+                        and any(later.attempt == r.attempt for later in runs[i + 1:]))
+        allowed = _allowed_runs(kind, replays, deaths, unsettled, uncharged)
         if len(runs) > allowed:
             flag("over budget", f"ran {len(runs)} times; its budget of {kind.budget}, {len(replays)} replay(s), "
                                 f"{deaths} run(s) lost with their process and {unsettled} lost outcome(s) allow "
@@ -419,8 +427,11 @@ def judge(ev: Evidence) -> Verdict:
             elif d.reason == "retries_exhausted" and d.error_class.endswith(LOST_CONTACT):
                 # its budget was spent by a run whose worker was cut off from Redis past the visibility timeout:
                 # right for any kind, if one of its runs was under way while the workers were cut off
-                if not any(start <= (run_end(run, kind, died, abrupt) or end) and end >= run.started
-                           for run in runs for start, end in ev.cut_off):
+                # until its next run, or its dead-letter entry: a run past its timeout is under way till settled
+                spans = [(run.started, later.started) for run, later in zip(runs, runs[1:], strict=False)]
+                if runs:
+                    spans.append((runs[-1].started, _entry_time(d)))
+                if not any(start <= until and end >= since for since, until in spans for start, end in ev.cut_off):
                     flag("false lost contact", "its budget was spent by a run its worker lost contact with, but "
                                                "no run of it was under way while the workers were cut off from Redis")
             elif kind.expect != "dead" or d.reason != kind.reason:

@@ -13,7 +13,7 @@ from bench.soak.kinds import BY_NAME, KINDS
 from bench.soak.ledger import LedgerWriter, read
 from bench.soak.verdict import DeadEntry
 from bench.soak.verdict_report import report_discrepancies, table
-from tests.bench.soak_book import CRASHED_PID, KILLED_PID, Book, a_clean_book, what
+from tests.bench.soak_book import CRASHED_PID, KILLED_PID, T0, Book, a_clean_book, what
 
 
 def test_a_clean_soak_has_no_discrepancy_and_its_table_adds_up():
@@ -74,6 +74,24 @@ def test_one_more_run_is_allowed_when_a_run_s_outcome_was_lost_with_its_killed_p
     b.killed.discard(KILLED_PID)
     b.exited(KILLED_PID, 3.3)  # the same end, but a clean stop: it settled what it ran
     assert what(b.judge()) == [("over budget", "fail-2"), ("rerun without a lost outcome", "fail-2")]
+
+
+def test_each_lost_run_the_engine_did_not_charge_allows_one_more_run_up_to_the_recoveries_before_a_panic():
+    """A run lost with its process and followed by a run of the same attempt was not charged (its process died
+    inside its round of starts, or its start mark never reached Redis): each allows one run more."""
+    b = Book()
+    b.enqueue("fail-4", "always_fail")
+    for n, pid in enumerate((KILLED_PID, CRASHED_PID)):
+        b.run("fail-4", "always_fail", at=1 + 3 * n, outcome=None, pid=pid, attempt=1)
+    for at, attempt in ((7, 1), (8, 2), (9, 3)):
+        b.run("fail-4", "always_fail", at=at, outcome="error", error_class="SoakFailure", attempt=attempt)
+    b.dies("fail-4", "retries_exhausted")
+    b.process_died(KILLED_PID, 1.5, killed=True)
+    b.process_died(CRASHED_PID, 4.5, killed=True)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    b.run("fail-4", "always_fail", at=10, outcome="error", error_class="SoakFailure")
+    assert what(b.judge()) == [("over budget", "fail-4")]
 
 
 def test_each_outcome_lost_with_an_abrupt_death_allows_one_more_run():
@@ -202,9 +220,10 @@ def test_a_hanging_job_must_be_charged_a_job_timeout():
 def test_a_budget_spent_by_lost_contact_is_right_only_when_a_run_was_under_way_while_the_workers_were_cut_off():
     b = a_clean_book()
     b.dead[-1] = DeadEntry("hang-1", "soak-b", "retries_exhausted", "chasqui_core.engine.jobs.errors.LostContact",
-                           "9-0", "contact with its worker was lost during run 2 of 2; no run is left")
+                           f"{int((T0 + 50) * 1000)}-0",
+                           "contact with its worker was lost during run 2 of 2; no run is left")
     assert what(b.judge()) == [("false lost contact", "hang-1")]
-    b.cut(4.5, 12.0)  # its second run (started at 4, hanging) was under way
+    b.cut(30.0, 40.0)  # its second run hung past its timeout, its outcome not yet settled when the workers were cut off
     assert what(b.judge()) == []
 
 
