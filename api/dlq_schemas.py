@@ -213,8 +213,9 @@ class OperationOut(Schema):
 
 
 class DLQSearchQuery(Schema):
-    q: str = Field(min_length=1, max_length=200, description="Text to find (case-insensitive) in the job id, "
-                                                           "task, errors or arguments (secrets masked).")
+    q: str = Field(min_length=1, max_length=200, pattern=r"[^\s\x1c-\x1f]",  # not only white space
+                   description="Text to find (case-insensitive) in the job id, task, errors or arguments (secrets "
+                               "masked).")
     cursor: EntryId | None = Field(None, description="``next_cursor`` of the previous answer, to go on.")
     limit: int = Field(50, ge=1, le=200)
 

@@ -28,6 +28,7 @@ from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.worker.delivery import Delivery
 from chasqui_core.engine.worker.inflight import InFlight
 from chasqui_core.engine.worker.limits import LimitGate
+from chasqui_core.engine.recovery.journal import StartJournal
 
 logger = logging.getLogger("chasqui.worker")
 
@@ -70,7 +71,9 @@ class Gates:
     _requeue: Callable[[Delivery], None]
     _isolate: Callable[[Delivery], None]
     _to_lane: Callable[..., None]
-    _start_now: Callable[[list[Delivery]], None]
+    _start_round: Callable[[list[Delivery], dict[str, list[bytes]], list[Delivery]], None]
+    _late: list[Delivery]
+    journal: StartJournal
     _reserved: set[Delivery]
     _running: int
     _dispatch: Callable[..., None]
@@ -181,6 +184,21 @@ class Gates:
             self._dispatch(alone=True)
         elif dispatch:
             self._dispatch()
+
+    def _start_now(self, batch: list[Delivery]) -> None:
+        """Start these jobs at once, as one round, in worker slots kept for them (``_reserved``, given up by the
+        caller just before)."""
+        rounds: dict[str, list[bytes]] = {}
+        for d in batch:
+            if d.journal is None:
+                rounds.setdefault(d.keys.stream, []).append(d.entry_id)
+        if rounds:
+            self.journal.dispatching(rounds)
+        late = self._late
+        self._start_round(batch, rounds, late)
+        if late:
+            self._retake_later(late)
+            late.clear()
 
     def _give_back(self, d: Delivery) -> None:
         """Give back a run's concurrency slots soon, with the others of this turn of the loop (one call)."""

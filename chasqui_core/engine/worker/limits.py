@@ -272,7 +272,7 @@ class LimitGate:
         server_ms, positions, parked, earliest = await self.scripts.limit_take(
             keys=[keys.stream, keys.delayed, keys.limits],
             args=[GROUP, keys.metrics, self.slot_ms, _pack(flat_buckets), _pack(flat_jobs),
-                  slot_prefix(keys), grace, "1" if retake else "0"])
+                  slot_prefix(keys), grace, "1" if retake else "0", MAX_GRACE_MS])
         answered = time.monotonic()
         self.round_trip_ms = max((answered - sent) * 1000, self.round_trip_ms * 0.8)
         self.skew_ms = int(server_ms) - now_ms()

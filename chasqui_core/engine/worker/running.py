@@ -93,11 +93,8 @@ class Runner(Gates, Suspects):
         self._report_problem = report_problem
         self._loop = asyncio.get_running_loop()
         self._inbox = Inbox(priority_mode)
-        self._late: list[Delivery] = []
-        """Limited jobs found late at their start in this turn of ``_dispatch``, to take their tokens again."""
-        self._reserved: set[Delivery] = set()
-        """Late async jobs taking their tokens again, each keeping the worker slot it was about to start in
-        (counted in ``_running``): admitted, it starts in it on the reply (gates.py ``_retake``)."""
+        self._late: list[Delivery] = []  # limited jobs found late at their start in a turn of _dispatch
+        self._reserved: set[Delivery] = set()  # late async jobs retaking their tokens, each keeping its slot
         self._running = 0
         self._lane: SyncLane | None = None  # started on the first sync job
         self._gathering = False
@@ -263,8 +260,7 @@ class Runner(Gates, Suspects):
             self._loop.call_soon(self._run_alone)
         return True
 
-    def _to_lane(self, d: Delivery | list[Delivery], first: bool = False) -> None:
-        """Hand sync jobs to the lane; ``first``: ahead of those waiting (a job that took its rate token again)."""
+    def _to_lane(self, d: Delivery | list[Delivery], first: bool = False) -> None:  # first: ahead of the others
         if self._lane is None:
             self._lane = SyncLane(self.concurrency, self.id, self._on_sync_outcomes, self.journal, self.priority_mode)
         batch = d if isinstance(d, list) else [d]
@@ -312,29 +308,9 @@ class Runner(Gates, Suspects):
         if self.buffered <= self.prefetch // 2:
             self._room.set()
 
-    def _start_now(self, batch: list[Delivery]) -> None:
-        """Start these jobs at once, as one round, in worker slots kept for them (``_reserved``, given up by the
-        caller just before)."""
-        rounds: dict[str, list[bytes]] = {}
-        for d in batch:
-            if d.journal is None:
-                rounds.setdefault(d.keys.stream, []).append(d.entry_id)
-        if rounds:
-            self.journal.dispatching(rounds)
-        late = self._late
-        self._start_round(batch, rounds, late)
-        if late:
-            self._retake_later(late)
-            late.clear()
-
     def _start_round(self, batch: list[Delivery], rounds: dict[str, list[bytes]], late: list[Delivery]) -> None:
-        """Start one round's jobs (``_dispatch``), then mark those still running and close the round.
-
-        A limited job is checked for lateness (``LimitGate.late``) at its own start, not when the round was
-        made: the round's send and the jobs started before it in this call (each runs until its first
-        ``await``) take time too, and a rate token must still hold when the job starts. The late ones are
-        added to ``late``, to take their tokens again.
-        """
+        """Start one round's jobs, then mark those still running and close the round. A limited job is checked
+        for lateness at its own start (what ran before it took time too): the late go to ``late``."""
         base = self._context
         loop = self._loop
         started = now_ms()

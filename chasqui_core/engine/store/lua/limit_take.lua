@@ -39,6 +39,7 @@
 --         band's stream, '<band>:' for a priority band's (stream ids repeat across streams)
 -- ARGV[7] start grace G, ms: the job must start within G of this call; its token is scored now + G
 -- ARGV[8] '1' for a retake: the jobs' own rate tokens are dropped before they are checked
+-- ARGV[9] the longest grace any worker asks for, ms: how long past its window a rate set may have to live
 -- Returns {server ms, array of the admitted jobs' positions (1-based), number parked,
 --          earliest due ms of a parked job or -1}
 --
@@ -47,6 +48,7 @@
 local stream, delayed, known = KEYS[1], KEYS[2], KEYS[3]
 local group, mprefix, lease, band = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[6] or ''
 local grace = tonumber(ARGV[7] or '0') or 0
+local longest = math.max(tonumber(ARGV[9] or '0') or 0, grace)
 local buckets, jobs = cmsgpack.unpack(ARGV[4]), cmsgpack.unpack(ARGV[5])
 local now = server_ms()
 
@@ -111,9 +113,7 @@ for j = 1, #jobs, 3 do
       local s = state[b]
       if s.rate > 0 then
         redis.call('ZADD', s.prefix .. 'rate', now + grace, member)
-        if redis.call('PTTL', s.prefix .. 'rate') < s.window + grace then  -- never cut a longer grace's
-          redis.call('PEXPIRE', s.prefix .. 'rate', s.window + grace)
-        end
+        redis.call('PEXPIRE', s.prefix .. 'rate', s.window + longest)  -- never cut short a longer grace's token
         s.started = s.started + 1
       end
       if s.conc > 0 then
