@@ -16,7 +16,8 @@ Fields (short, since there is a line per run): ``j`` job id, ``k`` kind,
 ``e`` event (``start``, ``end``, ``enqueue``, ``replay``, ``exit``: a worker
 process stopping cleanly, written as its interpreter exits), ``r`` the run's id
 (pairs a start with its end), ``a`` attempt (``context.attempt``), ``p`` pid,
-``t`` time (``time.time()``), ``o`` outcome of an end (``ok``, ``error``,
+``t`` time (``time.time()``; an enqueue's is when its first send began, since a
+worker may read, start and lose the job before the send returns), ``o`` outcome of an end (``ok``, ``error``,
 ``cancelled``), ``x`` the error class of a failed run, ``reset`` whether a
 replay gave the job its whole budget again.
 """

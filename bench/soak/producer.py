@@ -105,6 +105,8 @@ class _Pending:
     n: int
     run_after: float | None
     priority: int
+    asked: float = 0.0
+    """When its first send began (the ledger's enqueue time: a worker may read the job before the send returns)."""
 
 
 class Producer(threading.Thread):
@@ -179,6 +181,8 @@ class Producer(threading.Thread):
     def _send(self, p: _Pending) -> bool:
         task = self.tasks[p.kind.name]
         options: dict = {"job_id": p.job_id, "priority": p.priority}
+        if not p.asked:
+            p.asked = time.time()
         if p.run_after is not None:
             options["run_after"] = timezone.now() + timedelta(seconds=max(0.0, p.run_after - time.time()))
         try:
@@ -188,7 +192,7 @@ class Producer(threading.Thread):
             if self.enqueue_errors <= 5:
                 self.say(f"  enqueue of {p.job_id} failed ({type(exc).__name__}: {exc}); will try again")
             return False
-        self.ledger.write(j=p.job_id, k=p.kind.name, e=ENQUEUE)
+        self.ledger.write(j=p.job_id, k=p.kind.name, e=ENQUEUE, t=p.asked)
         return True
 
     def flush_retries(self) -> int:
@@ -256,6 +260,8 @@ class Workflows:
         self.next_at = FLOW_EVERY
         self.crash_at = CRASH_EVERY / 2 if "flow_crash" in producer.kinds else float("inf")
         self.unsent: list[tuple[object, Workflow, list[tuple[str, str]]]] = []
+        self.asked: dict[str, float] = {}
+        """When each unsent workflow's first send began, by its id (the ledger's enqueue time of its first jobs)."""
         self.started = 0
 
     def _job(self, kind: str, *args):
@@ -316,6 +322,7 @@ class Workflows:
 
         left = []
         for prepared, wf, firsts in self.unsent:
+            asked = self.asked.setdefault(wf.id, time.time())
             try:
                 send(self.backend.queue(FLOW_QUEUE), prepared)  # type: ignore[arg-type]
             except Exception as exc:  # Redis away: the next tick sends it, with the same ids
@@ -324,8 +331,9 @@ class Workflows:
                     self.p.say(f"  start of workflow {wf.id} failed ({type(exc).__name__}: {exc}); will try again")
                 left.append((prepared, wf, firsts))
                 continue
+            del self.asked[wf.id]
             for job_id, kind in firsts:
-                self.p.ledger.write(j=job_id, k=kind, e=ENQUEUE)
+                self.p.ledger.write(j=job_id, k=kind, e=ENQUEUE, t=asked)
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(wf.to_line() + "\n")
             self.started += 1
