@@ -1,11 +1,16 @@
-"""Free-text search over a whole DLQ, newest first, a chunk per call.
+"""Free-text search over a whole DLQ, newest first, a chunk per read.
 
-``dlq_search.lua`` reads a chunk of entries inside Redis and returns only
-the ids of those whose raw text holds the needle, so a scan costs one round
-trip per ``CHUNK`` entries and ships almost nothing back. Each candidate is
-then checked here against the text an operator may see (arguments and
-messages with secrets masked): a value that is masked when shown is never
-found, so a search cannot be used to guess a secret.
+Each chunk of entries is read as the raw bytes Redis sends
+(``store/raw_reply.py``), and the needle (ASCII letters without case) and
+the ids of the shared tracebacks that hold it are looked for in those bytes
+with one find each, in C. Most chunks hold neither and are done with: no
+entry is parsed, and Redis does no more than the read. A chunk that holds a
+hit is parsed, and its entries are candidates where the needle is in the
+job's envelope (which holds its id, task, arguments and error history) or
+its last error's class or message, or where the envelope names one of those
+tracebacks. Each candidate is then checked against the text an operator may
+see (arguments and messages with secrets masked): a value that is masked
+when shown is never found, so a search cannot be used to guess a secret.
 
 A search stops when it has a page of matches, has read ``scan_limit``
 entries, or has run ``time_limit`` seconds; ``next_cursor`` then says where
@@ -21,41 +26,24 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from chasqui_core.engine.jobs import redact
 from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.store.keys import QueueKeys
-from chasqui_core.engine.store.scripts import Scripts
+from chasqui_core.engine.store.raw_reply import RawReplies, parse, stream_range_tail
 from chasqui_core.engine.dlq.browse import check_positive
 from chasqui_core.engine.dlq.entries import DeadJob, decode_entry, format_id, id_of, parse_id
 from chasqui_core.engine.dlq.index import IndexKeys
 from chasqui_core.engine.dlq.shared import resolve, text_ids_holding
 
 CHUNK = 2000
-"""Entries one script call reads: about 7 ms of Redis time on a small host (3.5 µs an entry).
-
-Long enough that the round trip is a percent of a call, short enough that
-other clients wait no more than a few milliseconds behind it.
-"""
-STEP = 250
-"""Entries per XREVRANGE inside a call: small reads stay in the CPU's cache (see dlq_search.lua)."""
+"""Entries one read returns: about a megabyte, a few milliseconds of Redis time; the round trip is a small part
+of a read, and other clients wait no longer than that behind it."""
 MAX_NEEDLE = 200
-
-_RARITY = {c: i for i, c in enumerate(b"etaoinsrhldcumfpgwybvkxjqz")}
-"""ASCII letters, most common first (in English text, as in error messages and tracebacks)."""
-_COMMON = frozenset(b" ./_-'\"\n:,()")
-
-
-def _rarity(byte: int) -> int:
-    if byte in _RARITY:
-        return _RARITY[byte]
-    if byte in _COMMON:
-        return -1
-    return 22 if 48 <= byte <= 57 else 20  # a given digit is rarer than most letters
-
-
-def anchor(needle: bytes) -> int:
-    """The 1-based position of the byte of ``needle`` the scan looks for first: the rarest one."""
-    return max(range(len(needle)), key=lambda i: (_rarity(needle[i]), -i)) + 1
+_ENTRY_TEXT = (b"j", b"error", b"error_class")
+"""The fields a candidate holds the needle in (the envelope and the last error; the other fields repeat what the
+envelope holds, or are not text an operator searches)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,22 +89,47 @@ def visible_texts(dead: DeadJob, keys: Iterable[str] | None = None) -> Iterator[
 
 
 class TextSearch:
-    """Substring search over one queue's DLQ, on a sync redis-py client that returns bytes."""
+    """Substring search over one queue's DLQ, on a sync redis-py client."""
 
     def __init__(self, client: Client, queue: str, *, masked_keys: Iterable[str] | None = None) -> None:
         self.client = client
         self.queue = queue
         self.keys = QueueKeys.for_queue(queue)
-        self.scripts = Scripts(client)
         self.masked_keys = tuple(masked_keys) if masked_keys is not None else None
+        self._raw = RawReplies(client, self.keys.dlq)
 
-    def _matching(self, ids: list[bytes], folded: str) -> Iterator[DeadJob]:
-        """The entries of ``ids`` still in the DLQ whose visible (masked) text holds ``folded``, in order."""
-        pipe = self.client.pipeline(transaction=False)
-        for eid in ids:
-            pipe.xrange(self.keys.dlq, eid, eid, count=1)
-        rows = [found[0] for found in pipe.execute() if found]  # the others were replayed or discarded since
-        decoded = [decode_entry(self.queue, *row) for row in rows]
+    def _read(self, start: str, count: int, pattern: bytes, named: list[bytes]) -> tuple[int, str, list[Any]]:
+        """Read up to ``count`` entries from ``start`` (inclusive, newest first): how many were read, where the next
+        read starts ('' when the oldest was read), and the rows (id, fields) of the candidates among them."""
+        dlq = self.keys.dlq.encode()
+        try:
+            raw = self._raw.call(b"XREVRANGE", dlq, start.encode(), b"-", b"COUNT", b"%d" % (count + 1))
+        except redis.ResponseError as exc:
+            if not str(exc).startswith(("MOVED", "ASK")):
+                raise
+            # a cluster moving the queue's slot: redis-py follows the redirection
+            rows = [[eid, [v for pair in fields.items() for v in pair]]
+                    for eid, fields in self.client.xrevrange(self.keys.dlq, start, "-", count + 1)]
+            return self._rows_read(rows, count, pattern, named)
+        if pattern not in raw.lower() and not any(name in raw for name in named):
+            size, last = stream_range_tail(raw, lambda eid, entry: self._raw.holds_entry(dlq, eid, entry))
+            if size <= count:
+                return size, "", []
+            return count, last.decode() if last is not None else "", []
+        return self._rows_read(parse(raw), count, pattern, named)
+
+    @staticmethod
+    def _rows_read(rows: list[Any], count: int, pattern: bytes, named: list[bytes]) -> tuple[int, str, list[Any]]:
+        nxt = ""
+        if len(rows) > count:
+            nxt = rows[count][0].decode()
+            rows = rows[:count]
+        return len(rows), nxt, [row for row in rows if _candidate(row[1], pattern, named)]
+
+    def _matching(self, rows: list[Any], folded: str) -> Iterator[DeadJob]:
+        """The entries of ``rows`` whose visible (masked) text holds ``folded``, in order."""
+        decoded = [decode_entry(self.queue, eid, dict(zip(fields[::2], fields[1::2], strict=False)))
+                   for eid, fields in rows]
         resolve(self.client, self.keys.dlq, decoded)
         for dead in decoded:
             if any(folded in t.casefold() for t in visible_texts(dead, self.masked_keys)):
@@ -131,7 +144,6 @@ class TextSearch:
         scan_limit: int = 1_000_000,
         time_limit: float = 0.5,
         chunk: int = CHUNK,
-        step: int = STEP,
     ) -> SearchPage:
         """Up to ``limit`` entries holding ``text`` (case-insensitive), newest first, older than ``cursor``."""
         if not isinstance(text, str) or not text.strip():
@@ -142,26 +154,22 @@ class TextSearch:
         check_positive(limit, "limit")
         check_positive(scan_limit, "scan_limit")
         check_positive(chunk, "chunk")
-        check_positive(step, "step")
         start = format_id(parse_id(cursor, "cursor")) if cursor else "+"
         folded = needle.casefold()
-        pattern = needle.encode().lower()  # ASCII letters only, as Lua's string.lower does
-        at = anchor(pattern)
+        pattern = needle.encode().lower()  # ASCII letters only: what bytes.lower() folds
         total = int(self.client.xlen(self.keys.dlq))
-        named = text_ids_holding(self.client, self.keys.dlq, IndexKeys.for_queue(self.keys).groups, folded,
-                                 lambda t: redact.mask_text(t, self.masked_keys))
+        named = [name.encode() for name in text_ids_holding(
+            self.client, self.keys.dlq, IndexKeys.for_queue(self.keys).groups, folded,
+            lambda t: redact.mask_text(t, self.masked_keys))]
         items: list[DeadJob] = []
         scanned = 0
         began = time.monotonic()
         while True:
-            reply = self.scripts.dlq_search(
-                keys=[self.keys.dlq], args=[start, min(chunk, scan_limit - scanned), pattern, at, step, *named]
-            )
-            read, nxt, candidates = int(reply[0]), reply[1].decode(), reply[2:]
+            read, nxt, candidates = self._read(start, min(chunk, scan_limit - scanned), pattern, named)
             size = 0
             while candidates:
-                # fetch as many as the page may still take (a common word makes every entry a candidate),
-                # twice as many each time a mask hid some: a few round trips a chunk, however many it hides
+                # decode as many as the page may still take (a common word makes every entry a candidate),
+                # twice as many each time a mask hid some: a few rounds a chunk, however many it hides
                 size = max(limit + 1 - len(items), 2 * size)
                 batch, candidates = candidates[:size], candidates[size:]
                 for dead in self._matching(batch, folded):
@@ -176,3 +184,15 @@ class TextSearch:
             if scanned >= scan_limit or time.monotonic() - began >= time_limit:
                 return SearchPage(items, nxt, scanned, total)
             start = nxt
+
+
+def _candidate(fields: list[bytes], pattern: bytes, named: list[bytes]) -> bool:
+    """Whether an entry's fields (name, value, ...) hold the needle where a search looks (``_ENTRY_TEXT``), or its
+    envelope names a shared traceback that holds it."""
+    for k in range(0, len(fields) - 1, 2):
+        name = fields[k]
+        if name in _ENTRY_TEXT:
+            value = fields[k + 1]
+            if pattern in value.lower() or name == b"j" and any(n in value for n in named):
+                return True
+    return False

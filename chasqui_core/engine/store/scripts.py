@@ -31,7 +31,7 @@ from chasqui_core.engine.ops.metrics import MINUTE_BUCKET_TTL_S, SECOND_BUCKET_T
 _LUA_DIR = Path(__file__).with_name("lua")
 
 NAMES = ("enqueue", "settle", "promote", "lock", "reclaim", "dlq_move", "delayed_move", "lease", "delayed_stats",
-         "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_search", "dlq_discard",
+         "schedule_advance", "limit_take", "limit_release", "op_claim", "op_update", "dlq_discard",
          "dlq_reindex", "control_send", "purge", "rollup",
          "cancel", "delayed_find", "dlq_trim", "dlq_fetch", "flow_start", "flow_add", "dlq_replay")
 
@@ -120,7 +120,6 @@ class Scripts:
     limit_release: ScriptCall
     op_claim: ScriptCall
     op_update: ScriptCall
-    dlq_search: ScriptCall
     dlq_discard: ScriptCall
     dlq_reindex: ScriptCall
     control_send: ScriptCall
