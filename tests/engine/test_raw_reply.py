@@ -66,3 +66,14 @@ def test_a_search_goes_on_from_the_right_entry_when_a_chunk_ends_in_a_spoofed_he
                 break
             cursor = page.next_cursor
         assert (found, scanned) == ([needle], 26), chunk
+
+
+def test_a_search_that_fills_its_page_reads_the_chunk_it_sent_for_and_leaves_the_connection_clean(redis):
+    bulk_dead(redis, 30)
+    needles = [add_dead(redis, Job(new_job_id(), "emails.send", ["zx-needle"], {}, created_at=now_ms(),
+                                   errors=[err("boom")])) for _ in range(2)]
+    page = TextSearch(redis, Q).search("zx-needle", limit=1, chunk=5, time_limit=30)
+    assert [d.entry_id for d in page.items] == [needles[1]] and page.next_cursor == needles[0]
+    # the next chunk was on its way when the page filled: it was read, so the pool's next commands read their own
+    assert redis.xlen(KEYS.dlq) == 32 and redis.get("nothing") is None
+    assert redis.xrevrange(KEYS.dlq, count=1)[0][0].decode() == needles[1]

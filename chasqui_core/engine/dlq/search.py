@@ -98,33 +98,45 @@ class TextSearch:
         self.masked_keys = tuple(masked_keys) if masked_keys is not None else None
         self._raw = RawReplies(client, self.keys.dlq)
 
-    def _read(self, start: str, count: int, pattern: bytes, named: list[bytes]) -> tuple[int, str, list[Any]]:
-        """Read up to ``count`` entries from ``start`` (inclusive, newest first): how many were read, where the next
-        read starts ('' when the oldest was read), and the rows (id, fields) of the candidates among them."""
-        dlq = self.keys.dlq.encode()
+    def _ask(self, start: str, count: int) -> bytes:
+        """Send for up to ``count`` entries from ``start`` (inclusive, newest first), and one more: where the next
+        read starts."""
+        return self._raw.send(b"XREVRANGE", self.keys.dlq.encode(), start.encode(), b"-", b"COUNT",
+                              b"%d" % (count + 1))
+
+    def _answer(self, asked: bytes, start: str, count: int) -> bytes | list[Any]:
+        """The reply ``_ask`` sent for, raw; on a cluster moving the queue's slot, the rows (id, fields) read
+        again through redis-py, which follows the redirection."""
         try:
-            raw = self._raw.call(b"XREVRANGE", dlq, start.encode(), b"-", b"COUNT", b"%d" % (count + 1))
+            return self._raw.receive(asked)
         except redis.ResponseError as exc:
             if not str(exc).startswith(("MOVED", "ASK")):
                 raise
-            # a cluster moving the queue's slot: redis-py follows the redirection
-            rows = [[eid, [v for pair in fields.items() for v in pair]]
+            return [[eid, [v for pair in fields.items() for v in pair]]
                     for eid, fields in self.client.xrevrange(self.keys.dlq, start, "-", count + 1)]
-            return self._rows_read(rows, count, pattern, named)
-        if pattern not in raw.lower() and not any(name in raw for name in named):
-            size, last = stream_range_tail(raw, lambda eid, entry: self._raw.holds_entry(dlq, eid, entry))
-            if size <= count:
-                return size, "", []
-            return count, last.decode() if last is not None else "", []
-        return self._rows_read(parse(raw), count, pattern, named)
+
+    def _extent(self, reply: bytes | list[Any], count: int) -> tuple[int, str]:
+        """How many entries a reply holds of the ``count`` asked for, and where the next read starts ('' when the
+        oldest entry was read): from the end of a raw reply, without parsing the entries before it."""
+        if isinstance(reply, list):
+            return min(len(reply), count), reply[count][0].decode() if len(reply) > count else ""
+        dlq = self.keys.dlq.encode()
+        size, last = stream_range_tail(reply, lambda eid, entry: self._raw.holds_entry(dlq, eid, entry))
+        if size <= count or last is None:
+            return size, ""
+        return count, last.decode()
 
     @staticmethod
-    def _rows_read(rows: list[Any], count: int, pattern: bytes, named: list[bytes]) -> tuple[int, str, list[Any]]:
-        nxt = ""
-        if len(rows) > count:
-            nxt = rows[count][0].decode()
-            rows = rows[:count]
-        return len(rows), nxt, [row for row in rows if _candidate(row[1], pattern, named)]
+    def _candidates(reply: bytes | list[Any], count: int, pattern: bytes, named: list[bytes]) -> list[Any]:
+        """The rows (id, fields) of the entries read that hold the needle where a search looks: a raw reply is
+        parsed only when its bytes hold it somewhere."""
+        if isinstance(reply, list):
+            rows = reply
+        elif pattern in reply.lower() or any(name in reply for name in named):
+            rows = parse(reply)
+        else:
+            return []
+        return [row for row in rows[:count] if _candidate(row[1], pattern, named)]
 
     def _matching(self, rows: list[Any], folded: str) -> Iterator[DeadJob]:
         """The entries of ``rows`` whose visible (masked) text holds ``folded``, in order."""
@@ -164,26 +176,37 @@ class TextSearch:
         items: list[DeadJob] = []
         scanned = 0
         began = time.monotonic()
-        while True:
-            read, nxt, candidates = self._read(start, min(chunk, scan_limit - scanned), pattern, named)
-            size = 0
-            while candidates:
-                # decode as many as the page may still take (a common word makes every entry a candidate),
-                # twice as many each time a mask hid some: a few rounds a chunk, however many it hides
-                size = max(limit + 1 - len(items), 2 * size)
-                batch, candidates = candidates[:size], candidates[size:]
-                for dead in self._matching(batch, folded):
-                    if len(items) == limit:  # one more match: the next page starts here
-                        return SearchPage(items, format_id(id_of(dead.entry_id)), scanned + read, total)
-                    items.append(dead)
-            scanned += read
-            if not nxt:
-                return SearchPage(items, None, scanned, total)
-            if len(items) == limit:  # the rest of this chunk was read and held no other match
-                return SearchPage(items, nxt, scanned, total)
-            if scanned >= scan_limit or time.monotonic() - began >= time_limit:
-                return SearchPage(items, nxt, scanned, total)
-            start = nxt
+        want = min(chunk, scan_limit)
+        with self._raw.held():
+            asked: bytes | None = self._ask(start, want)
+            while True:
+                assert asked is not None  # sent for before each turn
+                reply = self._answer(asked, start, want)
+                read, nxt = self._extent(reply, want)
+                asked = None
+                if nxt and scanned + read < scan_limit and time.monotonic() - began < time_limit:
+                    # the next chunk on its way while this one is searched (it is read and dropped should this
+                    # one fill the page)
+                    start, want = nxt, min(chunk, scan_limit - scanned - read)
+                    asked = self._ask(start, want)
+                candidates = self._candidates(reply, read, pattern, named)
+                size = 0
+                while candidates:
+                    # decode as many as the page may still take (a common word makes every entry a candidate),
+                    # twice as many each time a mask hid some: a few rounds a chunk, however many it hides
+                    size = max(limit + 1 - len(items), 2 * size)
+                    batch, candidates = candidates[:size], candidates[size:]
+                    for dead in self._matching(batch, folded):
+                        if len(items) == limit:  # one more match: the next page starts here
+                            return SearchPage(items, format_id(id_of(dead.entry_id)), scanned + read, total)
+                        items.append(dead)
+                scanned += read
+                if not nxt:
+                    return SearchPage(items, None, scanned, total)
+                if len(items) == limit:  # the rest of this chunk was read and held no other match
+                    return SearchPage(items, nxt, scanned, total)
+                if asked is None:  # the scan or time limit, as it stood when this chunk came in
+                    return SearchPage(items, nxt, scanned, total)
 
 
 def _candidate(fields: list[bytes], pattern: bytes, named: list[bytes]) -> bool:

@@ -18,8 +18,9 @@ fails half-way closes the connection.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import hiredis
@@ -37,11 +38,18 @@ def pack(*args: bytes) -> bytes:
 
 
 class RawReplies:
-    """Commands on ``key``'s server whose replies are returned as raw RESP bytes (see the module's docstring)."""
+    """Commands on ``key``'s server whose replies are returned as raw RESP bytes (see the module's docstring).
+
+    A reader that wants the next reply on its way while it looks at the last
+    one holds a connection (``held``), sends (``send``) and receives
+    (``receive``) in order; ``call`` does both."""
 
     def __init__(self, client: Any, key: str) -> None:
         self.client = client
         self.key = key
+        self._conn: Any = None
+        self._waiting: list[bytes] = []
+        """The ends of the replies sent for and not read yet, in order."""
 
     def _pool(self) -> Any:
         if not is_cluster_client(self.client):
@@ -49,27 +57,54 @@ class RawReplies:
         node = self.client.get_node_from_key(self.key)
         return self.client.get_redis_connection(node).connection_pool
 
-    def call(self, *args: bytes) -> bytes:
-        """The reply of one command, as sent. An error reply is raised (``redis.ResponseError``), as redis-py
-        raises it; a connection that fails is closed and the error raised (``redis.ConnectionError``)."""
-        token = os.urandom(8).hex().encode()
-        end = b"$16\r\n%s\r\n" % token
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """One connection, borrowed from the pool, for the calls inside; it goes back clean (every reply sent for
+        was read), or closed when something failed."""
+        if self._conn is not None:
+            yield
+            return
         pool = self._pool()
-        conn = pool.get_connection()
+        self._conn = conn = pool.get_connection()
+        self._waiting = []
         try:
-            conn.send_packed_command([pack(*args) + pack(b"PING", token)], check_health=False)
-            raw = _read_until(conn, end)
+            yield
+            for end in self._waiting:  # sent for and not wanted after all: read, so the connection is clean
+                _read_until(conn, end)
         except BaseException:
             conn.disconnect()
             raise
         finally:
+            self._conn = None
             pool.release(conn)
+
+    def send(self, *args: bytes) -> bytes:
+        """Send one command (inside ``held``); returns what to ``receive`` its reply with."""
+        token = os.urandom(8).hex().encode()
+        end = b"$16\r\n%s\r\n" % token
+        self._conn.send_packed_command([pack(*args) + pack(b"PING", token)], check_health=False)
+        self._waiting.append(end)
+        return end
+
+    def receive(self, end: bytes) -> bytes:
+        """The reply of the command ``send`` gave ``end`` for (replies come in the order sent). An error reply is
+        raised (``redis.ResponseError``), as redis-py raises it."""
+        while self._waiting[0] != end:  # an earlier one the caller no longer wants
+            _read_until(self._conn, self._waiting.pop(0))
+        raw = _read_until(self._conn, end)
+        self._waiting.pop(0)
         if raw[:1] == b"-":
             reader = hiredis.Reader(replyError=redis.ResponseError)
             reader.feed(raw)
             error = reader.gets()
             raise error if isinstance(error, redis.ResponseError) else redis.ResponseError(raw[:200].decode())
         return raw
+
+    def call(self, *args: bytes) -> bytes:
+        """The reply of one command, as sent. An error reply is raised (``redis.ResponseError``); a connection
+        that fails is closed and the error raised (``redis.ConnectionError``)."""
+        with self.held():
+            return self.receive(self.send(*args))
 
     def holds_entry(self, stream: bytes, entry_id: bytes, entry: bytes) -> bool:
         """Whether ``stream`` holds entry ``entry_id`` serialised exactly as ``entry`` (``stream_range_tail``'s
