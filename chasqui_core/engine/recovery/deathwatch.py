@@ -115,8 +115,9 @@ class DeathWatch:
         self.client = client
         self.own_id = own_id
         self.space = process_space() if space is None else space
-        self.recorded: set[str] = set()
-        """Workers whose death this one has recorded already (their heartbeats stay until they are forgotten)."""
+        self.recorded: set[tuple[str, str]] = set()
+        """(queue, worker) of the deaths this one has recorded already (their heartbeats stay until they are
+        forgotten)."""
 
     async def look(self, queues: Sequence[QueueKeys]) -> list[str]:
         """Record the death of every worker of ``queues`` that ran in this process space and whose process is
@@ -127,12 +128,12 @@ class DeathWatch:
         for keys in queues:
             pipe.hgetall(keys.workers)
         found: list[tuple[QueueKeys, str]] = []
-        listed: set[str] = set()
+        listed: set[tuple[str, str]] = set()
         for keys, beats in zip(queues, await pipe.execute(), strict=True):
             for name, raw in beats.items():
                 worker_id = name.decode(errors="replace") if isinstance(name, bytes) else name
-                listed.add(worker_id)
-                if worker_id == self.own_id or worker_id in self.recorded:
+                listed.add((keys.queue, worker_id))
+                if worker_id == self.own_id or (keys.queue, worker_id) in self.recorded:
                     continue
                 try:
                     info = msgpack.unpackb(raw, raw=False)
@@ -142,7 +143,8 @@ class DeathWatch:
                     continue  # a heartbeat that cannot be read, or one from before process spaces: not judged
                 if same and process_gone(pid, began) and not stopped_cleanly(worker_id):
                     found.append((keys, worker_id))
-        self.recorded &= listed  # forgotten workers leave the workers lists for good
+        looked = {keys.queue for keys in queues}  # forgotten workers leave the workers lists for good
+        self.recorded = {seen for seen in self.recorded if seen[0] not in looked or seen in listed}
         if not found:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -152,8 +154,11 @@ class DeathWatch:
                              first_only=True)
         await pipe.execute()
         dead = sorted({worker_id for _, worker_id in found})
-        self.recorded.update(dead)
+        known = {worker_id for _, worker_id in self.recorded}
+        self.recorded.update((keys.queue, worker_id) for keys, worker_id in found)
         for worker_id in dead:
+            if worker_id in known:  # recorded on another of its queues already, and said so then
+                continue
             logger.info("worker %s: worker %s ran beside this one and its process is gone: its death is on record",
                         self.own_id, worker_id)
         return dead
