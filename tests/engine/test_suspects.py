@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
+from urllib.parse import urlsplit
 
+from bench.faultproxy import FaultProxy
 from chasqui_core.engine.jobs.envelope import Job, error_record, new_job_id, now_ms
+from chasqui_core.engine.recovery import ended_runs
 from chasqui_core.engine.store.keys import QueueKeys
 from chasqui_core.engine.producer.queue import Queue
 from chasqui_core.engine.jobs.registry import HandlerRegistry
@@ -112,3 +115,79 @@ def test_the_jobs_fetched_with_a_suspect_run_in_another_process_while_it_runs_al
         wait_for(lambda: len(ended) == 9, 30, "every job to run")
     late = [job_id for job_id in others if ended[job_id] > ended["suspect"]]
     assert not late, f"{len(late)} job(s) waited for the suspect to run alone instead of running elsewhere"
+
+
+def _late_suspect_setup(redis, keys: QueueKeys, url: str, slow, suspect):
+    """A worker behind ``url`` with a rate limit; a 0.4 s sync job runs, then an async suspect is added: it waits
+    longer than its rate token's grace to run alone, so it goes back for a new token when its turn comes."""
+    registry = HandlerRegistry()
+    slow_started = threading.Event()
+
+    def slow_job() -> None:
+        slow_started.set()
+        threading.Event().wait(0.4)
+        slow()
+
+    registry.register("t.slow", slow_job, is_async=False)
+    registry.register("t.suspect", suspect, is_async=True)
+    worker = worker_running(url, [keys.queue], registry, concurrency=2, limits={keys.queue: {"rate": "100/s"}})
+    return worker, slow_started
+
+
+def _add_suspect_entry(redis, keys: QueueKeys) -> bytes:
+    add_suspect(redis, keys, "t.suspect")
+    return redis.xrevrange(keys.stream, count=1)[0][0]
+
+
+def test_a_late_suspect_is_not_marked_running_while_it_waits_for_a_new_rate_token(redis, redis_url):
+    """Marked running ahead of its start (it runs alone), a suspect whose token lapsed meanwhile does not start:
+    its mark is struck while it takes a new token (noted on the host first, ended_runs.py), so a death of the
+    process in that wait does not charge it a run it never began (the soak dead-lettered such a job as `panic`
+    when a recycled process exited while the token could not be taken behind a blackholed link)."""
+    keys = QueueKeys.for_queue("suspects-late-mark")
+    server = urlsplit(redis_url)
+    ran: list[str] = []
+    with FaultProxy(int(server.port or 6379)) as proxy:
+        url = f"redis://{proxy.host}:{proxy.port}{server.path or '/0'}"
+
+        async def suspect() -> None:
+            ran.append("suspect")
+
+        worker_block, slow_started = _late_suspect_setup(
+            redis, keys, url, lambda: proxy.set_latency(0.5), suspect)  # the new token's round trip: a second
+        with worker_block as worker:
+            Queue(keys.queue, url=redis_url).add("t.slow")
+            assert slow_started.wait(10)
+            entry_id = _add_suspect_entry(redis, keys)
+            journal = keys.running(worker.id)
+            wait_for(lambda: entry_id in ended_runs.read(worker.id).get(journal, []) or "suspect" in ran, 10,
+                     "the suspect's mark to be struck, or the suspect to run")
+            assert "suspect" not in ran, "its mark was struck only once it ran: it stood while it waited"
+            proxy.set_latency(0)
+            wait_for(lambda: "suspect" in ran, 20, "the suspect to run with its new token")
+
+
+def test_a_late_suspect_is_marked_again_before_it_starts_alone(redis, redis_url):
+    """With its new token, the suspect is marked running before it starts, as on its first try: a job that
+    kills its process before its first await is charged that death. The handler looks, blocking the loop (so
+    no mark written after its start could land meanwhile), for its own mark."""
+    keys = QueueKeys.for_queue("suspects-remark")
+    seen: list[bool] = []
+    state: dict[str, object] = {}
+
+    async def suspect() -> None:
+        journal, entry_id = state["journal"], state["entry"]
+        for _ in range(100):  # no await: nothing else runs on the loop meanwhile
+            if redis.hexists(journal, entry_id):
+                break
+            time.sleep(0.01)
+        seen.append(bool(redis.hexists(journal, entry_id)))
+
+    worker_block, slow_started = _late_suspect_setup(redis, keys, redis_url, lambda: None, suspect)
+    with worker_block as worker:
+        Queue(keys.queue, url=redis_url).add("t.slow")
+        assert slow_started.wait(10)
+        state["journal"] = keys.running(worker.id)
+        state["entry"] = _add_suspect_entry(redis, keys)
+        wait_for(lambda: bool(seen), 20, "the suspect to run")
+    assert seen == [True], "not marked before it started alone"

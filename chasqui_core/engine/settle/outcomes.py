@@ -172,7 +172,10 @@ class Outcomes:
                     cancel_words(requested, running=False), d.job)
 
     def requeue(self, d: Delivery) -> None:
-        """Put a fetched job that never started back on the stream, as it was."""
+        """Put a fetched job that never started back on the stream, as it was; a start mark written ahead of its
+        start (a suspect's) is struck first, so a death of this process before the requeue reaches Redis does not
+        charge it."""
+        d.end_run()
         self.settler.requeue(d.keys, d.entry_id, d.payload)
 
     # --- before a run -----------------------------------------------------------

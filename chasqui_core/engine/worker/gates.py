@@ -71,6 +71,7 @@ class Gates:
     _requeue: Callable[[Delivery], None]
     _isolate: Callable[[Delivery], None]
     _to_lane: Callable[..., None]
+    _mark_alone: Callable[[Delivery], None]
     _start_round: Callable[[list[Delivery], dict[str, list[bytes]], list[Delivery]], None]
     _late: list[Delivery]
     journal: StartJournal
@@ -129,6 +130,7 @@ class Gates:
         (limits.py): a rate limit is a promise about starts, and a token taken at read time may have lapsed."""
         by_stream: dict[str, list[Delivery]] = {}
         for d in late:
+            d.end_run()  # not started: a suspect's mark, written ahead of its start, is struck while it waits
             by_stream.setdefault(d.keys.stream, []).append(d)
         for group in by_stream.values():
             task = asyncio.ensure_future(self._retake(group[0].keys, group))
@@ -164,6 +166,7 @@ class Gates:
                 self._requeue(d)
             elif d is self._alone:  # the suspect, late to run alone: it runs alone now
                 if d.handler.is_async:
+                    self._mark_alone(d)
                     self._inbox.append(d)
                     alone = True
                 else:

@@ -69,6 +69,13 @@ class Suspects:
         else:
             self._requeue(d)
 
+    def _mark_alone(self, d: Delivery) -> None:
+        """Mark an async suspect running just before it starts alone, unlike other async jobs (running._dispatch):
+        nothing runs beside it to take the blame, and a job that kills its process before its first await is
+        charged a death. Struck again should it not start after all (its rate token lapsed: running._start_round)."""
+        d.journal = self.journal
+        self.journal.started_one(d.keys.stream, d.entry_id, now_ms())
+
     def _run_alone(self) -> None:
         """Start the next suspect once nothing runs in this process; when none is left, read again. Called whenever
         a run ends while isolating."""
@@ -83,10 +90,7 @@ class Suspects:
                         "(%d death(s) charged); alone, a death of its process is its own", self.id, d.job.id,
                         d.job.task, d.job.deaths)
             if d.handler.is_async:
-                # marked running before it starts, unlike other async jobs (running._dispatch): nothing runs beside
-                # it to take the blame, and a job that kills its process before its first await is charged a death
-                d.journal = self.journal
-                self.journal.started_one(d.keys.stream, d.entry_id, now_ms())
+                self._mark_alone(d)
                 self._inbox.append(d)
                 self._dispatch(alone=True)
             else:
