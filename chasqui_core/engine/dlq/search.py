@@ -21,6 +21,7 @@ wants.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -127,16 +128,17 @@ class TextSearch:
         return count, last.decode()
 
     @staticmethod
-    def _candidates(reply: bytes | list[Any], count: int, pattern: bytes, named: list[bytes]) -> list[Any]:
-        """The rows (id, fields) of the entries read that hold the needle where a search looks: a raw reply is
-        parsed only when its bytes hold it somewhere."""
+    def _candidates(reply: bytes | list[Any], count: int, pattern: bytes, named: list[bytes]) -> Iterator[Any]:
+        """The rows (id, fields) of the entries read that hold the needle where a search looks, in order, looked at
+        as they are taken (a page may need a few of a chunk's thousands): a raw reply is parsed only when its bytes
+        hold the needle somewhere."""
         if isinstance(reply, list):
             rows = reply
         elif pattern in reply.lower() or any(name in reply for name in named):
             rows = parse(reply)
         else:
-            return []
-        return [row for row in rows[:count] if _candidate(row[1], pattern, named)]
+            return iter(())
+        return (row for row in itertools.islice(rows, count) if _candidate(row[1], pattern, named))
 
     def _matching(self, rows: list[Any], folded: str) -> Iterator[DeadJob]:
         """The entries of ``rows`` whose visible (masked) text holds ``folded``, in order."""
@@ -191,11 +193,13 @@ class TextSearch:
                     asked = self._ask(start, want)
                 candidates = self._candidates(reply, read, pattern, named)
                 size = 0
-                while candidates:
+                while True:
                     # decode as many as the page may still take (a common word makes every entry a candidate),
                     # twice as many each time a mask hid some: a few rounds a chunk, however many it hides
                     size = max(limit + 1 - len(items), 2 * size)
-                    batch, candidates = candidates[:size], candidates[size:]
+                    batch = list(itertools.islice(candidates, size))
+                    if not batch:
+                        break
                     for dead in self._matching(batch, folded):
                         if len(items) == limit:  # one more match: the next page starts here
                             return SearchPage(items, format_id(id_of(dead.entry_id)), scanned + read, total)
