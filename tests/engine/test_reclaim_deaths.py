@@ -17,7 +17,8 @@ import types
 import msgpack
 
 from chasqui_core.engine.jobs.envelope import Job, new_job_id, now_ms
-from chasqui_core.engine.recovery.deathwatch import SPACE_FIELD, process_space
+from chasqui_core.engine.recovery.deathwatch import SPACE_FIELD, note_clean_stop, process_space
+from chasqui_core.engine.recovery.ended_runs import EndedRuns
 from chasqui_core.engine.recovery.reclaim import LOST_FIELD, lost_runs
 from chasqui_core.engine.store.connection import aconnect
 from chasqui_core.engine.store.keys import GROUP, QueueKeys
@@ -69,3 +70,38 @@ async def test_a_neighbour_that_dies_while_a_pass_is_under_way_is_charged_a_deat
     [run] = lost_runs(fields[LOST_FIELD])
     assert run.died, "its process was gone when its queue's turn came: a death, not lost contact"
     assert redis.exists(SECOND.died(dead_id))
+
+
+async def test_the_unsent_ends_of_a_worker_that_stopped_cleanly_out_of_reach_are_struck_before_its_reclaim(
+        redis, redis_url):
+    """A worker that stops while the network refuses it records its end first (announce_stop: runs under way
+    then would be lost with it), then its last run ends, and neither its outcome nor the strike of its start mark
+    reaches Redis; it leaves the note of a clean stop and its ended runs on the host. Once its process is gone, a
+    worker beside it strikes those marks before it reclaims the queue: the run had returned, and is put back
+    uncharged, not charged a death (the soak met a job dead-lettered `WorkerLost` that way)."""
+    redis.xgroup_create(SECOND.stream, GROUP, id="0", mkstream=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stopped_id = f"vm:{gone.pid}:stopped"
+    redis.hset(SECOND.workers, stopped_id, msgpack.packb({"id": stopped_id, "pid": gone.pid,
+                                                          "started_at": now_ms() - 60_000,
+                                                          SPACE_FIELD: process_space()}))
+    redis.xadd(SECOND.stream, {"j": Job(new_job_id(), "t", [], {}, created_at=now_ms()).encode()})
+    [[_, [(entry_id, _)]]] = redis.xreadgroup(GROUP, stopped_id, {SECOND.stream: ">"})
+    redis.hset(SECOND.running(stopped_id), entry_id, now_ms())
+    redis.set(SECOND.died(stopped_id), f"{now_ms()} stopping with 1 run(s) under way")
+    ends = EndedRuns(stopped_id)
+    ends.ended(ends.name(SECOND.running(stopped_id)), entry_id)
+    ends.close(keep=True)
+    note_clean_stop(stopped_id)
+    time.sleep(2 * VISIBILITY_MS / 1000)
+    client = aconnect(redis_url)
+    host = types.SimpleNamespace(id="vm:reclaimer:2", keys=[SECOND], client=client, streams={SECOND.queue: [SECOND]},
+                                 paused={SECOND.queue: False}, scripts=Scripts(client),
+                                 visibility_timeout_ms=VISIBILITY_MS)
+    try:
+        await Housekeeping(host).reclaim()
+    finally:
+        await client.aclose()
+    [(_, fields)] = redis.xrange(SECOND.stream)
+    assert LOST_FIELD not in fields, "the run had returned: put back uncharged"

@@ -23,7 +23,10 @@ partition as it stops settles nothing and cannot take its heartbeat away. Its
 runs all ended; what it could not write is lost contact, not a death. So such
 a worker leaves a note on the host as it exits (``note_clean_stop``, a file
 named for it in the temporary directory), and a worker with a note is not
-recorded dead.
+recorded dead. Its runs' ends it could not send (ended_runs.py) are struck
+from its start journal instead, once its process is gone: a death recorded
+as it began to stop (``announce_stop``) must not make a run that returned,
+whose outcome it could not settle, a death.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from collections.abc import Sequence
 import msgpack
 
 from chasqui_core.engine.jobs.envelope import now_ms
-from chasqui_core.engine.recovery.reclaim import add_death_record
+from chasqui_core.engine.recovery.reclaim import add_death_record, strike_ended_runs
 from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.store.keys import QueueKeys
 
@@ -128,6 +131,7 @@ class DeathWatch:
         for keys in queues:
             pipe.hgetall(keys.workers)
         found: list[tuple[QueueKeys, str]] = []
+        stopped: list[tuple[QueueKeys, str]] = []
         listed: set[tuple[str, str]] = set()
         for keys, beats in zip(queues, await pipe.execute(), strict=True):
             for name, raw in beats.items():
@@ -141,13 +145,20 @@ class DeathWatch:
                     same = info.get(SPACE_FIELD) == self.space
                 except Exception:
                     continue  # a heartbeat that cannot be read, or one from before process spaces: not judged
-                if same and process_gone(pid, began) and not stopped_cleanly(worker_id):
-                    found.append((keys, worker_id))
+                if same and process_gone(pid, began):
+                    (stopped if stopped_cleanly(worker_id) else found).append((keys, worker_id))
         looked = {keys.queue for keys in queues}  # forgotten workers leave the workers lists for good
         self.recorded = {seen for seen in self.recorded if seen[0] not in looked or seen in listed}
-        if not found:
+        if not found and not stopped:
             return []
         pipe = self.client.pipeline(transaction=False)
+        for keys, worker_id in stopped:  # no death: only the strikes its process could not send before it stopped
+            strike_ended_runs(pipe, keys, worker_id)
+        self.recorded.update((keys.queue, worker_id) for keys, worker_id in stopped)
+        if not found:
+            if len(pipe):
+                await pipe.execute()
+            return []
         at = now_ms()
         for keys, worker_id in found:
             add_death_record(pipe, keys, worker_id, f"its process {worker_id} is gone (seen by {self.own_id})", at,

@@ -188,10 +188,17 @@ def add_death_record(pipe: Any, keys: QueueKeys, worker_id: str, how: str, at_ms
     lose their start marks first, in the same pipeline: a strike the network
     swallowed must not make a run that returned a death.
     """
+    strike_ended_runs(pipe, keys, worker_id)
+    pipe.set(keys.died(worker_id), f"{at_ms} {how}", px=DEATH_RECORD_TTL_MS, nx=first_only)
+
+
+def strike_ended_runs(pipe: Any, keys: QueueKeys, worker_id: str) -> None:
+    """Queue on ``pipe`` the strikes of the start marks on ``keys``'s queue of the runs ``worker_id``'s process
+    noted as ended on this host (ended_runs.py): a strike the network swallowed, or one still unsent when the
+    process stopped, must not make a run that returned a death."""
     for key, entry_ids in ended_runs.read(worker_id).items():
         if key.startswith(keys.prefix):  # this queue's journals (its bands'), on the record's server
             pipe.hdel(key, *entry_ids)
-    pipe.set(keys.died(worker_id), f"{at_ms} {how}", px=DEATH_RECORD_TTL_MS, nx=first_only)
 
 
 def record_death(client: Client, queues: Iterable[str], *, host: str, pid: int, how: str,
