@@ -10,8 +10,9 @@ its way) leaves no record, and its runs would be reclaimed as lost contact:
 a poison pill could then kill worker after worker without reaching ``panic``.
 
 So every worker also looks, just before it reclaims a queue's streams, at
-the heartbeats of that queue's workers that run in its own *process space* (the same kernel boot and pid
-namespace, ``process_space``): a process table is the truth about who lives.
+the heartbeats of that queue's workers that run in its own *process space*
+(the same kernel boot and pid namespace, ``process_space``): a process table
+is the truth about who lives.
 A worker whose pid is gone, a zombie, or now another process (one that
 began after the worker did) is dead, and its death is put on record, unless
 one is there already. Workers elsewhere are never judged: a worker on another

@@ -72,7 +72,7 @@ class Suspects:
     def _mark_alone(self, d: Delivery) -> None:
         """Mark an async suspect running just before it starts alone, unlike other async jobs (running._dispatch):
         nothing runs beside it to take the blame, and a job that kills its process before its first await is
-        charged a death. Struck again should it not start after all (its rate token lapsed: running._start_round)."""
+        charged a death. Struck should it not start after all (its rate token lapsed: gates._retake_later)."""
         d.journal = self.journal
         self.journal.started_one(d.keys.stream, d.entry_id, now_ms())
 
