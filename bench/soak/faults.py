@@ -12,7 +12,8 @@ refused connections past the visibility timeout, resets, half-open links.
 One network fault is in effect at a time; the windows during which the
 workers were cut off from Redis are what the verdict accepts as lost
 contact (``cut_off``): a blackhole or a refusal while it lasts, half-open
-links until the workers closed the last of them.
+links until the workers closed the last of them, and, with or without the
+proxy, each Redis restart from its shutdown until the server answers again.
 
 The watcher polls the process table five times a second and remembers the
 pid of every worker process it saw, and when it stopped existing. That is
@@ -208,7 +209,11 @@ class Injector:
         return f"SIGHUP to supervisor {self.supervisor.pid} (rolling reload of {kids})"
 
     def redis_restart(self, elapsed: float) -> str:
+        """Every worker is cut off while the server is away: an outcome on its way when it shut down is lost with
+        the connection, and a worker whose lease lapsed meanwhile has its jobs run again elsewhere (lost contact)."""
+        began = time.time()
         away = self.server.restart(down_for=REDIS_DOWN_SECONDS)
+        self.cut_off.append((began, time.time()))
         return f"SHUTDOWN, restarted on port {self.server.port} from its AOF: away {away:.2f} s"
 
     def pause_resume(self, elapsed: float) -> str:
