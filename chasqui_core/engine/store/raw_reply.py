@@ -32,11 +32,6 @@ READ_SIZE = 1 << 20
 """Bytes asked of the socket per read: a chunk of a few thousand entries arrives in a few reads."""
 
 
-def pack(*args: bytes) -> bytes:
-    """One command in RESP (the arguments are bytes already)."""
-    return b"*%d\r\n%s" % (len(args), b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
-
-
 class RawReplies:
     """Commands on ``key``'s server whose replies are returned as raw RESP bytes (see the module's docstring).
 
@@ -82,7 +77,8 @@ class RawReplies:
         """Send one command (inside ``held``); returns what to ``receive`` its reply with."""
         token = os.urandom(8).hex().encode()
         end = b"$16\r\n%s\r\n" % token
-        self._conn.send_packed_command([pack(*args) + pack(b"PING", token)], check_health=False)
+        packed = hiredis.pack_command(args) + hiredis.pack_command((b"PING", token))
+        self._conn.send_packed_command([packed], check_health=False)
         self._waiting.append(end)
         return end
 
