@@ -28,6 +28,8 @@ import redis
 
 from chasqui_core.engine.store.connection import is_cluster_client
 
+_pack: Callable[[tuple[Any, ...]], bytes] = hiredis.pack_command
+"""hiredis's own packer (its stub types one argument too narrowly)."""
 READ_SIZE = 1 << 20
 """Bytes asked of the socket per read: a chunk of a few thousand entries arrives in a few reads."""
 
@@ -77,7 +79,7 @@ class RawReplies:
         """Send one command (inside ``held``); returns what to ``receive`` its reply with."""
         token = os.urandom(8).hex().encode()
         end = b"$16\r\n%s\r\n" % token
-        packed = hiredis.pack_command(args) + hiredis.pack_command((b"PING", token))
+        packed = _pack(args) + _pack((b"PING", token))
         self._conn.send_packed_command([packed], check_health=False)
         self._waiting.append(end)
         return end
