@@ -30,6 +30,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 
+@pytest.mark.serial  # schemathesis's generated tests do not run in pytest-xdist's workers (make test)
 @schema.parametrize()
 @settings(max_examples=15, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,

@@ -59,6 +59,7 @@ schema = _positive_schema()
 
 
 
+@pytest.mark.serial  # schemathesis's generated tests do not run in pytest-xdist's workers (make test)
 @schema.parametrize()
 @settings(max_examples=20, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,

@@ -21,6 +21,7 @@ from chasqui_core.engine.recovery import ended_runs
 from chasqui_core.engine.recovery.ended_runs import EndedRuns
 from chasqui_core.engine.recovery.reclaim import add_death_record
 from chasqui_core.engine.jobs.envelope import now_ms
+from chasqui_core.engine.jobs.priority import MAX_PRIORITY
 from chasqui_core.engine.store.keys import QueueKeys
 from tests.engine.test_accounting import ghost_reads
 from tests.engine.worker_app import read_runs, settled, wait_for
@@ -48,6 +49,36 @@ def test_a_run_noted_ended_on_the_host_is_not_charged_though_its_mark_stayed_in_
         ended.close()
     assert not moved[returned].charged, "a run that returned must come back uncharged"
     assert moved[running].charged and moved[running].died, "the run under way is still charged its death"
+
+
+def test_a_start_mark_that_reaches_redis_after_the_death_record_does_not_charge_a_run_noted_ended(redis, redis_url):
+    """Through a slow or returning link, the dead process's start mark can land after its recorder struck it (the
+    10-minute soak with network faults: a run ended 60 ms into a fresh process, which then died, was charged)."""
+    keys = QueueKeys.for_queue("ended-late")
+    q = Queue(keys.queue, redis_client=redis)
+    q.add("t")
+    q.add("t", priority=MAX_PRIORITY)  # the high band
+    ghost = f"host:{os.getpid()}:late"
+    ended = EndedRuns(ghost)
+    high = keys.in_band("high")
+    try:
+        (returned,) = ghost_reads(redis, keys, ghost)
+        (returned_high,) = ghost_reads(redis, high, ghost)
+        ended.ended(ended.name(keys.running(ghost)), returned)
+        ended.ended(ended.name(high.running(ghost)), returned_high)
+        _die(redis, keys, ghost)
+        redis.hset(keys.running(ghost), returned, now_ms() - 500)  # the mark, held up on the way, lands now
+        redis.hset(high.running(ghost), returned_high, now_ms() - 500)
+        time.sleep(0.3)
+        moved = {m.entry_id: m for m in reclaim_now(redis_url, keys, min_idle_ms=250)}
+        moved_high = {m.entry_id: m for m in reclaim_now(redis_url, high, min_idle_ms=250)}
+    finally:
+        ended.close()
+    assert set(moved) == {returned} and set(moved_high) == {returned_high}
+    assert not moved[returned].charged, "a run noted ended must come back uncharged, whenever its mark landed"
+    assert not moved_high[returned_high].charged, "the same holds on a priority band's stream"
+    assert redis.hlen(keys.running(ghost)) == 0 and redis.hlen(high.running(ghost)) == 0
+    assert redis.pttl(keys.ended(ghost)) > 0 and redis.pttl(high.ended(ghost)) > 0, "the ended sets expire"
 
 
 def test_only_the_dead_workers_own_queue_journals_are_struck_and_a_clean_stop_leaves_no_file(redis):

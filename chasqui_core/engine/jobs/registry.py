@@ -52,10 +52,10 @@ class JobContext:
     def run_returned(self) -> None:
         """The task's own code has returned or raised: a wrapper (Django's task runner) says so before its signals
         and logging run, so that a crash of the process while they do is not charged as a run lost under way
-        (the start journal's mark is struck now; engine/recovery/journal.py)."""
+        (the end is noted on the host now, the mark struck when the handler returns; Delivery.note_end)."""
         run = self.run
         if run is not None:
-            run.end_run()
+            run.note_end()
 
     def check_cancelled(self) -> None:
         """Raise ``JobCancelled`` if this job was cancelled: the run ends, recorded as cancelled, not retried."""

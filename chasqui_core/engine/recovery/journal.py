@@ -152,25 +152,34 @@ class StartJournal:
         # epoch milliseconds have 13 digits from 2001 to 2286
         self._write(server, b"%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (mark, len(entry_id), entry_id, started_ms))
 
-    def finished_one(self, stream: str, entry_id: bytes) -> None:
-        """Strike one run's mark the moment its handler returned (a sync lane thread, or the loop for an async run
-        that waited): a process killed a moment later must not be charged a run that had ended."""
+    def noted_end(self, stream: str, entry_id: bytes) -> None:
+        """Note one run's end on the host only (ended_runs.py: a slot write, no system call), for a wrapper that
+        sees the end before the runner does (``Delivery.note_end``): the runner's strike follows, sent with its next
+        start, and a death recorded meanwhile strikes the mark from this note."""
         if self._ended is not None:
+            self._ended.ended(self._ended_index[stream], entry_id)
+
+    def finished_one(self, stream: str, entry_id: bytes, noted: bool = False) -> None:
+        """Strike one run's mark the moment its handler returned (a sync lane thread, or the loop for an async run
+        that waited): a process killed a moment later must not be charged a run that had ended. ``noted``: its end
+        is on the host already (``noted_end``)."""
+        if self._ended is not None and not noted:
             self._ended.ended(self._ended_index[stream], entry_id)
         server, _, strike = self._routes[stream]
         end = b"%s$%d\r\n%s\r\n" % (strike, len(entry_id), entry_id)
         self._write(server, end, end)
 
     def ended_and_started(self, ended_stream: str, ended_id: bytes, stream: str, entry_id: bytes,
-                          started_ms: int) -> None:
+                          started_ms: int, noted: bool = False) -> None:
         """Strike one run's mark and write the next run's, in one send when both go to one server (a sync lane
-        thread going from one job straight to the next, once per job: hence the send inlined)."""
-        if self._ended is not None:
+        thread going from one job straight to the next, once per job: hence the send inlined). ``noted``: the
+        ended run is on the host already (``noted_end``)."""
+        if self._ended is not None and not noted:
             self._ended.ended(self._ended_index[ended_stream], ended_id)
         server, _, strike = self._routes[ended_stream]
         next_server, mark, _ = self._routes[stream]
         if next_server != server:
-            self.finished_one(ended_stream, ended_id)
+            self.finished_one(ended_stream, ended_id, noted=True)
             self.started_one(stream, entry_id, started_ms)
             return
         data = b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (strike, len(ended_id), ended_id, mark,

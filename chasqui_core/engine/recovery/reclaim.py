@@ -39,7 +39,7 @@ from redis.exceptions import ResponseError
 from chasqui_core.engine.recovery import ended_runs
 from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.jobs.envelope import error_record, now_ms
-from chasqui_core.engine.store.keys import GROUP, QueueKeys
+from chasqui_core.engine.store.keys import BANDS, GROUP, QueueKeys
 from chasqui_core.engine.store.scripts import Scripts
 from chasqui_core.engine.ops.stats import add_clock_read
 
@@ -158,7 +158,7 @@ async def reclaim_abandoned(scripts: Scripts, keys: QueueKeys, consumer: str, *,
     for _ in range(rounds):
         last, flat = await scripts.reclaim(
             keys=[keys.stream], args=[GROUP, consumer, min_idle_ms, limit, start, keys.prefix, keys.metrics,
-                  keys.running_prefix, keys.taken_prefix, TAKEN_TTL_MS, keys.dispatching_prefix])
+                  keys.running_prefix, keys.taken_prefix, TAKEN_TTL_MS, keys.dispatching_prefix, keys.ended_prefix])
         for i in range(0, len(flat), 3):
             how = int(flat[i + 2])
             moved.append(Reclaimed(flat[i], flat[i + 1], how != 0, how == 1))
@@ -196,9 +196,18 @@ def strike_ended_runs(pipe: Any, keys: QueueKeys, worker_id: str) -> None:
     """Queue on ``pipe`` the strikes of the start marks on ``keys``'s queue of the runs ``worker_id``'s process
     noted as ended on this host (ended_runs.py): a strike the network swallowed, or one still unsent when the
     process stopped, must not make a run that returned a death."""
-    for key, entry_ids in ended_runs.read(worker_id).items():
-        if key.startswith(keys.prefix):  # this queue's journals (its bands'), on the record's server
-            pipe.hdel(key, *entry_ids)
+    ends = ended_runs.read(worker_id)
+    if not ends:
+        return
+    for band in keys.band_keys(BANDS):  # this queue's journals (its bands'), on the record's server
+        entry_ids = ends.get(band.running(worker_id))
+        if entry_ids:
+            pipe.hdel(band.running(worker_id), *entry_ids)
+            # A mark the network delivers after this strike (sent before the end, held up by latency or a link
+            # that came back) must not charge the run either: reclaim.lua skips the ids kept here.
+            tombstones = band.ended(worker_id)
+            pipe.sadd(tombstones, *entry_ids)
+            pipe.pexpire(tombstones, DEATH_RECORD_TTL_MS)
 
 
 def record_death(client: Client, queues: Iterable[str], *, host: str, pid: int, how: str,

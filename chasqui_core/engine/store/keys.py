@@ -215,6 +215,17 @@ class QueueKeys:
         """``running(worker)`` without the worker: the prefix reclaim.lua adds a dead worker's id to."""
         return self.running("")
 
+    def ended(self, worker_id: str) -> str:
+        """The runs a dead worker noted ended on its host (ended_runs.py), as its death's recorder wrote them here (a
+        set of entry ids, with the death record's TTL): a start mark the network delivers after the recorder struck
+        it does not make that run a death (reclaim.lua). Per band, like ``running``."""
+        return f"{self.prefix}ended-{self.band}:{worker_id}" if self.band else f"{self.prefix}ended:{worker_id}"
+
+    @property
+    def ended_prefix(self) -> str:
+        """``ended(worker)`` without the worker: the prefix reclaim.lua adds an owner's id to."""
+        return self.ended("")
+
     def dispatching(self, worker_id: str) -> str:
         """The entry ids a worker is about to start on this stream, in one round of its event loop (a set, written
         just before the round and deleted after it): a process that dies in the round takes back those, and only

@@ -70,6 +70,8 @@ class Delivery:
     journal: Any = None
     """The start journal holding this run's mark (journal.StartJournal), until the mark is struck; None while
     unmarked. The first to see the run end strikes it (``end_run``)."""
+    end_noted: bool = False
+    """The run's end is noted on the host already (``note_end``), though its mark is not struck yet."""
     timed_out: bool = False
     """Set when the run passed its timeout: an async run is being cancelled, a sync run was abandoned."""
     timer: Any = None
@@ -98,17 +100,24 @@ class Delivery:
     (its entry's ``recovered`` count). It runs alone in its process (suspects.py)."""
 
     def end_run(self) -> None:
-        """The run has ended: strike its start mark now, once, before anything else happens in the process.
-
-        Called by whoever sees the end first: the task's wrapper the moment
-        the task's own code returns or raises (``JobContext.run_returned``,
-        before Django's signals and logging, which can take long enough on a
-        loaded host for a crash beside it to land in between), or the runner
-        when the handler returns."""
+        """The run has ended: strike its start mark now, once (the runner, when the handler returns, or whoever
+        ends a run that did not start)."""
         journal = self.journal
         if journal is not None:
             self.journal = None
-            journal.finished_one(self.keys.stream, self.entry_id)
+            journal.finished_one(self.keys.stream, self.entry_id, self.end_noted)
+
+    def note_end(self) -> None:
+        """The task's own code has returned or raised, and its wrapper goes on (``JobContext.run_returned``,
+        before Django's signals and logging, which can take long enough on a loaded host for a crash beside it to
+        land in between): note the end on the host now, where whoever records the process's death strikes the
+        mark from (recovery/ended_runs.py). The strike itself is sent when the handler returns, with the next
+        job's start when one waits: a second send per job would hand the GIL to the event loop's thread (a noop
+        sync task through runworker cost three times the CPU)."""
+        journal = self.journal
+        if journal is not None and not self.end_noted:
+            self.end_noted = True
+            journal.noted_end(self.keys.stream, self.entry_id)
 
     def handler_args(self, worker_id: str) -> tuple[Any, ...] | list[Any]:
         """Positional arguments for the handler: a JobContext first when it asked for one."""

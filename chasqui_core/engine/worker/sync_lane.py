@@ -13,10 +13,11 @@ woken per job a sync worker ran at a quarter of an async one. So a woken
 thread keeps taking jobs from the inbox until it is empty, and the loop wakes
 a thread only when none is awake (``submit_many``). Threads are added as the jobs
 need them: while jobs wait, the loop looks every ``SPREAD_S``, and if a job
-waiting at the last look still waits (the awake threads are busy in slower
-jobs: a query, a call to another service), it wakes as many again as are
-awake. So quick jobs run on one or two threads with no hand-over per job,
-and slower ones spread over the whole lane within a few milliseconds.
+waiting at the last look still waits and the awake threads took only a few
+jobs each meanwhile (they are busy in slower jobs: a query, a call to another
+service), it wakes as many again as are awake. So quick jobs run on one or
+two threads with no hand-over per job, even a backlog of them, and slower
+ones spread over the whole lane within a few milliseconds.
 
 A thread writes its job to the start journal (journal.py) just before the
 handler starts, so a crash charges the jobs that were running and none of
@@ -52,6 +53,13 @@ Outcome = tuple[int, Delivery, Any, int, int]
 
 SPREAD_S = 0.001
 """How long jobs may wait with no thread taking one before the loop wakes more threads."""
+NOTIFY_AT = 256
+"""Outcomes a busy thread lets wait for the loop's look before it wakes the loop itself."""
+QUICK_PER_LOOK = 4
+"""Jobs an awake thread takes in one look (``SPREAD_S``) when they are quick: a quarter of a millisecond each or
+less. Such jobs mostly hold the GIL, so more threads would only take it from each other (every hand-over a futex
+and a context switch: a backlog of noop Django tasks cost three times the CPU when the whole lane woke for it);
+slower ones wait on something (a query), and more threads run more of them at once."""
 
 
 class SyncLane:
@@ -118,16 +126,20 @@ class SyncLane:
 
     def _spread(self) -> None:
         """While jobs wait: if the threads took fewer jobs since the last look than were waiting then, a job has
-        waited a whole look (the awake threads are busy in slower jobs: a query, a call to another service), so
-        wake as many again (at most one per job waiting): such a lane is all awake within a few looks, while
-        quick jobs, taken faster than they come, wake nobody."""
+        waited a whole look; when the awake threads also took fewer than ``QUICK_PER_LOOK`` each, they are busy in
+        slower jobs (a query, a call to another service), so wake as many again (at most one per job waiting):
+        such a lane is all awake within a few looks. Quick jobs wake nobody, even a backlog of them: one thread
+        takes them about as fast as many would."""
         self._spreading = None
+        if self._done and not self._notified:  # outcomes a busy thread left for this look (``_run``)
+            self._drain()
         waiting = len(self._waiting)
         if not waiting:
             return
         taken = self._taken
-        if taken - self._seen < self._seen_waiting:
-            self._wake_up(min(waiting, max(1, self._size - len(self._asleep))))
+        awake = max(1, self._size - len(self._asleep))
+        if taken - self._seen < min(self._seen_waiting, awake * QUICK_PER_LOOK):
+            self._wake_up(min(waiting, awake))
         self._seen = taken
         self._seen_waiting = waiting
         self._spreading = self._loop.call_later(SPREAD_S, self._spread)
@@ -258,13 +270,19 @@ class SyncLane:
                 d.end_run()
             else:
                 ahead.started = now = int(wall() * 1000)
-                if d.journal is not None:  # not struck by the task's wrapper (JobContext.run_returned)
+                if d.journal is not None:  # not struck yet (a start that went back to the loop struck its own)
                     d.journal = None
-                    journal.ended_and_started(d.keys.stream, d.entry_id, ahead.keys.stream, ahead.entry_id, now)
+                    journal.ended_and_started(d.keys.stream, d.entry_id, ahead.keys.stream, ahead.entry_id, now,
+                                              d.end_noted)
                 else:
                     journal.started_one(ahead.keys.stream, ahead.entry_id, now)
             append(outcome)
-            if not self._notified and self._notify():  # the loop is gone (an abandoned run ending late)
+            # Wake the loop for its outcomes only when this thread has no next job, took the last one waiting, or
+            # holds many: otherwise the loop's look (``_spread``, every SPREAD_S while jobs wait) takes them. A
+            # loop woken per outcome waits for the GIL, and takes it at the thread's next send (which lets go of
+            # it): a hand-over, a futex and a context switch per job, a third of a noop sync job's CPU.
+            if (not self._notified and (ahead is None or not self._waiting or len(done) >= NOTIFY_AT)
+                    and self._notify()):  # the loop is gone (an abandoned run ending late)
                 return
 
     def _notify(self) -> bool:

@@ -31,6 +31,11 @@
 -- raise it either: lost contact never counts toward panic (a partition past
 -- the visibility timeout takes back every entry a live worker held).
 --
+-- A run the dead worker noted ended on its host is in its ended set
+-- (<ARGV[12]><worker>, written by the recorder of its death with the strikes,
+-- recovery.strike_ended_runs): its start mark, should the network deliver it
+-- after those strikes, does not make the run lost.
+--
 -- Every id taken from a worker is added to its taken set (<ARGV[9]><worker>,
 -- TTL ARGV[10] ms): should the worker still live, its lease pass tells these
 -- from entries it settled meanwhile (lease.lua), and lets go of them.
@@ -46,6 +51,7 @@
 -- ARGV[9] prefix of the taken sets of this stream's band ({chasqui:<q>}:taken:, taken-high: ...)
 -- ARGV[10] lifetime of a taken set, ms
 -- ARGV[11] prefix of the dispatching sets of this stream's band ({chasqui:<q>}:dispatching:, dispatching-high: ...)
+-- ARGV[12] prefix of the ended sets of this stream's band ({chasqui:<q>}:ended:, ended-high: ...)
 -- Returns {last id looked at or '' when the scan is done,
 --          flat list of entries put back: old id, new id, 0 uncharged / 1 charged a death / 2 lost contact}
 --
@@ -76,6 +82,10 @@ for _, p in ipairs(pending) do
       if #e > 0 then
         local running = ARGV[8] .. owner
         local started = redis.call('HGET', running, id)
+        if started and redis.call('SISMEMBER', ARGV[12] .. owner, id) == 1 then
+          redis.call('HDEL', running, id)
+          started = false
+        end
         local fields, line, had, verdict = e[1][2], nil, false, nil
         if died[owner] == nil then
           died[owner] = redis.call('EXISTS', prefix .. 'died:' .. owner) == 1
