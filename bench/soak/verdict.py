@@ -219,15 +219,17 @@ def death_times(ev: Evidence) -> dict[int, float | None]:
 def missing_attempts(runs: list[Run], kind: Kind, replays: list[bool], dead: list[DeadEntry]) -> list[int]:
     """Attempts the engine charged that no run of the ledger carries.
 
-    A job's runs carry their attempt numbers; a replay that resets the
-    budget starts them at 1 again, one that gives one more attempt goes on
-    from the last. So the numbers seen leave no gap from 1, and a job dead
-    for ``retries_exhausted`` ran every attempt of its budget.
+    A job's runs carry their attempt numbers (the task context's, which
+    counts every run the job made, across replays: a replay that resets the
+    budget goes on from the last number, with a whole budget more, as does
+    one that gives one more attempt). So the numbers seen leave no gap from
+    1, and a job dead for ``retries_exhausted`` ran every attempt of its
+    budget and its replays'.
     """
     seen = {r.attempt for r in runs if r.attempt > 0}
     top = max(seen, default=0)
     if any(d.reason == "retries_exhausted" for d in dead):
-        top = max(top, kind.budget + sum(1 for reset in replays if not reset))
+        top = max(top, kind.budget + sum(kind.budget if reset else 1 for reset in replays))
     return [n for n in range(1, top + 1) if n not in seen]
 
 

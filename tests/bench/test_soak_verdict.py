@@ -129,6 +129,23 @@ def test_replays_add_to_the_budget_a_whole_budget_or_one_run():
     assert what(b.judge()) == [("over budget", "fix-1"), ("ran after success", "fix-1")]
 
 
+def test_a_run_lost_before_its_first_line_after_a_replay_that_reset_the_budget_is_a_note():
+    """Seed 297275: after a whole-budget replay the job's runs went on as attempts 4 and 5, and the third of the new
+    budget was charged WorkerLost: its process died after the engine marked it started and before the task's first
+    line. The verdict looked for charged attempts only up to the first budget, found none missing, and blamed the
+    runs that had ended before the replay ("finished run charged")."""
+    b = a_clean_book()
+    b.replay("fail-1", "always_fail", reset=True)
+    b.run("fail-1", "always_fail", at=20, outcome="error", error_class="SoakFailure")
+    b.run("fail-1", "always_fail", at=21, outcome="error", error_class="SoakFailure", pid=777)
+    b.process_died(777, 26.0, killed=True)  # a crash job beside the next run, marked started, killed it
+    b.dead[:] = [d for d in b.dead if d.job_id != "fail-1"]
+    b.dies("fail-1", "retries_exhausted", error_class="chasqui_core.engine.jobs.errors.WorkerLost", at=34)
+    verdict = b.judge()
+    assert verdict.ok, report_discrepancies(verdict)
+    assert [(n.what, n.job_id) for n in verdict.notes] == [("charged before its first line", "fail-1")]
+
+
 def test_a_replay_must_give_the_job_a_new_run():
     b = a_clean_book()
     b.replay("fail-1", "always_fail", reset=False)
