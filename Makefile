@@ -9,7 +9,8 @@ MUTATION_STAMP := $(VENV)/.installed-mutation
 ARGS ?=
 # Test processes of make test (pytest-xdist): the suite mostly waits on Redis, workers and a browser, so two
 # processes cut its time by about two fifths on two cores; TEST_PROCESSES=0 runs it in one. The tests marked
-# serial (schemathesis's, which xdist's workers leave out) run after, in one process.
+# serial (schemathesis's, which xdist's workers leave out) run in one process of their own at the same time (they
+# wait on the API as much as the rest wait on Redis); their output follows the others'.
 TEST_PROCESSES ?= 2
 
 .PHONY: help venv dev-venv run test lint bench mutation
@@ -63,8 +64,14 @@ test: dev-venv
 			apt-get update && apt-get install -y chromium; \
 		else echo "Chromium is missing and this is not root: the browser tests will be skipped" \
 			"(sudo apt-get install -y chromium to run them)."; fi; }
-	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile -m "not serial" $(ARGS)
-	$(BIN)/pytest -m serial $(ARGS) || [ $$? -eq 5 ]  # 5: ARGS named no such test
+	@log=$$(mktemp); $(BIN)/pytest -m serial $(ARGS) > $$log 2>&1 & serial=$$!; \
+	trap 'kill $$serial 2>/dev/null' INT TERM; \
+	echo "$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile -m \"not serial\" $(ARGS)"; \
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist loadfile -m "not serial" $(ARGS); status=$$?; \
+	wait $$serial; serial_status=$$?; \
+	echo; echo "$(BIN)/pytest -m serial $(ARGS)  (run beside the others; its output:)"; cat $$log; rm -f $$log; \
+	if [ $$serial_status -eq 5 ]; then serial_status=0; fi; \
+	[ $$status -eq 0 ] && [ $$serial_status -eq 0 ]
 
 lint: dev-venv
 	$(BIN)/ruff check .

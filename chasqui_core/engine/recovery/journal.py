@@ -50,10 +50,10 @@ a thread per job, ten threads took the GIL from each other on every job
 libc's ``send`` through ctypes, which keeps it. Since the lane wakes few
 threads (sync_lane.py), a noop job's thread has no other lane thread
 waiting for the GIL, and Python's ``send`` costs less than the ctypes call
-did (turns on the bench host, docs/benchmarks.md). The commands are written by hand:
-a hash's name and the command's head are made once per stream, and a mark
-is one format of them with the entry id and the time; redis-py's encoder
-costs several times that per command.
+did (turns on the bench host, docs/benchmarks.md). The commands are packed
+by hiredis's ``pack_command`` (the C packer redis-py itself uses with
+hiredis): about half a microsecond a command, where redis-py's own encoder
+costs several times that.
 """
 
 from __future__ import annotations
@@ -64,7 +64,9 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
+
+import hiredis
 
 from chasqui_core.engine.recovery.ended_runs import EndedRuns
 from chasqui_core.engine.store.connection import connect, masked
@@ -82,9 +84,8 @@ UNSTRUCK_KEPT = 10_000
 SEND_TIMEOUT_S = 1.0
 """A server that stops reading must not block the event loop for long: the write is dropped instead."""
 
-
-def _bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%s\r\n" % (len(value), value)
+pack_command = cast(Callable[[tuple[bytes | int, ...]], bytes], hiredis.pack_command)
+"""One command in RESP, packed in C (hiredis's stub types its argument as a tuple of one item)."""
 
 
 class StartJournal:
@@ -99,13 +100,11 @@ class StartJournal:
         self._server: dict[str, str | None] = {}
         """Stream (a queue's, or a band's) -> the URL of the server holding its keys (a cluster node), or None for
         the worker's."""
-        self._keys: dict[str, bytes] = {}
-        """Stream -> its running hash's name, as a RESP bulk string."""
-        self._routes: dict[str, tuple[str | None, bytes, bytes]] = {}
-        """Stream -> (its server, the start of an HSET of its running hash, the start of an HDEL of it): what a
-        sync lane thread's per-run mark is made of, looked up once and written with one format."""
+        self._routes: dict[str, tuple[str | None, bytes]] = {}
+        """Stream -> (its server, its running hash's name): what a sync lane thread's per-run mark needs, in one
+        look-up."""
         self._rounds: dict[str, bytes] = {}
-        """Stream -> the name of its set of ids about to start (``dispatching``), as a RESP bulk string."""
+        """Stream -> the name of its set of ids about to start (``dispatching``)."""
         self._conns: dict[str | None, Any] = {}
         self._socks: dict[str | None, Any] = {}
         """The connections' sockets, written to directly (redis-py's send costs more than the send)."""
@@ -121,11 +120,10 @@ class StartJournal:
         """Write the marks of ``stream``'s entries to hash ``key`` and its rounds' ids to set ``dispatching``, on
         the server ``url`` names (a cluster node; None: the worker's)."""
         self._server[stream] = url
-        self._keys[stream] = name = _bulk(key.encode())
-        self._rounds[stream] = _bulk(dispatching.encode())
+        self._rounds[stream] = dispatching.encode()
         if self._ended is not None:
             self._ended_index[stream] = self._ended.name(key)
-        self._routes[stream] = (url, b"*4\r\n$4\r\nHSET\r\n" + name, b"*3\r\n$4\r\nHDEL\r\n" + name)
+        self._routes[stream] = (url, key.encode())
 
     def use_like(self, stream: str, key: str, like: str, *, dispatching: str) -> None:
         """Write ``stream``'s marks to ``key`` and ``dispatching``, on the server ``like``'s go to (a priority
@@ -135,22 +133,18 @@ class StartJournal:
     def dispatching(self, rounds: dict[str, list[bytes]]) -> None:
         """Name the entries (stream -> ids) about to start in one round of the event loop, before the first
         starts: one send per server, not waited for. ``started`` deletes the sets again after the round."""
-        ttl = _bulk(b"%d" % DISPATCH_TTL_MS)
         sends: dict[str | None, list[bytes]] = {}
         for stream, entry_ids in rounds.items():
             name = self._rounds[stream]
-            members = b"".join([_bulk(entry_id) for entry_id in entry_ids])
             sends.setdefault(self._server.get(stream), []).append(
-                b"*%d\r\n$4\r\nSADD\r\n%s%s*3\r\n$7\r\nPEXPIRE\r\n%s%s" % (2 + len(entry_ids), name, members,
-                                                                    name, ttl))
+                pack_command((b"SADD", name, *entry_ids)) + pack_command((b"PEXPIRE", name, DISPATCH_TTL_MS)))
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 
     def started_one(self, stream: str, entry_id: bytes, started_ms: int) -> None:
         """Mark one entry as running: a sync lane thread calls this just before the handler starts."""
-        server, mark, _ = self._routes[stream]
-        # epoch milliseconds have 13 digits from 2001 to 2286
-        self._write(server, b"%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (mark, len(entry_id), entry_id, started_ms))
+        server, key = self._routes[stream]
+        self._write(server, pack_command((b"HSET", key, entry_id, started_ms)))
 
     def noted_end(self, stream: str, entry_id: bytes) -> None:
         """Note one run's end on the host only (ended_runs.py: a slot write, no system call), for a wrapper that
@@ -165,8 +159,8 @@ class StartJournal:
         is on the host already (``noted_end``)."""
         if self._ended is not None and not noted:
             self._ended.ended(self._ended_index[stream], entry_id)
-        server, _, strike = self._routes[stream]
-        end = b"%s$%d\r\n%s\r\n" % (strike, len(entry_id), entry_id)
+        server, key = self._routes[stream]
+        end = pack_command((b"HDEL", key, entry_id))
         self._write(server, end, end)
 
     def ended_and_started(self, ended_stream: str, ended_id: bytes, stream: str, entry_id: bytes,
@@ -176,14 +170,14 @@ class StartJournal:
         ended run is on the host already (``noted_end``)."""
         if self._ended is not None and not noted:
             self._ended.ended(self._ended_index[ended_stream], ended_id)
-        server, _, strike = self._routes[ended_stream]
-        next_server, mark, _ = self._routes[stream]
+        server, ended_key = self._routes[ended_stream]
+        next_server, key = self._routes[stream]
         if next_server != server:
             self.finished_one(ended_stream, ended_id, noted=True)
             self.started_one(stream, entry_id, started_ms)
             return
-        data = b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n$13\r\n%d\r\n" % (strike, len(ended_id), ended_id, mark,
-                                                                      len(entry_id), entry_id, started_ms)
+        strike = pack_command((b"HDEL", ended_key, ended_id))
+        data = strike + pack_command((b"HSET", key, entry_id, started_ms))
         send = self._fast.get(server)
         if send is not None:
             try:
@@ -191,21 +185,22 @@ class StartJournal:
                     return
             except OSError:
                 pass
-        self._write(server, data, b"%s$%d\r\n%s\r\n" % (strike, len(ended_id), ended_id), tried=send)
+        self._write(server, data, strike, tried=send)
 
     def started(self, marks: dict[str, list[bytes]] | None, started_ms: int, rounds: dict[str, list[bytes]]) -> None:
         """After a round of starts: mark the entries still running (stream -> entry ids) as running since
         ``started_ms``, and delete the round's sets (``rounds``, as given to ``dispatching``): one send per server,
         not waited for."""
-        stamp = _bulk(b"%d" % started_ms)
         sends: dict[str | None, list[bytes]] = {}
         if marks:
             for stream, entry_ids in marks.items():
-                sends.setdefault(self._server.get(stream), []).append(b"*%d\r\n$4\r\nHSET\r\n%s%s" % (
-                    2 + 2 * len(entry_ids), self._keys[stream],
-                    b"".join([b"$%d\r\n%s\r\n%s" % (len(entry_id), entry_id, stamp) for entry_id in entry_ids])))
+                server, key = self._routes[stream]
+                fields: list[bytes | int] = []
+                for entry_id in entry_ids:
+                    fields += (entry_id, started_ms)
+                sends.setdefault(server, []).append(pack_command((b"HSET", key, *fields)))
         for stream in rounds:
-            sends.setdefault(self._server.get(stream), []).append(b"*2\r\n$3\r\nDEL\r\n%s" % self._rounds[stream])
+            sends.setdefault(self._server.get(stream), []).append(pack_command((b"DEL", self._rounds[stream])))
         for server, commands in sends.items():
             self._write(server, b"".join(commands))
 

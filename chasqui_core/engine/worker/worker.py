@@ -38,6 +38,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from chasqui_core.engine.ops import cancel
+from chasqui_core.engine.worker import collector
 from chasqui_core.engine.worker.admission import Admission
 from chasqui_core.engine.worker.cancel_watch import Watch
 from chasqui_core.engine.ops.control import QUIET, QUIET_STATE, RUNNING, STOP, STOPPING
@@ -309,10 +310,12 @@ class Worker:
                   self._spawn("operations", OperationsLoop(self.url, self.id, [k.queue for k in self.keys],
                                                            self._stop).run),  # DLQ replays/discards by filter
                   self._spawn("cancels", self.cancel_watch.run)]
+        young = collector.roomier_young_generation()
         try:
             await self._stop.wait()
         finally:
             await self._shut_down(settler_task, reader_tasks, leaders, chores)
+            collector.restore_young_generation(young)
 
     # --- start and stop -----------------------------------------------------------
 
@@ -481,3 +484,4 @@ class Worker:
         rss_mb = resident_kb() // 1024
         if rss_mb >= self.max_memory_mb:
             self._recycle(f"memory at {rss_mb} MB (max_memory_mb {self.max_memory_mb})")
+
