@@ -65,7 +65,7 @@ def task_handler(task: ChasquiTask):
     if iscoroutinefunction(func):
         def run_async(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
             """The coroutine the worker awaits: watched for failures only, unless a receiver wants more."""
-            if tracing.enabled(ctx.job.meta):
+            if tracing.enabled_for_run(ctx.job.meta):
                 return traced(ctx, args, kwargs)
             return untraced(ctx, args, kwargs)
 
@@ -126,7 +126,7 @@ def task_handler(task: ChasquiTask):
         return run_async
 
     def run_sync(ctx: JobContext, *args: Any, **kwargs: Any) -> Any:
-        if not tracing.enabled(ctx.job.meta):
+        if not tracing.enabled_for_run(ctx.job.meta):
             return run_untraced(ctx, args, kwargs)
         with _run_span(task, ctx) as span:
             try:
