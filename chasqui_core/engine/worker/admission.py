@@ -59,6 +59,7 @@ class Admission:
         limits = self.limits
         queue = keys.queue
         stream = keys.stream
+        now = now_ms()  # once per read: at_pickup only asks whether a job was created a day ahead of it
         for entry_id, fields in entries:
             if fields is None:  # deleted while pending
                 continue
@@ -107,7 +108,7 @@ class Admission:
                 lost = self._charge(job, lost_field)
                 payload = job.encode()
             times = int(recovered) if recovered is not None and recovered.isdigit() else 0
-            refusal = at_pickup(job, runs, lost=lost, now=now_ms(), recovered=times)
+            refusal = at_pickup(job, runs, lost=lost, now=now, recovered=times)
             if refusal is not None:
                 refuse(keys, entry_id, payload, refusal.reason, refusal.error_class, refusal.error, job)
                 continue
