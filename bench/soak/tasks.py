@@ -2,7 +2,14 @@
 
 Every run appends a ``start`` line before it does anything and an ``end``
 line (``ok``, ``error`` with the class, or ``cancelled``) as it finishes
-(ledger.py). The job id and the attempt come from the task context
+(ledger.py). The end line is written after the run has told the engine that
+it ended (``JobContext.run_returned``, what Django's wrapper calls as the task
+returns): the engine's promise is that a run that returned is never charged a
+death, and a run is not returned at its last line. Written before, an end line
+whose thread then waited for the GIL or a core (a crash job in another thread
+took the process down meanwhile: the soak met one 150 ms wait beside busy
+processes) showed a run the engine could not know had ended as a finished run
+charged. The job id and the attempt come from the task context
 (``takes_context=True``), as a Django user would read them. A crash
 (``os._exit``) or a hang leaves a start without an end: that is what the
 verdict looks for.
@@ -65,11 +72,21 @@ def _run(context, kind: str):
         yield job_id
     except BaseException as exc:
         if _ledger is not None:
+            _returned(context)
             outcome = CANCELLED if isinstance(exc, asyncio.CancelledError) else ERROR
             _ledger.write(j=job_id, k=kind, e=END, r=run_id, o=outcome, x=type(exc).__name__)
         raise
     if _ledger is not None:
+        _returned(context)
         _ledger.write(j=job_id, k=kind, e=END, r=run_id, o=OK)
+
+
+def _returned(context) -> None:
+    """Tell the engine the run has ended, as the task's wrapper does when it returns (see the module's docstring);
+    a Chasqui without ``run_returned`` has nothing to tell."""
+    run = getattr(context, "_run", None)
+    if run is not None and hasattr(run, "run_returned"):
+        run.run_returned()
 
 
 def _opts(kind: str, **extra) -> dict:

@@ -59,7 +59,9 @@ which the network faults cut the workers off from Redis.
   the ledger shows a lost run; with a ``LostContact`` error, if one of its
   runs was under way while the workers were cut off from Redis. Where the deaths the engine charged were
   runs that had returned before their process died, the discrepancy is
-  named *finished run charged*; where they were runs of a live process cut
+  named *finished run charged* (a task writes its end line only after it
+  told the engine its run ended, tasks.py: the line is the return, not the
+  last line before it); where they were runs of a live process cut
   off from Redis, *lost contact charged*: lost contact is not a death.
 - *The ledger's start is the task function's first line*; the engine
   counts a run from a moment earlier (its own bookkeeping and Django's
