@@ -1,5 +1,7 @@
 """Jobs: enqueue a project task by name, find a job in any state, cancel one, list the tasks."""
 
+from typing import Literal
+
 from django.http import HttpRequest
 from ninja import Router
 from ninja.responses import Status
@@ -36,10 +38,15 @@ def enqueue(request: HttpRequest, queue: QueueName, payload: EnqueueIn):
 
 @router.get("/jobs/{job_id}", response={200: JobOut, **READ}, summary="Find a job in any state",
             auth=needs("view_queues"))
-def find_job(request: HttpRequest, job_id: JobId):
+def find_job(request: HttpRequest, job_id: JobId, search: Literal["near", "all"] = "near"):
     """Where a job is and what it holds: waiting, running, delayed, dead, or finished (while result storage
-    keeps it). 404 says where it looked. Arguments, errors and results are masked. Needs view_queues."""
-    return JobOut.from_lookup(jobs_service.find_job(request.auth, job_id))
+    keeps it). ``search=near`` (the default) reads only where the id leads, in milliseconds however many jobs
+    the queues hold; ``search=all`` also reads every stream and delayed set whole (seconds at a million). 404
+    says where it looked, and what it left unread. Arguments, errors and results are masked. Needs view_queues."""
+    try:
+        return JobOut.from_lookup(jobs_service.find_job(request.auth, job_id, wide=search == "all"))
+    except jobs_service.NotFoundNearby as exc:
+        raise jobs_service.NotFoundNearby(f"{exc} Ask again with ?search=all to read every place whole.") from None
 
 
 @router.post("/jobs/{job_id}/cancel", response={202: CancelJobOut, **CHANGE}, summary="Cancel a job",

@@ -9,7 +9,9 @@ death, and a run is not returned at its last line. Written before, an end line
 whose thread then waited for the GIL or a core (a crash job in another thread
 took the process down meanwhile) showed a run the engine could not know had
 ended as a finished run charged: the likely cause of the one the 10-minute
-soak met beside busy processes, an end line 150 ms before the crash. The job id and the attempt come from the task context
+soak met beside busy processes, an end line 150 ms before the crash.
+
+The job id and the attempt come from the task context
 (``takes_context=True``), as a Django user would read them. A crash
 (``os._exit``) or a hang leaves a start without an end: that is what the
 verdict looks for.

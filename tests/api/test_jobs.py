@@ -140,6 +140,36 @@ def test_job_result_ready_then_successful(op_api, view_api, result_storage, redi
 
 # --- finding a job in any state ----------------------------------------------------------------
 
+def test_a_lookup_reads_where_the_id_leads_and_says_what_it_left_unless_asked_to_search_all(view_api, redis):
+    # 5,000 waiting jobs: an unknown id is answered from the 4,000 entries around the time in it, and the 404
+    # says what was left unread; search=all reads everything and is sure. A caller-given id far from that
+    # time is found at the entry its marker names.
+    from chasqui_core.engine.jobs.envelope import new_job_id
+    from chasqui_core.engine.producer.queue import JobSpec, Queue
+
+    q = Queue("default", redis_client=redis)
+    unknown, given = new_job_id(), new_job_id()
+    q.add_bulk(JobSpec(ADD, [i, i]) for i in range(5_000))
+    q.add(ADD, [1, 2], job_id=given)
+    near = view_api.get(f"/api/jobs/{unknown}")
+    assert near.status_code == 404, near.content
+    assert "not read: the rest of the stream of default" in near.json()["detail"]
+    assert "?search=all" in near.json()["detail"]
+    everywhere = view_api.get(f"/api/jobs/{unknown}?search=all")
+    assert everywhere.status_code == 404 and "No job" in everywhere.json()["detail"]
+    found = view_api.get(f"/api/jobs/{given}")
+    assert found.status_code == 200, found.content
+    assert (found.json()["state"], found.json()["args"]) == ("waiting", [1, 2])
+    assert any("the entry it was added at: found" in place for place in found.json()["searched"])
+    assert view_api.get(f"/api/jobs/{given}?search=everywhere").status_code == 422
+
+
+def test_an_unknown_id_with_nothing_left_unread_is_a_definite_404(view_api):
+    r = view_api.get("/api/jobs/01J000000000000000000000ZZ")
+    assert r.status_code == 404
+    assert "No job" in r.json()["detail"] and "search=all" not in r.json()["detail"]
+
+
 def test_find_a_waiting_job_with_its_arguments_masked(op_api, view_api):
     body = {"task": ADD, "args": [{"password": "hunter2"}, 2]}
     job_id = op_api.post("/api/queues/default/jobs", body).json()["job_id"]

@@ -251,7 +251,8 @@ def test_an_unknown_id_is_answered_from_where_it_leads_with_a_way_to_search_ever
     queue = Queue(Q, redis_client=redis)
     for i in range(5000):
         queue.add(TASK, [i, 0])
-    far = queue.add(TASK, [1, 2], job_id="order-9")  # a caller-given id: it leads nowhere in the stream
+    far = queue.add(TASK, [1, 2], job_id="order-9")  # a caller-given id: its marker names its entry
+    redis.delete(QueueKeys.for_queue(Q).unique + "order-9")  # as a job added before markers named entries
     response = _client(viewer).get("/jobs/order-9/")
     assert response.status_code == 404
     html = response.content.decode()
@@ -259,3 +260,6 @@ def test_an_unknown_id_is_answered_from_where_it_leads_with_a_way_to_search_ever
     assert 'href="?search=all"' in html
     found = _client(viewer).get("/jobs/order-9/", {"search": "all"})
     assert found.status_code == 200 and far.job_id in found.content.decode()
+    kept = queue.add(TASK, [3, 4], job_id="order-10")
+    found = _client(viewer).get("/jobs/order-10/")  # found at the entry its marker names
+    assert found.status_code == 200 and kept.job_id in found.content.decode()

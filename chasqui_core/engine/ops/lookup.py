@@ -7,10 +7,11 @@ first, and stops where it finds the job:
 
 1. One pipelined round trip over every queue: the workers' heartbeats (each
    lists the jobs it runs), the ``result:<id>`` record (when result storage
-   is on), the ``unique:<id>`` marker of caller-given ids and the
-   ``djob:<id>`` mark of a delayed job, and the queue's priority bands. A
-   result or a marker names the job's queue, and the rest of the search
-   keeps to it.
+   is on), the ``unique:<id>`` marker of caller-given ids (it names the
+   stream entry the job was added at, which is read next, after the DLQ's
+   index) and the ``djob:<id>`` mark of a delayed job, and the queue's
+   priority bands. A result or a marker names the job's queue, and the rest
+   of the search keeps to it.
 2. The delayed set at the score the job's mark holds (``delayed.by_mark``):
    every script that adds to the set writes the mark with it, and it is not
    removed when the job leaves, so the members of that score are read to
@@ -60,6 +61,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import msgpack
+from redis.exceptions import ResponseError
 
 from chasqui_core.engine.store.connection import Client
 from chasqui_core.engine.timing.delayed import _glob_escape, by_mark
@@ -161,7 +163,8 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     queue searched; ``zscan_limit`` the members checked in each delayed set,
     which the server matches itself, about three times as fast as a stream is
     read. ``wide=False`` reads only where the id leads (marks, records, the
-    DLQ's index, the stream near a ULID's time) and says what it left.
+    DLQ's index, the stream near a ULID's time, the entry a caller-given
+    id's marker names) and says what it left.
     """
     if not isinstance(job_id, str) or not job_id or len(job_id) > 200:
         raise ValueError("job_id must be a non-empty string of at most 200 characters")
@@ -180,7 +183,7 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     for k in all_keys:
         pipe.hgetall(k.workers)
         pipe.get(k.result + job_id)
-        pipe.exists(k.unique + job_id)
+        pipe.get(k.unique + job_id)
         pipe.hget(IndexKeys.for_queue(k).jobs, job_id)
         pipe.get(k.delayed_mark(job_id))
         pipe.smembers(k.bands)
@@ -193,6 +196,8 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
     indexed: dict[str, bytes] = {}
     marks: dict[str, bytes] = {}
     replayed: dict[str, bytes] = {}
+    added_at: dict[str, bytes] = {}
+    """Queue -> "<band> <entry id>": where a caller-given id's job was added (its marker, enqueue.lua)."""
     streams: dict[str, list[QueueKeys]] = {}
     """Each queue's streams, its own first, then its priority bands' (high, low)."""
     for i, k in enumerate(all_keys):
@@ -215,8 +220,10 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
         if blob is not None:
             with contextlib.suppress(ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
                 results[k.queue] = decode_result(blob)  # a record not written by Chasqui is no result
-        if unique:
+        if unique is not None:
             marked.append(k.queue)
+            if b" " in unique:
+                added_at[k.queue] = unique
     search.note(f"heartbeats, result records, id markers and delayed marks of {_queues(all_keys)}")
     owners = list(dict.fromkeys([*running, *results, *marked]))
     if owners:  # the job is known to belong there: search no other queue
@@ -254,19 +261,24 @@ def find_job(client: Client, job_id: str, queues: Sequence[str], *, scan_limit: 
                 if at_entry is not None:
                     return _done(search, results.get(k.queue), at_entry)
 
-    # the stream entry a replay gave the job, when its mark is there: checked, not trusted
+    # the stream entry a replay gave the job, or the one it was added at (a caller-given id's marker), when its
+    # mark is there: checked, not trusted
     for k in all_keys:
-        if k.queue in replayed:
-            band_name, _, new_entry = replayed[k.queue].decode().partition(" ")
-            if band_name not in BANDS:
-                continue
-            where = k.in_band(band_name)
-            rows = client.xrange(where.stream, new_entry, new_entry, count=1) if new_entry else []
-            hit = match_stream(search, rows)
-            if hit is not None:
-                search.note(f"the stream of {stream_name(where)} at the entry its replay gave it: found")
-                return _done(search, results.get(k.queue), _in_stream(search, where, *hit, running.get(k.queue)))
-            search.note(f"the stream of {stream_name(where)} at the entry its replay gave it: gone (it ran since)")
+        for marks_of, what in ((replayed, "its replay gave it"), (added_at, "it was added at")):
+            if k.queue in marks_of:
+                band_name, _, entry = marks_of[k.queue].decode(errors="replace").partition(" ")
+                if band_name not in BANDS:
+                    continue
+                where = k.in_band(band_name)
+                try:
+                    rows = client.xrange(where.stream, entry, entry, count=1) if entry else []
+                except ResponseError:  # not an entry id: a mark no Chasqui script wrote
+                    rows = []
+                hit = match_stream(search, rows)
+                if hit is not None:
+                    search.note(f"the stream of {stream_name(where)} at the entry {what}: found")
+                    return _done(search, results.get(k.queue), _in_stream(search, where, *hit, running.get(k.queue)))
+                search.note(f"the stream of {stream_name(where)} at the entry {what}: gone (it ran since)")
 
     # 3. the stream near the job's creation
     if search.created_ms is not None:

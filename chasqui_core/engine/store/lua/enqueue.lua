@@ -21,6 +21,11 @@
 --                   "+<ms>" -> delayed by ms from the server's clock (ZADD)
 --                   "@<ms>" -> delayed until an absolute epoch ms (ZADD)
 --          a delayed job's mark ({chasqui:<q>}:djob:<job id>) is written with it
+-- A caller-given id's marker ({chasqui:<q>}:unique:<id>, set NX for the
+-- window) names the stream entry its job was added at, "<band> <entry id>"
+-- (band "" for the queue's own stream), so lookup.py finds the job there
+-- without reading the stream; a delayed job's marker holds "1" (its delayed
+-- mark names where it is).
 -- Returns: one entry per job: the stream id, "delayed", or 0 when a job with
 -- the same caller-given id was added within the idempotency window. A call
 -- whose lane already holds its sequence number was applied before (its reply
@@ -48,11 +53,13 @@ for i = 1, #items, 3 do
   end
   if not fresh then
     out[#out + 1] = 0
-  elseif when == '' then
-    out[#out + 1] = redis.call('XADD', stream, '*', 'j', payload)
-    added = added + 1
-  elseif string.byte(when, 1) == 33 then
-    out[#out + 1] = redis.call('XADD', band_stream(stream, string.sub(when, 2)), '*', 'j', payload)
+  elseif when == '' or string.byte(when, 1) == 33 then
+    local band = string.sub(when, 2)
+    local entry = redis.call('XADD', band_stream(stream, band), '*', 'j', payload)
+    if id ~= '' then
+      redis.call('SET', unique_prefix .. id, band .. ' ' .. entry, 'KEEPTTL')
+    end
+    out[#out + 1] = entry
     added = added + 1
   else
     local at
