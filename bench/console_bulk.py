@@ -13,8 +13,8 @@ entry out):
 - second run: the same filter again, from recording it to its first entries
   handled, and its pace to the end;
 - find by id: the job replayed inline (waiting in the stream now), and an id
-  nobody used, read everywhere (the API) and where it leads (the console's
-  job page, which says what it left unread).
+  nobody used, where it leads (the API's default and the console's job page,
+  which say what they left unread) and everywhere (the API's ``?search=all``).
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ from .console_ops import _runner
 from .results import Measurement
 
 FILTER = DLQFilter(error_class="ValueError")
-INLINE, STOP, SECOND_FIRST, SECOND_RATE, SECOND_READ, FIND_REPLAYED, FIND_UNKNOWN, FIND_UNKNOWN_PAGE = (
+INLINE, STOP, SECOND_FIRST, SECOND_RATE, SECOND_READ, FIND_REPLAYED, FIND_UNKNOWN, FIND_UNKNOWN_ALL = (
     "indexed replay: inline, the rare task",
     "indexed replay: stopped after a third, handled of total",
     "indexed replay: a second run, first progress",
     "indexed replay: a second run, entries/s",
     "indexed replay: a second run, bytes out of Redis per entry",
     "find by id (replayed)",
-    "find by id (unknown)",
-    "find by id (unknown), the job page's narrow lookup",
+    "find by id (unknown): where the id leads (the API's default, the job page)",
+    "find by id (unknown): every place read (the API's ?search=all)",
 )
 
 
@@ -163,8 +163,8 @@ def run(ctx, built, rare_task: str) -> list[Measurement]:
         runner.join(30)
 
     unknown = new_job_id()
-    for case, job_id, wide in ((FIND_REPLAYED, built.rare_job_id, True), (FIND_UNKNOWN, unknown, True),
-                               (FIND_UNKNOWN_PAGE, unknown, False)):
+    for case, job_id, wide in ((FIND_REPLAYED, built.rare_job_id, False), (FIND_UNKNOWN, unknown, False),
+                               (FIND_UNKNOWN_ALL, unknown, True)):
         samples = []
         for _ in range(max(3, ctx.repeats)):
             t0 = time.perf_counter()
