@@ -484,4 +484,3 @@ class Worker:
         rss_mb = resident_kb() // 1024
         if rss_mb >= self.max_memory_mb:
             self._recycle(f"memory at {rss_mb} MB (max_memory_mb {self.max_memory_mb})")
-
